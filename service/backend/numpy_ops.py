@@ -1,0 +1,389 @@
+"""The op set on NumPy: the reference twin of every CUDA kernel in `kernels/`.
+
+Each op is a plain function over explicit arrays and scalars, dtype-generic (float32 on the
+hot path, float64 in gradient tests). Loss ops reduce by the batch mean and return the
+gradient of that mean. Ops named `*_step`, `*_refresh` and `advance_counter` update their
+first arguments in place and do nothing when `ok[0] == 0` — the non-finite guard reaches
+the optimizer as data, not as host control flow, as it must inside a captured CUDA graph.
+No op loops in Python over the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+Array = np.ndarray
+
+
+# --------------------------------------------------------------------------- linear layers
+def linear_fwd(x: Array, W: Array, b: Array) -> Array:
+    """y = x W + b for x [B, I], W [I, O], b [O]."""
+    return x @ W + b
+
+
+def linear_bwd(x: Array, W: Array, grad_y: Array) -> tuple[Array, Array, Array]:
+    """Gradients of y = x W + b: (grad_x = g Wᵀ, grad_W = xᵀ g, grad_b = Σ_b g)."""
+    return grad_y @ W.T, x.T @ grad_y, reduce_axis0(grad_y)
+
+
+def bias_relu_fwd(z: Array, b: Array) -> Array:
+    """h = max(z + b, 0): the bias add and ReLU fused after the GEMM z = x W."""
+    return np.maximum(z + b, 0)
+
+
+def bias_relu_bwd(h: Array, grad_h: Array) -> Array:
+    """Gradient through the fused bias+ReLU: grad_z = grad_h · 1[h > 0] (ReLU'(0) = 0)."""
+    return np.where(h > 0, grad_h, 0)
+
+
+def reduce_axis0(x: Array) -> Array:
+    """Σ over the leading (batch) axis, row after row in index order."""
+    return np.add.reduce(x, axis=0)
+
+
+# --------------------------------------------------------------------------- perception heads
+def bce_fwd_bwd(u: Array, y: Array) -> tuple[Array, Array]:
+    """Binary cross-entropy with logits u [B] and labels y [B] in {0, 1}.
+
+    loss = mean(softplus(u) - y u); grad_u = (σ(u) - y) / B.
+    softplus(u) = max(u, 0) + log1p(exp(-|u|)) never overflows.
+    """
+    batch = u.shape[0]
+    loss = np.mean(np.maximum(u, 0) + np.log1p(np.exp(-np.abs(u))) - y * u)
+    sigmoid = 0.5 * (1 + np.tanh(0.5 * u))  # σ(u) without exp overflow
+    return loss, (sigmoid - y) / batch
+
+
+def aux_mse_fwd_bwd(pred: Array, target: Array) -> tuple[Array, Array]:
+    """Mean squared error over all B·K entries: loss = mean((p - t)²), grad = 2 (p - t) / (B K)."""
+    diff = pred - target
+    return np.mean(diff * diff), (2.0 / diff.size) * diff
+
+
+# --------------------------------------------------------------------------- C51 head
+def c51_softmax(logits: Array) -> Array:
+    """p = softmax over atoms (last axis) of logits [B, A, Z]."""
+    shifted = logits - np.max(logits, axis=-1, keepdims=True)
+    e = np.exp(shifted)
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def c51_support(v_min: float, v_max: float, num_atoms: int, dtype: np.dtype) -> Array:
+    """z_i = v_min + i Δz, Δz = (v_max - v_min) / (Z - 1)."""
+    delta = (v_max - v_min) / (num_atoms - 1)
+    return (v_min + delta * np.arange(num_atoms, dtype=np.float64)).astype(dtype)
+
+
+def c51_q_values(probs: Array, support: Array) -> Array:
+    """E[Z(s, a)] = Σ_i p_i z_i for probs [B, A, Z] -> [B, A]."""
+    return probs @ support
+
+
+def categorical_projection(
+    next_probs: Array,
+    rewards: Array,
+    dones: Array,
+    horizons: Array,
+    gamma: float,
+    v_min: float,
+    v_max: float,
+) -> Array:
+    """Project the target distribution onto the support (Bellemare et al. 2017, Dopamine's form).
+
+    Tz_j = clip(r + γ^k (1 - done) z_j, v_min, v_max) for next_probs p [B, Z], per-sample
+    n-step horizons k [B]. In atom units b_j = (Tz_j - v_min) / Δz, the closed form is
+
+        m_i = Σ_j clip(1 - |b_j - i|, 0, 1) p_j          (sum over j = 0..Z-1 in order)
+
+    The clip is zero unless i is floor(b_j) or floor(b_j) + 1, so only those two terms are
+    formed (a [B, Z] band instead of a [B, Z, Z] tensor), with the same weights and added in
+    the same j order as the dense sum. When b_j is an integer, the upper neighbour's weight is
+    1 - |b_j - (b_j + 1)| = 0 exactly and atom b_j receives all of p_j.
+    """
+    batch, num_atoms = next_probs.shape
+    dtype = next_probs.dtype
+    support = c51_support(v_min, v_max, num_atoms, dtype)
+    delta = dtype.type((v_max - v_min) / (num_atoms - 1))
+    # γ^k (1 - done): a terminal transition's target is r alone.
+    discount = (dtype.type(gamma) ** horizons.astype(dtype)) * (1 - dones.astype(dtype))
+    tz = rewards.astype(dtype)[:, None] + discount[:, None] * support[None, :]
+    tz = np.clip(tz, dtype.type(v_min), dtype.type(v_max))
+    # b_j in [0, Z-1]; the second clip absorbs rounding at the ends of the support.
+    b = np.clip((tz - dtype.type(v_min)) / delta, 0, num_atoms - 1)
+    lower = np.floor(b)
+    upper = lower + 1
+    w_lower = 1 - np.abs(b - lower)
+    w_upper = np.clip(1 - np.abs(b - upper), 0, 1)  # 0 when b is an integer or b = Z-1
+    upper_index = np.minimum(upper, num_atoms - 1)  # b = Z-1 adds weight 0 to the last atom
+    # Interleave (lower_j, upper_j) for j = 0..Z-1 so bincount adds each atom's terms in j order.
+    rows = np.arange(batch)[:, None, None] * num_atoms
+    index = rows + np.stack([lower, upper_index], axis=-1).astype(np.int64)
+    mass = np.stack([w_lower, w_upper], axis=-1) * next_probs[:, :, None]
+    projected = np.bincount(index.ravel(), weights=mass.ravel(), minlength=batch * num_atoms)
+    return projected.reshape(batch, num_atoms).astype(dtype)
+
+
+def c51_cross_entropy_fwd_bwd(
+    logits: Array, actions: Array, target: Array
+) -> tuple[Array, Array]:
+    """C51 loss -Σ_z m_z log p_z(s, a) averaged over the batch, for logits [B, A, Z].
+
+    Returns (loss, grad_taken [B, Z]): the gradient with respect to the taken action's
+    logits, (p_z Σm - m_z) / B. The other actions' logits get zero gradient, so they are
+    never materialised; `c51_head_bwd` consumes the taken-action form directly.
+    """
+    batch = logits.shape[0]
+    taken = logits[np.arange(batch), actions]  # [B, Z]
+    shifted = taken - np.max(taken, axis=-1, keepdims=True)
+    log_norm = np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+    log_p = shifted - log_norm
+    loss = -np.sum(target * log_p) / batch
+    mass = np.sum(target, axis=-1, keepdims=True)  # 1 for a projected target
+    grad = (np.exp(log_p) * mass - target) / batch
+    return loss, grad
+
+
+def c51_head_bwd(
+    h: Array, W: Array, actions: Array, grad_taken: Array, num_atoms: int
+) -> tuple[Array, Array, Array]:
+    """Backward of logits = h W + b ([B, A·Z]) when only the taken action has a gradient.
+
+    grad_W[:, a·Z:(a+1)·Z] = Σ_{rows with action a} h_rowᵀ g_row, grad_b likewise, and
+    grad_h_row = g_row W[:, a_row·Z:(a_row+1)·Z]ᵀ — one GEMM per action over its rows
+    (rows taken in index order), never the dense [B, A·Z] gradient.
+    """
+    hidden, width = W.shape
+    num_actions = width // num_atoms
+    grad_W = np.zeros_like(W)
+    grad_b = np.zeros(width, dtype=W.dtype)
+    grad_h = np.empty_like(h)
+    for a in range(num_actions):
+        rows = np.flatnonzero(actions == a)
+        cols = slice(a * num_atoms, (a + 1) * num_atoms)
+        g = grad_taken[rows]
+        grad_W[:, cols] = h[rows].T @ g
+        grad_b[cols] = reduce_axis0(g)
+        grad_h[rows] = g @ W[:, cols].T
+    return grad_h, grad_W, grad_b
+
+
+# --------------------------------------------------------------------------- PPO policy head
+def log_softmax(logits: Array) -> Array:
+    """log softmax over the last axis."""
+    shifted = logits - np.max(logits, axis=-1, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+
+
+def ppo_surrogate_fwd_bwd(
+    logits: Array,
+    actions: Array,
+    behavior_log_probs: Array,
+    advantages: Array,
+    clip_eps: float,
+    ent_coef: float,
+) -> tuple[dict[str, Array], Array]:
+    """PPO clipped surrogate with entropy bonus, for policy logits [B, A].
+
+    ratio = exp(log π(a) - log π_old(a));
+    loss = mean(-min(ratio Â, clip(ratio, 1-ε, 1+ε) Â)) - c_ent mean(H(π)).
+    Returns ({loss, pg_loss, entropy, approx_kl, clip_fraction}, grad_logits [B, A]).
+    approx_kl is the k3 estimator mean((ratio - 1) - log ratio) (Schulman 2020).
+    """
+    batch = logits.shape[0]
+    rows = np.arange(batch)
+    log_p = log_softmax(logits)
+    p = np.exp(log_p)
+    log_ratio = log_p[rows, actions] - behavior_log_probs
+    ratio = np.exp(log_ratio)
+    unclipped = ratio * advantages
+    clipped = np.clip(ratio, 1 - clip_eps, 1 + clip_eps) * advantages
+    pg_loss = np.mean(-np.minimum(unclipped, clipped))
+    entropy_each = -np.sum(p * log_p, axis=-1)
+    entropy = np.mean(entropy_each)
+
+    # d(-min)/d log π(a) = -Â·ratio where the unclipped term is the minimum. Where the clipped
+    # term is strictly smaller, ratio lies outside [1-ε, 1+ε] (inside it the terms are equal),
+    # so the clip is flat there and the gradient is 0.
+    d_logp_a = np.where(unclipped <= clipped, -advantages * ratio, 0) / batch
+    # d log π(a) / d logits = onehot(a) - p
+    grad = -p * d_logp_a[:, None]
+    grad[rows, actions] += d_logp_a
+    # -c_ent · dH/dlogits_j = c_ent · p_j (log p_j + H)
+    grad += (ent_coef / batch) * p * (log_p + entropy_each[:, None])
+
+    stats = {
+        "loss": pg_loss - ent_coef * entropy,
+        "pg_loss": pg_loss,
+        "entropy": entropy,
+        "approx_kl": np.mean(ratio - 1 - log_ratio),
+        "clip_fraction": np.mean(np.abs(ratio - 1) > clip_eps),
+    }
+    return stats, grad
+
+
+def normalize_advantages(advantages: Array) -> Array:
+    """(Â - mean) / (std + 1e-8), population std: a batch of one normalises to 0, not NaN."""
+    centered = advantages - np.mean(advantages)
+    return centered / (np.sqrt(np.mean(centered * centered)) + 1e-8)
+
+
+# --------------------------------------------------------------------------- value head
+def value_fwd_bwd(
+    values: Array, returns: Array, old_values: Array, clip_eps: float | None
+) -> tuple[Array, Array]:
+    """loss = mean(0.5 (v - R)²); with clip_eps, PPO value clipping:
+
+    v_clip = v_old + clip(v - v_old, -ε, ε); loss = mean(0.5 max((v - R)², (v_clip - R)²)).
+    Returns (loss, grad_values [B]).
+    """
+    batch = values.shape[0]
+    err = values - returns
+    if clip_eps is None:
+        return np.mean(0.5 * err * err), err / batch
+    delta = values - old_values
+    clipped_err = old_values + np.clip(delta, -clip_eps, clip_eps) - returns
+    use_clipped = clipped_err * clipped_err > err * err
+    loss = np.mean(0.5 * np.maximum(err * err, clipped_err * clipped_err))
+    # The clipped branch moves with v only while |v - v_old| <= ε.
+    clip_live = np.abs(delta) <= clip_eps
+    grad = np.where(use_clipped, np.where(clip_live, clipped_err, 0), err) / batch
+    return loss, grad
+
+
+def gae(
+    rewards: Array,
+    values: Array,
+    next_values: Array,
+    terminated: Array,
+    truncated: Array,
+    gamma: float,
+    lam: float,
+) -> tuple[Array, Array]:
+    """Generalised advantage estimation over a time-major rollout [T, N].
+
+    δ_t = r_t + γ V(s_{t+1}) (1 - term_t) - V(s_t)
+    Â_t = δ_t + γ λ (1 - done_t) Â_{t+1},  done_t = term_t or trunc_t,  R_t = Â_t + V(s_t).
+    `next_values[t]` is V(s_{t+1}); at a truncated step the caller puts there the value of the
+    episode's final observation, so truncation bootstraps while termination does not.
+    The recursion runs backwards over T (a dependency chain), vectorised over N.
+    """
+    dtype = values.dtype
+    not_term = 1 - terminated.astype(dtype)
+    not_done = 1 - (terminated | truncated).astype(dtype)
+    deltas = rewards + gamma * next_values * not_term - values
+    advantages = np.empty_like(values)
+    running = np.zeros(values.shape[1:], dtype=dtype)
+    for t in range(values.shape[0] - 1, -1, -1):
+        running = deltas[t] + gamma * lam * not_done[t] * running
+        advantages[t] = running
+    return advantages, advantages + values
+
+
+# --------------------------------------------------------------------------- encoder gradient
+def grad_h_accumulate(grads: Sequence[Array], weights: Sequence[float]) -> Array:
+    """grad_h = Σ_head λ_head grad_h_head, summed in the order given."""
+    total = weights[0] * grads[0]
+    for weight, grad in zip(weights[1:], grads[1:], strict=True):
+        total = total + weight * grad
+    return total
+
+
+# --------------------------------------------------------------------------- optimisation
+def all_finite(arrays: Sequence[Array]) -> Array:
+    """ok = [1] when every entry of every array is finite, else [0] (uint8 [1])."""
+    return np.array([all(np.isfinite(a).all() for a in arrays)], dtype=np.uint8)
+
+
+def global_norm(grads: Sequence[Array]) -> Array:
+    """‖g‖ = sqrt(Σ_tensors Σ g²), tensors in the order given; a float64 [1] array."""
+    total = np.float64(0)
+    for g in grads:
+        total += np.sum(np.square(g, dtype=np.float64))
+    return np.array([np.sqrt(total)])
+
+
+def clip_coefficient(norm: Array, max_norm: float) -> Array:
+    """min(1, max_norm / (‖g‖ + 1e-6)), as torch.nn.utils.clip_grad_norm_ computes it."""
+    return np.minimum(1.0, max_norm / (norm + 1e-6))
+
+
+def advance_counter(counter: Array, ok: Array) -> None:
+    """counter += 1 in place when ok[0]; the AdamW step t and the target-refresh clock."""
+    if ok[0]:
+        counter += 1
+
+
+def adamw_step(
+    param: Array,
+    grad: Array,
+    exp_avg: Array,
+    exp_avg_sq: Array,
+    step: Array,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    grad_scale: Array,
+    ok: Array,
+) -> None:
+    """One AdamW update in place (Loshchilov & Hutter 2019; torch.optim.AdamW's arithmetic).
+
+    g = grad_scale · grad (the global-norm clip coefficient);
+    θ ← θ (1 - lr·wd);  m ← β1 m + (1-β1) g;  v ← β2 v + (1-β2) g²;
+    θ ← θ - (lr / (1 - β1^t)) · m / (sqrt(v) / sqrt(1 - β2^t) + eps), with t = step[0],
+    already advanced for this update.
+    """
+    if not ok[0]:
+        return
+    dtype = param.dtype.type
+    g = grad * dtype(grad_scale[0])
+    t = float(step[0])
+    param *= dtype(1 - lr * weight_decay)
+    exp_avg *= dtype(beta1)
+    exp_avg += dtype(1 - beta1) * g
+    exp_avg_sq *= dtype(beta2)
+    exp_avg_sq += dtype(1 - beta2) * g * g
+    bias1 = 1 - beta1**t
+    bias2_sqrt = np.sqrt(1 - beta2**t)
+    denom = np.sqrt(exp_avg_sq) / dtype(bias2_sqrt) + dtype(eps)
+    param -= dtype(lr / bias1) * exp_avg / denom
+
+
+def target_refresh(
+    target: Sequence[Array],
+    online: Sequence[Array],
+    updates: Array,
+    period: int,
+    tau: float,
+    ok: Array,
+) -> None:
+    """Refresh target-network tensors in place after an applied update.
+
+    tau > 0: Polyak, θ' ← τ θ + (1 - τ) θ' every update.
+    tau = 0: hard copy θ' ← θ when updates[0] (already advanced) is a multiple of period.
+    """
+    if not ok[0]:
+        return
+    if tau > 0:
+        for dst, src in zip(target, online, strict=True):
+            dst *= dst.dtype.type(1 - tau)
+            dst += dst.dtype.type(tau) * src
+    elif updates[0] % period == 0:
+        for dst, src in zip(target, online, strict=True):
+            np.copyto(dst, src)
+
+
+# --------------------------------------------------------------------------- acting
+def sample_categorical(logits: Array, uniforms: Array) -> Array:
+    """Inverse-CDF sample per row of logits [N, A] with uniforms [N] in [0, 1).
+
+    The first action whose running sum of π exceeds u·Σπ; cumulative sums run in action order.
+    """
+    p = np.exp(log_softmax(logits))
+    cdf = np.cumsum(p, axis=-1)
+    threshold = uniforms * cdf[:, -1]
+    picks = np.sum(cdf <= threshold[:, None], axis=-1)
+    return np.minimum(picks, logits.shape[-1] - 1).astype(np.int32)

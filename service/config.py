@@ -1,0 +1,367 @@
+"""Typed Trident configuration.
+
+Layering, lowest to highest precedence: dataclass defaults < TOML file <
+environment ``TRIDENT_<SECTION>__<KEY>`` < ``--set section.key=value`` overrides.
+Each field declares its constraint once, next to it (``_f(default, ge=..., choices=...)``);
+every section validates itself on construction, so invalid configs cannot exist.
+"""
+
+import os
+import tomllib
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import Field, asdict, dataclass, field, fields
+from typing import Any
+
+__all__ = [
+    "C51Config",
+    "CheckpointConfig",
+    "Config",
+    "ConfigError",
+    "ModelConfig",
+    "OptimConfig",
+    "PPOConfig",
+    "ReplayConfig",
+    "ServerConfig",
+    "TrainConfig",
+    "load_config",
+    "with_overrides",
+]
+
+ENV_PREFIX = "TRIDENT_"
+_BOOL_WORDS = {"true": True, "false": False, "1": True, "0": False,
+               "yes": True, "no": False, "on": True, "off": False}
+
+
+class ConfigError(ValueError):
+    """Invalid configuration: unknown key, bad type/value, unreadable file, malformed flag."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    """Allowed values of one field: an interval (open or closed ends) or a set of choices."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    choices: tuple[str, ...] = ()
+
+    def allows(self, v: Any) -> bool:
+        if self.choices:
+            return v in self.choices
+        lo_ok = self.lo is None or (v > self.lo if self.lo_open else v >= self.lo)
+        hi_ok = self.hi is None or (v < self.hi if self.hi_open else v <= self.hi)
+        return lo_ok and hi_ok
+
+    def describe(self) -> str:
+        if self.choices:
+            return "one of " + ", ".join(map(repr, self.choices))
+        if self.lo is not None and self.hi is not None:
+            left, right = "(" if self.lo_open else "[", ")" if self.hi_open else "]"
+            return f"in {left}{self.lo}, {self.hi}{right}"
+        if self.lo is not None:
+            return f"{'>' if self.lo_open else '>='} {self.lo}"
+        return f"{'<' if self.hi_open else '<='} {self.hi}"
+
+
+def _f(default: Any, *, ge: float | None = None, gt: float | None = None,
+       le: float | None = None, lt: float | None = None, choices: tuple[str, ...] = ()) -> Any:
+    """A dataclass field with a default and a declared constraint."""
+    rule = _Rule(lo=ge if gt is None else gt, hi=le if lt is None else lt,
+                 lo_open=gt is not None, hi_open=lt is not None, choices=choices)
+    return field(default=default, metadata={"rule": rule})
+
+
+class _Section:
+    """Mixin: type- and range-check every field after construction (ints widen to floats)."""
+
+    __slots__ = ()
+
+    def __post_init__(self) -> None:
+        name = _SECTION_NAMES[type(self)]
+        for f in fields(self):
+            value = _check_value(f"{name}.{f.name}", f, getattr(self, f.name))
+            object.__setattr__(self, f.name, value)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig(_Section):
+    """Network shape and numeric precision."""
+
+    obs_dim: int = _f(40, ge=1)  # observation features D per env step
+    hidden_dim: int = _f(256, ge=1)  # encoder/head hidden width (units)
+    depth: int = _f(2, ge=1)  # encoder layers
+    num_actions: int = _f(9, ge=1)  # discrete actions
+    aux_dim: int = _f(3, ge=0)  # K auxiliary regression targets; 0 disables the aux head
+    dtype: str = _f("float32", choices=("float32", "float64"))  # float64: numpy backend only
+
+
+@dataclass(frozen=True, slots=True)
+class TrainConfig(_Section):
+    """Training loop, loss weights and rollout shape."""
+
+    seed: int = _f(0, ge=0, lt=2**63)  # RNG seed for init, sampling and shuffling
+    backend: str = _f("auto", choices=("auto", "numpy", "cuda"))  # compute backend
+    gamma: float = _f(0.99, ge=0, le=1)  # discount factor per env step
+    lambda_q: float = _f(1.0, ge=0)  # encoder-gradient weight of the C51 Q head
+    lambda_pi: float = _f(1.0, ge=0)  # encoder-gradient weight of the policy head
+    lambda_v: float = _f(0.5, ge=0)  # encoder-gradient weight of the value head
+    lambda_bce: float = _f(0.1, ge=0)  # encoder-gradient weight of the BCE head
+    lambda_aux: float = _f(0.1, ge=0)  # encoder-gradient weight of the aux regression head
+    max_policy_lag: int = _f(4, ge=0)  # max policy versions a rollout may lag the learner
+    num_envs: int = _f(64, ge=1)  # parallel environments per rollout
+    rollout_len: int = _f(16, ge=1)  # env steps per environment per rollout
+    steps: int = _f(300, ge=1)  # training steps run by the `trident train` job
+    log_every: int = _f(20, ge=1)  # training steps between log lines
+
+
+@dataclass(frozen=True, slots=True)
+class PPOConfig(_Section):
+    """Policy/value head (PPO) hyper-parameters."""
+
+    gae_lambda: float = _f(0.95, ge=0, le=1)  # GAE lambda (bias/variance trade-off)
+    clip_eps: float = _f(0.2, gt=0)  # policy ratio clip range (dimensionless)
+    ent_coef: float = _f(0.01, ge=0)  # entropy bonus weight
+    epochs: int = _f(2, ge=1)  # optimisation passes over each rollout
+    num_minibatches: int = _f(4, ge=1)  # minibatches per epoch
+    norm_adv: bool = True  # normalise advantages per minibatch
+    clip_value_loss: bool = False  # use the clipped value loss
+    value_clip_eps: float = _f(0.2, gt=0)  # value clip range (return units)
+
+
+@dataclass(frozen=True, slots=True)
+class C51Config(_Section):
+    """Distributional Q head (C51) hyper-parameters."""
+
+    num_atoms: int = _f(51, ge=2)  # support atoms of the return distribution
+    v_min: float = -10.0  # lowest support value (return units)
+    v_max: float = 10.0  # highest support value (return units), > v_min
+    n_step: int = _f(1, ge=1)  # n-step return length (env steps)
+    double_dqn: bool = False  # pick bootstrap actions with the online net
+    target_update_period: int = _f(100, ge=1)  # updates between hard target copies
+    target_tau: float = _f(0.0, ge=0, le=1)  # 0: hard copy; >0: Polyak factor per update
+
+
+@dataclass(frozen=True, slots=True)
+class OptimConfig(_Section):
+    """AdamW optimiser and gradient clipping."""
+
+    lr: float = _f(3e-4, gt=0)  # learning rate (per update)
+    beta1: float = _f(0.9, ge=0, lt=1)  # first-moment decay
+    beta2: float = _f(0.999, ge=0, lt=1)  # second-moment decay
+    eps: float = _f(1e-8, gt=0)  # denominator epsilon
+    weight_decay: float = _f(1e-4, ge=0)  # decoupled decay, weight matrices only
+    max_grad_norm: float = _f(10.0, gt=0)  # clip threshold of the global norm over all grads
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayConfig(_Section):
+    """Replay buffer feeding the Q head."""
+
+    capacity: int = _f(100_000, ge=1)  # max stored transitions
+    batch_size: int = _f(256, ge=1)  # transitions per Q update
+    min_size: int = _f(1_000, ge=1)  # stored transitions before the Q head trains, <= capacity
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointConfig(_Section):
+    """Checkpoint location and retention."""
+
+    dir: str = "checkpoints"  # directory for checkpoint files
+    keep_last: int = _f(5, ge=1)  # newest checkpoints kept on disk
+    every_steps: int = _f(0, ge=0)  # training steps between checkpoints; 0 disables
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig(_Section):
+    """gRPC server, batching and security."""
+
+    host: str = "127.0.0.1"  # gRPC bind address
+    port: int = _f(50051, ge=0, le=65535)  # gRPC TCP port
+    metrics_port: int = _f(9464, ge=0, le=65535)  # metrics HTTP TCP port
+    max_message_mb: int = _f(64, ge=1)  # max gRPC message size (MiB)
+    step_queue_size: int = _f(8, ge=1)  # queued rollout batches before backpressure
+    act_max_batch: int = _f(1024, ge=1)  # max observations per batched act call
+    act_max_wait_ms: float = _f(2.0, ge=0)  # max wait to fill an act batch (ms)
+    auth_token: str = ""  # bearer token required from clients; empty disables auth
+    tls_cert: str = ""  # server certificate PEM path; empty disables TLS
+    tls_key: str = ""  # server private key PEM path
+    tls_client_ca: str = ""  # CA PEM path for client certs (mTLS); empty disables mTLS
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The whole configuration: one frozen dataclass per section."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    c51: C51Config = field(default_factory=C51Config)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if not isinstance(getattr(self, f.name), f.default_factory):
+                raise ConfigError(f"section {f.name!r} must be a {f.default_factory.__name__}")
+        c51, replay = self.c51, self.replay
+        if not c51.v_min < c51.v_max:
+            raise ConfigError(f"c51.v_min = {c51.v_min!r} must be < c51.v_max = {c51.v_max!r}")
+        if replay.min_size > replay.capacity:
+            raise ConfigError(f"replay.min_size = {replay.min_size!r} must be <= "
+                              f"replay.capacity = {replay.capacity!r}")
+        if self.model.dtype == "float64" and self.train.backend != "numpy":
+            raise ConfigError(f"model.dtype = 'float64' requires train.backend = 'numpy' "
+                              f"(float64 is for the numpy backend only); got train.backend = "
+                              f"{self.train.backend!r}")
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Nested plain dict ``{section: {key: value}}``, JSON-serialisable."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Config":
+        """Validated config from a nested dict (e.g. a checkpoint's); missing keys default."""
+        raw: dict[str, dict[str, Any]] = {}
+        _merge_tables(raw, d, source=None)
+        return _build(raw)
+
+
+_SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(Config)}
+_SECTION_NAMES = {cls: name for name, cls in _SECTIONS.items()}
+_FIELDS: dict[str, dict[str, Field]] = {
+    name: {f.name: f for f in fields(cls)} for name, cls in _SECTIONS.items()
+}
+
+
+def _section_fields(section: str) -> dict[str, Field]:
+    """The fields of ``section``, or ConfigError listing the valid sections."""
+    if section not in _FIELDS:
+        raise ConfigError(f"unknown config section {section!r}; "
+                          f"valid sections: {', '.join(_FIELDS)}")
+    return _FIELDS[section]
+
+
+def _lookup(section: str, key: str) -> Field:
+    """The field for ``section.key``, or ConfigError listing what is valid."""
+    known = _section_fields(section)
+    if key not in known:
+        raise ConfigError(f"unknown config key '{section}.{key}'; valid keys of "
+                          f"[{section}]: {', '.join(known)}")
+    return known[key]
+
+
+def _check_value(key: str, f: Field, value: Any) -> Any:
+    """Strict type check (bool is not int; int widens to float), then the field's rule."""
+    typ = f.type
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
+        raise ConfigError(f"{key} = {value!r} has type {type(value).__name__}; "
+                          f"expected {typ.__name__}")
+    rule: _Rule | None = f.metadata.get("rule")
+    if rule is not None and not rule.allows(value):
+        what = "not a valid choice" if rule.choices else "out of range"
+        raise ConfigError(f"{key} = {value!r} is {what}; must be {rule.describe()}")
+    return value
+
+
+def _parse_text(key: str, typ: type, text: str) -> Any:
+    """Parse an env/--set string according to the field's declared type."""
+    try:
+        return _BOOL_WORDS[text.strip().lower()] if typ is bool else typ(text)
+    except (KeyError, ValueError):
+        words = "; expected one of " + "/".join(_BOOL_WORDS) if typ is bool else ""
+        raise ConfigError(f"{key} = {text!r} is not a valid {typ.__name__}{words}") from None
+
+
+@contextmanager
+def _origin(source: str | None) -> Iterator[None]:
+    """Append where a bad value came from to any ConfigError raised inside."""
+    try:
+        yield
+    except ConfigError as e:
+        raise ConfigError(f"{e} (from {source})" if source else str(e)) from None
+
+
+def _put(raw: dict[str, dict[str, Any]], section: str, key: str, value: Any, *,
+         text: bool) -> None:
+    """Validate one value (parsing it first if it is text) and store it in ``raw``."""
+    f = _lookup(section, key)
+    if text:
+        value = _parse_text(f"{section}.{key}", f.type, value)
+    raw.setdefault(section, {})[key] = _check_value(f"{section}.{key}", f, value)
+
+
+def _merge_tables(raw: dict[str, dict[str, Any]], data: Mapping[str, Any],
+                  source: str | None) -> None:
+    """Merge typed values from ``{section: {key: value}}`` (TOML document or dict)."""
+    with _origin(source):
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"config must be a table of sections, got {data!r}")
+        for section, table in data.items():
+            _section_fields(section)
+            if not isinstance(table, Mapping):
+                raise ConfigError(f"[{section}] must be a table of keys, got {table!r}")
+            for key, value in table.items():
+                _put(raw, section, key, value, text=False)
+
+
+def _merge_env(raw: dict[str, dict[str, Any]], env: Mapping[str, str]) -> None:
+    """Merge ``TRIDENT_<SECTION>__<KEY>`` variables; other TRIDENT_ variables are ignored."""
+    for name in sorted(env):
+        rest = name[len(ENV_PREFIX):]
+        if name.startswith(ENV_PREFIX) and "__" in rest:
+            section, _, key = rest.partition("__")
+            with _origin(f"environment variable {name}"):
+                _put(raw, section.lower(), key.lower(), env[name], text=True)
+
+
+def _merge_overrides(raw: dict[str, dict[str, Any]], overrides: Sequence[str]) -> None:
+    """Merge ``section.key=value`` flags (``--set``) in order; later ones win."""
+    for item in [overrides] if isinstance(overrides, str) else overrides:
+        lhs, eq, value = item.partition("=")
+        section, dot, key = lhs.strip().partition(".")
+        if not (eq and dot and section and key):
+            raise ConfigError(f"malformed --set {item!r}: expected section.key=value")
+        with _origin(f"--set {item}"):
+            _put(raw, section, key, value, text=True)
+
+
+def _read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Parse a TOML file, turning I/O and syntax errors into ConfigError naming the file."""
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {os.fspath(path)}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {os.fspath(path)}: {e}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"invalid TOML in config file {os.fspath(path)}: {e}") from None
+
+
+def _build(raw: Mapping[str, Mapping[str, Any]]) -> Config:
+    """Construct (and thereby fully validate) a Config from checked per-section values."""
+    return Config(**{name: cls(**raw.get(name, {})) for name, cls in _SECTIONS.items()})
+
+
+def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None,
+                overrides: Sequence[str] = ()) -> Config:
+    """Defaults < TOML file at ``path`` < ``env`` (default os.environ) < ``overrides``."""
+    raw: dict[str, dict[str, Any]] = {}
+    if path is not None:
+        _merge_tables(raw, _read_toml(path), source=f"config file {os.fspath(path)}")
+    _merge_env(raw, os.environ if env is None else env)
+    _merge_overrides(raw, overrides)
+    return _build(raw)
+
+
+def with_overrides(cfg: Config, overrides: Sequence[str]) -> Config:
+    """A copy of ``cfg`` with ``section.key=value`` overrides applied and re-validated."""
+    raw = cfg.to_dict()
+    _merge_overrides(raw, overrides)
+    return _build(raw)

@@ -1,0 +1,112 @@
+"""The network: a ReLU MLP encoder (the shaft) and the linear heads on its last layer.
+
+Parameters live in one ordered dict of named arrays, `group/tensor` (`encoder/W0`, `q/b`, ...).
+The group is what owns an AdamW state; the order is the order of every fixed-order reduction.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import numpy as np
+
+from service.config import Config
+
+Params = dict[str, np.ndarray]
+
+HEADS = ("q", "pi", "v", "bce", "aux")
+
+
+def head_widths(config: Config) -> dict[str, int]:
+    """Output width of each head; a head of width 0 does not exist (aux with K = 0)."""
+    model = config.model
+    widths = {
+        "q": model.num_actions * config.c51.num_atoms,
+        "pi": model.num_actions,
+        "v": 1,
+        "bce": 1,
+        "aux": model.aux_dim,
+    }
+    return {head: width for head, width in widths.items() if width > 0}
+
+
+def groups(config: Config) -> tuple[str, ...]:
+    """Optimizer groups in their fixed order: the encoder, then each existing head."""
+    return ("encoder", *head_widths(config))
+
+
+def init_params(config: Config) -> Params:
+    """Seeded initial parameters.
+
+    Encoder: He-uniform weights (bound sqrt(6 / fan_in)), zero biases, suited to ReLU.
+    Heads: uniform(±1/sqrt(H)) weights, zero biases; the policy head is scaled by 0.01 so the
+    first policy is near-uniform (CleanRL's orthogonal 0.01 init, same intent).
+    """
+    model = config.model
+    dtype = np.dtype(model.dtype)
+    rng = np.random.default_rng(config.train.seed)
+    params: Params = {}
+    fan_in = model.obs_dim
+    for layer in range(model.depth):
+        bound = np.sqrt(6.0 / fan_in)
+        shape = (fan_in, model.hidden_dim)
+        params[f"encoder/W{layer}"] = rng.uniform(-bound, bound, shape).astype(dtype)
+        params[f"encoder/b{layer}"] = np.zeros(model.hidden_dim, dtype=dtype)
+        fan_in = model.hidden_dim
+    for head, width in head_widths(config).items():
+        bound = 1.0 / np.sqrt(model.hidden_dim) * (0.01 if head == "pi" else 1.0)
+        shape = (model.hidden_dim, width)
+        params[f"{head}/W"] = rng.uniform(-bound, bound, shape).astype(dtype)
+        params[f"{head}/b"] = np.zeros(width, dtype=dtype)
+    return params
+
+
+def group_of(name: str) -> str:
+    return name.split("/", 1)[0]
+
+
+def is_weight_matrix(name: str) -> bool:
+    """Weight decay applies to weight matrices only, never to biases."""
+    return name.rsplit("/", 1)[1].startswith("W")
+
+
+def encoder_fwd(ops: ModuleType, params: Params, x: np.ndarray, depth: int) -> list[np.ndarray]:
+    """Activations [x, h1, ..., h_depth] with h_{l+1} = relu(h_l W_l + b_l)."""
+    activations = [x]
+    for layer in range(depth):
+        z = activations[-1] @ params[f"encoder/W{layer}"]
+        activations.append(ops.bias_relu_fwd(z, params[f"encoder/b{layer}"]))
+    return activations
+
+
+def encoder_bwd(
+    ops: ModuleType,
+    params: Params,
+    activations: list[np.ndarray],
+    grad_h: np.ndarray,
+    depth: int,
+) -> Params:
+    """Encoder parameter gradients from grad_h = dL/dh_depth, back through every layer."""
+    grads: Params = {}
+    grad = grad_h
+    for layer in range(depth - 1, -1, -1):
+        grad_z = ops.bias_relu_bwd(activations[layer + 1], grad)
+        grad, grad_W, grad_b = ops.linear_bwd(
+            activations[layer], params[f"encoder/W{layer}"], grad_z
+        )
+        grads[f"encoder/W{layer}"] = grad_W
+        grads[f"encoder/b{layer}"] = grad_b
+    return grads
+
+
+def head_fwd(ops: ModuleType, params: Params, head: str, h: np.ndarray) -> np.ndarray:
+    """A head's outputs [B, width] on encoder features h."""
+    return ops.linear_fwd(h, params[f"{head}/W"], params[f"{head}/b"])
+
+
+def q_distribution(
+    ops: ModuleType, params: Params, h: np.ndarray, num_actions: int, num_atoms: int
+) -> np.ndarray:
+    """C51 probabilities p(s, a, ·) [B, A, Z] from encoder features h."""
+    logits = head_fwd(ops, params, "q", h).reshape(-1, num_actions, num_atoms)
+    return ops.c51_softmax(logits)

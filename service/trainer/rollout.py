@@ -1,0 +1,180 @@
+"""A Step's input: a time-major rollout [T, N], its validation, and its n-step transitions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.config import Config
+from service.errors import InvalidInput
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """What N actors saw over T steps, time-major.
+
+    obs[T] is the bootstrap observation. Where `truncated[t, n]`, obs[t + 1, n] already belongs
+    to the next episode; the episode's own final observation is `final_obs[i]` for the flat
+    index `final_obs_index[i] = t * N + n`. Termination and truncation stay apart: a truncated
+    step bootstraps from its final observation, a terminated one does not.
+    """
+
+    obs: np.ndarray  # [T+1, N, D] float
+    actions: np.ndarray  # [T, N] int, in [0, A)
+    rewards: np.ndarray  # [T, N] float
+    terminated: np.ndarray  # [T, N] bool
+    truncated: np.ndarray  # [T, N] bool
+    behavior_log_probs: np.ndarray  # [T, N] float, log π_old(a_t | s_t) of the acting policy
+    final_obs: np.ndarray | None = None  # [M, D] float
+    final_obs_index: np.ndarray | None = None  # [M] int, flat t * N + n of each truncated step
+    bce_labels: np.ndarray | None = None  # [T, N] in {0, 1}
+    aux_targets: np.ndarray | None = None  # [T, N, K] float
+    policy_version: int | None = None  # the version the actor's Act calls returned
+
+    @property
+    def horizon(self) -> int:
+        return self.actions.shape[0]
+
+    @property
+    def num_envs(self) -> int:
+        return self.actions.shape[1]
+
+    def float_fields(self) -> dict[str, np.ndarray]:
+        """Every floating-point input, for the non-finite guard."""
+        fields = {
+            "obs": self.obs,
+            "rewards": self.rewards,
+            "behavior_log_probs": self.behavior_log_probs,
+            "final_obs": self.final_obs,
+            "aux_targets": self.aux_targets,
+        }
+        return {name: value for name, value in fields.items() if value is not None}
+
+
+def _shape(name: str, array: object, expected: tuple[int, ...], labels: str) -> np.ndarray:
+    if not isinstance(array, np.ndarray):
+        raise InvalidInput(name, f"a numpy array of shape {labels}", type(array).__name__)
+    if array.shape != expected:
+        raise InvalidInput(name, f"shape {labels} = {list(expected)}", list(array.shape))
+    return array
+
+
+def _kind(name: str, array: np.ndarray, kinds: str, what: str) -> None:
+    if array.dtype.kind not in kinds:
+        raise InvalidInput(name, what, f"dtype {array.dtype}")
+
+
+def _flags(name: str, array: np.ndarray) -> None:
+    _kind(name, array, "bui", "bool or 0/1 integers")
+    if array.dtype.kind != "b" and np.any((array != 0) & (array != 1)):
+        raise InvalidInput(name, "values in {0, 1}", f"values {np.unique(array)[:5].tolist()}")
+
+
+def validate_rollout(rollout: Rollout, config: Config) -> None:
+    """Raise InvalidInput naming the first field whose shape, dtype or range is wrong.
+
+    Non-finite numbers are not rejected here: the trainer's guard skips such a Step whole.
+    """
+    actions = rollout.actions
+    if not isinstance(actions, np.ndarray) or actions.ndim != 2 or 0 in actions.shape:
+        got = list(actions.shape) if isinstance(actions, np.ndarray) else type(actions).__name__
+        raise InvalidInput("actions", "a non-empty array of shape [T, N]", got)
+    T, N = actions.shape
+    D, K, A = config.model.obs_dim, config.model.aux_dim, config.model.num_actions
+    _kind("actions", actions, "iu", "an integer dtype")
+    if actions.min() < 0 or actions.max() >= A:
+        bad = actions[(actions < 0) | (actions >= A)][0]
+        raise InvalidInput("actions", f"values in [0, {A})", f"{bad}")
+    _kind("obs", _shape("obs", rollout.obs, (T + 1, N, D), "[T+1, N, D]"), "f", "float")
+    for name in ("rewards", "behavior_log_probs"):
+        _kind(name, _shape(name, getattr(rollout, name), (T, N), "[T, N]"), "f", "float")
+    for name in ("terminated", "truncated"):
+        _flags(name, _shape(name, getattr(rollout, name), (T, N), "[T, N]"))
+    _validate_final_obs(rollout, T, N, D)
+    if rollout.bce_labels is not None:
+        _flags("bce_labels", _shape("bce_labels", rollout.bce_labels, (T, N), "[T, N]"))
+    if rollout.aux_targets is not None:
+        if K == 0:
+            raise InvalidInput("aux_targets", "no aux targets (model.aux_dim = 0)", "an array")
+        aux = _shape("aux_targets", rollout.aux_targets, (T, N, K), "[T, N, K]")
+        _kind("aux_targets", aux, "f", "float")
+
+
+def _validate_final_obs(rollout: Rollout, T: int, N: int, D: int) -> None:
+    truncated_index = np.flatnonzero(rollout.truncated.reshape(-1).astype(bool))
+    M = truncated_index.size
+    if M == 0 and rollout.final_obs is None and rollout.final_obs_index is None:
+        return
+    if rollout.final_obs is None or rollout.final_obs_index is None:
+        raise InvalidInput(
+            "final_obs", f"final_obs and final_obs_index for the {M} truncated steps", "one of them"
+        )
+    _kind("final_obs", _shape("final_obs", rollout.final_obs, (M, D), "[M, D]"), "f", "float")
+    index = _shape("final_obs_index", rollout.final_obs_index, (M,), "[M]")
+    _kind("final_obs_index", index, "iu", "an integer dtype")
+    if not np.array_equal(np.sort(index), truncated_index):
+        raise InvalidInput(
+            "final_obs_index",
+            "the flat indices t*N+n of exactly the truncated steps, each once",
+            index[:8].tolist(),
+        )
+
+
+@dataclass(frozen=True)
+class Transitions:
+    """Flat n-step transitions for the replay buffer (one per rollout step, t-major order)."""
+
+    obs: np.ndarray  # [B, D]
+    actions: np.ndarray  # [B] int32
+    rewards: np.ndarray  # [B] Σ_{j<k} γ^j r_{t+j}
+    dones: np.ndarray  # [B] uint8: the k-step window ended in termination
+    horizons: np.ndarray  # [B] int32: k, the steps actually summed (<= n)
+    next_obs: np.ndarray  # [B, D] the observation k steps later (final obs at truncation)
+
+
+def next_observations(rollout: Rollout, dtype: np.dtype) -> np.ndarray:
+    """s_{t+1} for every step [T, N, D]: obs[t+1], or the final observation at truncation."""
+    T, N = rollout.horizon, rollout.num_envs
+    nxt = rollout.obs[1:].astype(dtype).reshape(T * N, -1)
+    if rollout.final_obs is not None and rollout.final_obs.size:
+        nxt[rollout.final_obs_index] = rollout.final_obs.astype(dtype)
+    return nxt.reshape(T, N, -1)
+
+
+def nstep_transitions(
+    rollout: Rollout, next_obs: np.ndarray, n: int, gamma: float, dtype: np.dtype
+) -> Transitions:
+    """n-step transitions from every step of the rollout, vectorised over [T, N].
+
+    From step t the window sums rewards until the episode ends (termination or truncation),
+    n steps pass, or the rollout ends; `horizons` records how many steps it took, so the
+    target can bootstrap with γ^k.
+    """
+    T, N = rollout.horizon, rollout.num_envs
+    rewards = rollout.rewards.astype(dtype)
+    terminated = rollout.terminated.astype(bool)
+    ended = terminated | rollout.truncated.astype(bool)
+    t = np.arange(T)[:, None]
+    total = np.zeros((T, N), dtype=dtype)
+    horizon = np.zeros((T, N), dtype=np.int32)
+    done = np.zeros((T, N), dtype=bool)
+    open_window = np.ones((T, N), dtype=bool)
+    for j in range(n):
+        row = np.minimum(t + j, T - 1)
+        valid = open_window & (t + j < T)
+        total += np.where(valid, dtype.type(gamma**j) * np.take_along_axis(rewards, row, 0), 0)
+        horizon = np.where(valid, j + 1, horizon)
+        done |= valid & np.take_along_axis(terminated, row, 0)
+        open_window = valid & ~np.take_along_axis(ended, row, 0)
+    last = t + horizon - 1  # the step whose successor the target bootstraps from
+    envs = np.arange(N)[None, :]
+    D = next_obs.shape[-1]
+    return Transitions(
+        obs=rollout.obs[:T].astype(dtype).reshape(T * N, D),
+        actions=rollout.actions.astype(np.int32).reshape(-1),
+        rewards=total.reshape(-1),
+        dones=done.astype(np.uint8).reshape(-1),
+        horizons=horizon.reshape(-1),
+        next_obs=next_obs[last, envs].reshape(T * N, D),
+    )
