@@ -154,7 +154,7 @@ def c51_head_bwd(
     grad_h_row = g_row W[:, a_row·Z:(a_row+1)·Z]ᵀ — one GEMM per action over its rows
     (rows taken in index order), never the dense [B, A·Z] gradient.
     """
-    hidden, width = W.shape
+    width = W.shape[1]
     num_actions = width // num_atoms
     grad_W = np.zeros_like(W)
     grad_b = np.zeros(width, dtype=W.dtype)

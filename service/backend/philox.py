@@ -61,13 +61,13 @@ def seed_key(seed: int) -> tuple[int, int]:
 
 
 def random_bits(key: tuple[int, int], stream: Stream, sequence: int, n: int) -> np.ndarray:
-    """`n` uint32 draws for elements 0..n-1 of `sequence` in `stream` (first Philox word)."""
+    """Four uint32 draws [n, 4] for each element 0..n-1 of `sequence` in `stream`."""
     counter = np.zeros((n, 4), dtype=np.uint32)
     counter[:, 0] = np.arange(n, dtype=np.uint32)
     counter[:, 1] = np.uint32(sequence & _MASK32)
     counter[:, 2] = np.uint32(int(stream))
     counter[:, 3] = np.uint32((sequence >> 32) & _MASK32)
-    return philox4x32(counter, key)[:, 0]
+    return philox4x32(counter, key)
 
 
 def uniform01(bits: np.ndarray, dtype: np.dtype | type = np.float32) -> np.ndarray:

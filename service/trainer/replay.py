@@ -1,0 +1,70 @@
+"""Ring buffer of n-step transitions for the off-policy C51 head, sampled with Philox."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.backend.philox import Stream, below, random_bits
+from service.errors import InvalidInput
+from service.trainer.rollout import Transitions
+
+FIELDS = ("obs", "actions", "rewards", "dones", "horizons", "next_obs")
+
+
+class ReplayBuffer:
+    """Fixed-capacity FIFO ring; the oldest transitions are overwritten first.
+
+    `position` (next slot to write) and `size` are one-element arrays so they sit in device
+    memory beside the data on a GPU backend.
+    """
+
+    def __init__(self, capacity: int, obs_dim: int, dtype: np.dtype) -> None:
+        self.capacity = capacity
+        self.storage = {
+            "obs": np.zeros((capacity, obs_dim), dtype=dtype),
+            "actions": np.zeros(capacity, dtype=np.int32),
+            "rewards": np.zeros(capacity, dtype=dtype),
+            "dones": np.zeros(capacity, dtype=np.uint8),
+            "horizons": np.zeros(capacity, dtype=np.int32),
+            "next_obs": np.zeros((capacity, obs_dim), dtype=dtype),
+        }
+        self.position = np.zeros(1, dtype=np.int64)
+        self.size = np.zeros(1, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self.size[0])
+
+    def insert(self, batch: Transitions) -> None:
+        """Write the batch in order at the ring position, wrapping around."""
+        count = batch.actions.shape[0]
+        if count > self.capacity:  # only the newest `capacity` transitions would survive
+            keep = slice(count - self.capacity, count)
+            batch = Transitions(*(getattr(batch, name)[keep] for name in FIELDS))
+            count = self.capacity
+        slots = (self.position[0] + np.arange(count)) % self.capacity
+        for name in FIELDS:
+            self.storage[name][slots] = getattr(batch, name)
+        self.position[0] = (self.position[0] + count) % self.capacity
+        self.size[0] = min(self.capacity, self.size[0] + count)
+
+    def sample(self, key: tuple[int, int], sequence: int, count: int) -> Transitions:
+        """`count` transitions drawn uniformly with replacement, slot = ⌊u · size / 2³²⌋."""
+        slots = below(random_bits(key, Stream.REPLAY, sequence, count)[:, 0], self.size[0])
+        return Transitions(*(self.storage[name][slots] for name in FIELDS))
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The stored rows [0, size) of each field, plus position and size."""
+        filled = int(self.size[0])
+        state = {name: self.storage[name][:filled] for name in FIELDS}
+        return {**state, "position": self.position, "size": self.size}
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        """Inverse of `state()`; the arrays must already have been checked by the caller."""
+        filled = int(state["size"][0])
+        if not 0 <= filled <= self.capacity:
+            raise InvalidInput("replay/size", f"an integer in [0, {self.capacity}]", filled)
+        for name in FIELDS:
+            self.storage[name][:filled] = state[name]
+            self.storage[name][filled:] = 0
+        self.position[:] = state["position"]
+        self.size[:] = filled
