@@ -457,9 +457,9 @@ class Trainer:
             raise InvalidInput("hyperparams", "values the config allows", str(error)) from None
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Every array that defines the trainer, by name: `group/...` with groups
-        params, target, optim, replay, counters. Together with the config and the seed it
-        restores the trainer exactly."""
+        """Every array that defines the trainer, by name `group/...` with groups params, target,
+        optim, replay, counters and rng (the seed; with the counters it fixes every future draw).
+        """
         state: dict[str, np.ndarray] = {}
         state.update({f"params/{k}": v for k, v in self.params.items()})
         state.update({f"target/{k}": v for k, v in self.target.items()})
@@ -468,6 +468,7 @@ class Trainer:
         state.update({f"optim/step/{k}": v for k, v in self.optim_steps.items()})
         state.update({f"replay/{k}": v for k, v in self.replay.state().items()})
         state.update({f"counters/{k}": v for k, v in self.counters.items()})
+        state["rng/seed"] = np.array([self.config.train.seed], dtype=np.uint64)
         return state
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
@@ -489,12 +490,19 @@ class Trainer:
                                    f"{incoming.dtype}{list(incoming.shape)}")
         for name, array in self._state_targets().items():
             np.copyto(array, state[name])
+        seed = int(state["rng/seed"][0])
+        self.config = with_overrides(self.config, [f"train.seed={seed}"])
+        self.key = seed_key(seed)
         self.replay.load_state({k.removeprefix("replay/"): v for k, v in state.items()
                                 if k.startswith("replay/")})
 
     def _state_targets(self) -> dict[str, np.ndarray]:
         """The fixed-shape state arrays (all but the replay rows), to be overwritten in place."""
-        return {k: v for k, v in self.state_dict().items() if not k.startswith("replay/")}
+        return {
+            k: v
+            for k, v in self.state_dict().items()
+            if not k.startswith(("replay/", "rng/"))
+        }
 
     def param_digest(self) -> str:
         """sha256 over every parameter, target and optimizer tensor, in name order.
