@@ -488,10 +488,14 @@ class Trainer:
             if incoming.dtype != current.dtype or incoming.shape != expected:
                 raise InvalidInput(name, f"{current.dtype}{list(expected)}",
                                    f"{incoming.dtype}{list(incoming.shape)}")
+        seed = int(state["rng/seed"][0])
+        try:
+            config = with_overrides(self.config, [f"train.seed={seed}"])
+        except ConfigError as error:
+            raise InvalidInput("rng/seed", "a valid train.seed", str(error)) from None
         for name, array in self._state_targets().items():
             np.copyto(array, state[name])
-        seed = int(state["rng/seed"][0])
-        self.config = with_overrides(self.config, [f"train.seed={seed}"])
+        self.config = config
         self.key = seed_key(seed)
         self.replay.load_state({k.removeprefix("replay/"): v for k, v in state.items()
                                 if k.startswith("replay/")})
