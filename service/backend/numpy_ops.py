@@ -125,9 +125,7 @@ def categorical_projection(
     return projected.reshape(batch, num_atoms).astype(dtype)
 
 
-def c51_cross_entropy_fwd_bwd(
-    logits: Array, actions: Array, target: Array
-) -> tuple[Array, Array]:
+def c51_cross_entropy_fwd_bwd(logits: Array, actions: Array, target: Array) -> tuple[Array, Array]:
     """C51 loss -Σ_z m_z log p_z(s, a) averaged over the batch, for logits [B, A, Z].
 
     Returns (loss, grad_taken [B, Z]): the gradient with respect to the taken action's

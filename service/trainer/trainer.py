@@ -143,6 +143,10 @@ class Trainer:
                 result.skip_reason = f"non-finite values in {name}; Step not applied"
                 return result
 
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return self._apply_step(rollout, result)  # the guard reports non-finite values
+
+    def _apply_step(self, rollout: Rollout, result: StepResult) -> StepResult:
         started = time.perf_counter()
         batch, next_obs = self._prepare(rollout)
         prepared = time.perf_counter()
@@ -477,8 +481,11 @@ class Trainer:
         missing = sorted(set(mine) - set(state))
         unknown = sorted(set(state) - set(mine))
         if missing or unknown:
-            raise InvalidInput("state", "exactly this trainer's tensors",
-                               f"missing {missing[:5]}, unknown {unknown[:5]}")
+            raise InvalidInput(
+                "state",
+                "exactly this trainer's tensors",
+                f"missing {missing[:5]}, unknown {unknown[:5]}",
+            )
         rows = int(np.asarray(state["replay/size"]).reshape(-1)[0])
         for name, current in mine.items():
             incoming = state[name]
@@ -486,8 +493,11 @@ class Trainer:
             if name.startswith("replay/") and name not in ("replay/position", "replay/size"):
                 expected = (rows, *current.shape[1:])
             if incoming.dtype != current.dtype or incoming.shape != expected:
-                raise InvalidInput(name, f"{current.dtype}{list(expected)}",
-                                   f"{incoming.dtype}{list(incoming.shape)}")
+                raise InvalidInput(
+                    name,
+                    f"{current.dtype}{list(expected)}",
+                    f"{incoming.dtype}{list(incoming.shape)}",
+                )
         seed = int(state["rng/seed"][0])
         try:
             config = with_overrides(self.config, [f"train.seed={seed}"])
@@ -497,16 +507,13 @@ class Trainer:
             np.copyto(array, state[name])
         self.config = config
         self.key = seed_key(seed)
-        self.replay.load_state({k.removeprefix("replay/"): v for k, v in state.items()
-                                if k.startswith("replay/")})
+        self.replay.load_state(
+            {k.removeprefix("replay/"): v for k, v in state.items() if k.startswith("replay/")}
+        )
 
     def _state_targets(self) -> dict[str, np.ndarray]:
         """The fixed-shape state arrays (all but the replay rows), to be overwritten in place."""
-        return {
-            k: v
-            for k, v in self.state_dict().items()
-            if not k.startswith(("replay/", "rng/"))
-        }
+        return {k: v for k, v in self.state_dict().items() if not k.startswith(("replay/", "rng/"))}
 
     def param_digest(self) -> str:
         """sha256 over every parameter, target and optimizer tensor, in name order.

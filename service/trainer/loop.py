@@ -1,0 +1,83 @@
+"""The in-process training loop: Act -> environment step -> Step, one rollout at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from service.trainer.rollout import Rollout
+from service.trainer.trainer import ActMode, StepResult, Trainer
+
+
+@dataclass(frozen=True)
+class EnvStep:
+    """One vectorised environment transition (the Gymnasium vector-API shape)."""
+
+    obs: np.ndarray  # [N, D] next observations (after auto-reset)
+    rewards: np.ndarray  # [N]
+    terminated: np.ndarray  # [N] bool
+    truncated: np.ndarray  # [N] bool
+    final_obs: np.ndarray  # [M, D] final observations of the truncated envs, in env order
+
+
+class VectorEnv(Protocol):
+    """What the loop needs of an environment: N envs stepping together, auto-reset."""
+
+    num_envs: int
+    obs: np.ndarray  # [N, D] current observations
+
+    def step(self, actions: np.ndarray) -> EnvStep: ...
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int
+    result: StepResult
+    mean_reward: float  # mean reward per env step over the rollout
+
+
+def collect_rollout(trainer: Trainer, env: VectorEnv, horizon: int) -> Rollout:
+    """T steps of every env under the current policy (sampled), time-major."""
+    observations = [env.obs]
+    actions, log_probs, rewards, terminated, truncated = [], [], [], [], []
+    final_obs, final_index = [], []
+    version = trainer.global_step
+    for t in range(horizon):
+        acted = trainer.act(observations[-1], ActMode.SAMPLE)
+        moved = env.step(acted.actions)
+        actions.append(acted.actions)
+        log_probs.append(acted.log_probs.astype(np.float32))
+        rewards.append(moved.rewards)
+        terminated.append(moved.terminated)
+        truncated.append(moved.truncated)
+        final_obs.append(moved.final_obs)
+        final_index.append(t * env.num_envs + np.flatnonzero(moved.truncated))
+        observations.append(moved.obs)
+    return Rollout(
+        obs=np.stack(observations),
+        actions=np.stack(actions),
+        rewards=np.stack(rewards),
+        terminated=np.stack(terminated),
+        truncated=np.stack(truncated),
+        behavior_log_probs=np.stack(log_probs),
+        final_obs=np.concatenate(final_obs),
+        final_obs_index=np.concatenate(final_index),
+        policy_version=version,
+    )
+
+
+def train(
+    trainer: Trainer,
+    env: VectorEnv,
+    steps: int,
+    horizon: int,
+    on_step: Callable[[Progress], None] = lambda progress: None,
+) -> None:
+    """Run `steps` Steps, calling `on_step` after each."""
+    for _ in range(steps):
+        rollout = collect_rollout(trainer, env, horizon)
+        result = trainer.step(rollout)
+        on_step(Progress(trainer.global_step, result, float(rollout.rewards.mean())))
