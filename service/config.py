@@ -112,7 +112,7 @@ class TrainConfig(_Section):
     max_policy_lag: int = _f(4, ge=0)  # max policy versions a rollout may lag the learner
     num_envs: int = _f(64, ge=1)  # parallel environments per rollout
     rollout_len: int = _f(16, ge=1)  # env steps per environment per rollout
-    steps: int = _f(200, ge=1)  # training steps run by the `trident train` job
+    steps: int = _f(120, ge=1)  # training steps run by the `trident train` job
     log_every: int = _f(20, ge=1)  # training steps between log lines
 
 

@@ -39,7 +39,7 @@ def test_defaults() -> None:
     assert [f.name for f in dataclasses.fields(cfg)] == SECTIONS
     assert cfg.model.obs_dim == 40 and cfg.model.hidden_dim == 256 and cfg.model.depth == 2
     assert cfg.model.num_actions == 9 and cfg.model.aux_dim == 3 and cfg.model.dtype == "float32"
-    assert cfg.train.backend == "auto" and cfg.train.gamma == 0.99 and cfg.train.steps == 200
+    assert cfg.train.backend == "auto" and cfg.train.gamma == 0.99 and cfg.train.steps == 120
     assert cfg.ppo.norm_adv is True and cfg.ppo.clip_value_loss is False
     assert cfg.c51.num_atoms == 51 and (cfg.c51.v_min, cfg.c51.v_max) == (-10.0, 10.0)
     assert cfg.c51.target_update_period == 100 and cfg.c51.target_tau == 0.0

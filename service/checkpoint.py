@@ -1,0 +1,422 @@
+"""Checkpoints of a Trainer: one directory per name under a root, committed atomically.
+
+Layout of `root/<name>/`: one `<group>.safetensors` per state group (params, target, optim,
+replay, counters, rng), `config.json`, and `manifest.json` (format version, global step,
+parameter digest, backend, sha256 and size of every other file, and a sha256 of itself).
+A save writes everything into `root/.tmp-<name>-<pid>-<random>`, fsyncs the files, the
+manifest and the directory, renames it to `root/<name>` and fsyncs the root; only then does
+it prune old checkpoints. Directories named `.tmp-*` are never read; a crash leaves at most
+such a directory behind, which `clean_temporaries` removes. Tensors are safetensors, never
+pickle, and every byte is hashed before it is parsed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import stat
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeGuard
+
+import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load as load_tensors
+from safetensors.numpy import save as save_tensors
+
+from service.config import Config, ConfigError
+from service.errors import (
+    CheckpointCorrupt,
+    CheckpointIncompatible,
+    CheckpointNotFound,
+    InvalidInput,
+)
+from service.trainer.trainer import HOT_KEYS, Trainer
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+CONFIG = "config.json"
+TEMP_PREFIX = ".tmp-"
+NAME_RULE = "1-128 characters from [A-Za-z0-9._-], starting with a letter or digit, without '..'"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_FILE = re.compile(r"[a-z][a-z0-9_]*\.(safetensors|json)")
+# Settings a checkpoint's tensors are shaped by (or that give them their meaning).
+COMPATIBLE_KEYS = ("c51.num_atoms", "c51.v_min", "c51.v_max", "c51.n_step", "replay.capacity")
+
+PathLike = str | os.PathLike[str]
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A committed checkpoint. `seconds` is how long the save or restore that returned it took
+    (0.0 in listings)."""
+
+    name: str
+    global_step: int
+    path: Path
+    size_bytes: int
+    seconds: float
+    created_unix: float
+
+
+# ------------------------------------------------------------------------------ names
+def _is_name(name: object) -> TypeGuard[str]:
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None and ".." not in name
+
+
+def check_name(name: object) -> str:
+    """`name` if it is a valid checkpoint name (a name, never a path), else InvalidInput."""
+    if not _is_name(name):
+        raise InvalidInput("name", f"a checkpoint name of {NAME_RULE}", repr(name))
+    return name
+
+
+def _committed_dir(root: PathLike, name: object) -> Path:
+    """The directory of committed checkpoint `name`, or CheckpointNotFound."""
+    if not _is_name(name):  # temporaries (.tmp-*) and paths are never checkpoints
+        raise CheckpointNotFound(f"no checkpoint named {name!r} (names are {NAME_RULE})")
+    directory = Path(root) / name
+    if directory.is_symlink() or not (directory / MANIFEST).is_file():
+        raise CheckpointNotFound(f"no checkpoint named {name!r} in {os.fspath(root)}")
+    return directory
+
+
+# ------------------------------------------------------------------------------ files
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: Path, data: bytes) -> dict[str, Any]:
+    """Write and fsync `data`; its manifest entry {sha256, bytes}."""
+    with open(path, "xb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def _read_verified(directory: Path, filename: str, entry: Mapping[str, Any]) -> bytes:
+    """The bytes of a listed file after its size and sha256 match the manifest."""
+    path = directory / filename
+    try:
+        info = path.lstat()
+        if not stat.S_ISREG(info.st_mode):
+            raise CheckpointCorrupt(f"{path}: not a regular file")
+        if info.st_size != entry["bytes"]:
+            raise CheckpointCorrupt(f"{path}: {info.st_size} bytes, manifest says "
+                                    f"{entry['bytes']}")
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointCorrupt(f"{path}: listed in the manifest but missing") from None
+    except OSError as error:
+        raise CheckpointCorrupt(f"{path}: unreadable ({error})") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if len(data) != entry["bytes"] or digest != entry["sha256"]:
+        raise CheckpointCorrupt(f"{path}: sha256 {digest} does not match the manifest's "
+                                f"{entry['sha256']}")
+    return data
+
+
+# ------------------------------------------------------------------------------ manifest
+def _seal(body: Mapping[str, Any]) -> bytes:
+    """The manifest's bytes: canonical JSON of `body` plus the sha256 of that JSON."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    sealed = {**body, "manifest_sha256": hashlib.sha256(canonical.encode()).hexdigest()}
+    return (json.dumps(sealed, sort_keys=True, indent=1) + "\n").encode()
+
+
+def _check_manifest(body: Any, path: Path) -> None:
+    """Raise CheckpointCorrupt unless `body` has every field with the right type."""
+    fields = {"global_step": int, "param_digest": str, "created_unix": (int, float),
+              "backend": str, "files": dict}
+    for key, kind in fields.items():
+        if not isinstance(body.get(key), kind) or isinstance(body.get(key), bool):
+            raise CheckpointCorrupt(f"{path}: field {key!r} is missing or malformed")
+    for filename, entry in body["files"].items():
+        if not _FILE.fullmatch(filename) or filename == MANIFEST:
+            raise CheckpointCorrupt(f"{path}: lists an invalid file name {filename!r}")
+        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
+                and type(entry.get("bytes")) is int and entry["bytes"] >= 0):
+            raise CheckpointCorrupt(f"{path}: malformed entry for {filename!r}")
+    if CONFIG not in body["files"]:
+        raise CheckpointCorrupt(f"{path}: does not list {CONFIG}")
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """The verified manifest of a checkpoint directory.
+
+    A missing manifest is CheckpointNotFound (nothing was committed there); unreadable,
+    non-canonical or unsealed bytes are CheckpointCorrupt; a sealed manifest of another format
+    version is CheckpointIncompatible.
+    """
+    path = directory / MANIFEST
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointNotFound(f"no checkpoint in {directory}") from None
+    except OSError as error:
+        raise CheckpointCorrupt(f"{path}: unreadable ({error})") from None
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointCorrupt(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(body, dict):
+        raise CheckpointCorrupt(f"{path}: not a JSON object")
+    # The seal is the envelope of every format version: checked first, so that no changed
+    # byte (the version's included) passes for anything but corruption.
+    body.pop("manifest_sha256", None)
+    if _seal(body) != raw:
+        raise CheckpointCorrupt(f"{path}: manifest_sha256 does not match its contents")
+    version = body.get("format_version")
+    if version != FORMAT_VERSION or type(version) is not int:
+        raise CheckpointIncompatible(f"{path}: format_version {version!r}; this build reads "
+                                     f"format_version {FORMAT_VERSION}")
+    _check_manifest(body, path)
+    return body
+
+
+def _check_listing(directory: Path, manifest: Mapping[str, Any]) -> None:
+    """CheckpointCorrupt if the directory holds a file the manifest does not list."""
+    extra = sorted(set(os.listdir(directory)) - set(manifest["files"]) - {MANIFEST})
+    if extra:
+        raise CheckpointCorrupt(f"{directory}: files not in the manifest: {extra}")
+
+
+def _info(directory: Path, manifest: Mapping[str, Any], seconds: float) -> CheckpointInfo:
+    size = sum(entry["bytes"] for entry in manifest["files"].values())
+    return CheckpointInfo(
+        name=directory.name,
+        global_step=manifest["global_step"],
+        path=directory,
+        size_bytes=size + (directory / MANIFEST).stat().st_size,
+        seconds=seconds,
+        created_unix=float(manifest["created_unix"]),
+    )
+
+
+# ------------------------------------------------------------------------------ save
+def _state_files(trainer: Trainer) -> dict[str, bytes]:
+    """The serialized files of a trainer: `<group>.safetensors` per state group, config.json."""
+    groups: dict[str, dict[str, np.ndarray]] = {}
+    for key, array in trainer.state_dict().items():
+        group, _, rest = key.partition("/")
+        groups.setdefault(group, {})[rest] = np.ascontiguousarray(array)
+    files = {f"{group}.safetensors": save_tensors(tensors) for group, tensors in groups.items()}
+    config = json.dumps(trainer.config.to_dict(), sort_keys=True, indent=1) + "\n"
+    files[CONFIG] = config.encode()
+    return files
+
+
+def _commit(temp: Path, target: Path) -> None:
+    """Rename a fully written temporary directory into place and make the rename durable."""
+    _fsync_dir(temp)
+    try:
+        os.rename(temp, target)
+    except OSError as error:  # a concurrent save of the same name won the race
+        raise InvalidInput("name", "a name no checkpoint has (checkpoints are immutable)",
+                           f"{target.name!r} ({error.strerror})") from None
+    _fsync_dir(target.parent)
+
+
+def save_checkpoint(trainer: Trainer, root: PathLike, name: str | None = None,
+                    keep_last: int | None = None) -> CheckpointInfo:
+    """Write the trainer's whole state as checkpoint `name` (default `step-<global_step>`),
+    then prune to the newest `keep_last` (default `checkpoint.keep_last`)."""
+    started = time.perf_counter()
+    name = check_name(f"step-{trainer.global_step:010d}" if name is None else name)
+    keep = trainer.config.checkpoint.keep_last if keep_last is None else keep_last
+    if type(keep) is not int or keep < 1:
+        raise InvalidInput("keep_last", "an integer >= 1", repr(keep))
+    root = Path(root)
+    target = root / name
+    if os.path.lexists(target):
+        raise InvalidInput("name", "a name no checkpoint has (checkpoints are immutable)",
+                           repr(name))
+    root.mkdir(parents=True, exist_ok=True)
+    temp = root / f"{TEMP_PREFIX}{name}-{os.getpid()}-{secrets.token_hex(4)}"
+    temp.mkdir()
+    try:
+        files = {fn: _write_file(temp / fn, data) for fn, data in _state_files(trainer).items()}
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "global_step": trainer.global_step,
+            "param_digest": trainer.param_digest(),
+            "created_unix": time.time(),
+            "backend": trainer.backend.name,
+            "files": files,
+        }
+        _write_file(temp / MANIFEST, _seal(manifest))
+        _commit(temp, target)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+    prune(root, keep, protect=name)
+    return _info(target, manifest, time.perf_counter() - started)
+
+
+# ------------------------------------------------------------------------------ listing
+def list_checkpoints(root: PathLike) -> list[CheckpointInfo]:
+    """Committed checkpoints under `root`, newest first (by global step, then creation time).
+
+    Temporary directories and anything without a valid manifest are ignored.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in os.scandir(root):
+        if not entry.is_dir(follow_symlinks=False) or not _is_name(entry.name):
+            continue
+        directory = root / entry.name
+        try:
+            found.append(_info(directory, read_manifest(directory), 0.0))
+        except (CheckpointNotFound, CheckpointCorrupt, CheckpointIncompatible, OSError):
+            continue
+    return sorted(found, key=lambda c: (c.global_step, c.created_unix, c.name), reverse=True)
+
+
+def latest_checkpoint(root: PathLike) -> CheckpointInfo | None:
+    """The newest committed checkpoint, or None."""
+    checkpoints = list_checkpoints(root)
+    return checkpoints[0] if checkpoints else None
+
+
+def _remove(root: Path, name: str) -> None:
+    """Delete a checkpoint: first rename it out of sight (atomic), then remove the files."""
+    doomed = root / f"{TEMP_PREFIX}{name}-{os.getpid()}-{secrets.token_hex(4)}"
+    os.rename(root / name, doomed)
+    _fsync_dir(root)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def prune(root: PathLike, keep_last: int, protect: str | None = None) -> list[str]:
+    """Delete all but the newest `keep_last` checkpoints (counting `protect`, never deleted)."""
+    root = Path(root)
+    others = [c.name for c in list_checkpoints(root) if c.name != protect]
+    doomed = others[keep_last - 1:] if protect is not None else others[keep_last:]
+    for name in doomed:
+        _remove(root, name)
+    return doomed
+
+
+def clean_temporaries(root: PathLike) -> int:
+    """Remove the `.tmp-*` leftovers of interrupted saves and prunes; how many were removed.
+
+    Call at start-up, before any save runs against `root`.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        return 0
+    removed = 0
+    for entry in os.scandir(root):
+        if entry.name.startswith(TEMP_PREFIX):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+            removed += 1
+    return removed
+
+
+# ------------------------------------------------------------------------------ restore
+def _parse_tensors(directory: Path, filename: str, data: bytes) -> dict[str, np.ndarray]:
+    try:
+        return load_tensors(data)
+    except (SafetensorError, ValueError) as error:
+        path = directory / filename
+        raise CheckpointCorrupt(f"{path}: not a safetensors file ({error})") from None
+
+
+def _checkpoint_config(directory: Path, data: bytes) -> Config:
+    try:
+        return Config.from_dict(json.loads(data))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointCorrupt(f"{directory / CONFIG}: not valid JSON ({error})") from None
+    except ConfigError as error:
+        raise CheckpointIncompatible(f"{directory / CONFIG}: not a config this build reads "
+                                     f"({error})") from None
+
+
+def _setting(config: Config, key: str) -> Any:
+    section, _, field = key.partition(".")
+    return getattr(getattr(config, section), field)
+
+
+def check_compatible(saved: Config, mine: Config, name: str) -> None:
+    """CheckpointIncompatible naming every shape-defining setting that differs."""
+    model_keys = [f"model.{k}" for k in saved.to_dict()["model"]]
+    differing = [f"{key}: checkpoint {_setting(saved, key)!r}, trainer {_setting(mine, key)!r}"
+                 for key in (*model_keys, *COMPATIBLE_KEYS)
+                 if _setting(saved, key) != _setting(mine, key)]
+    if differing:
+        raise CheckpointIncompatible(f"checkpoint {name!r} does not fit this trainer: "
+                                     + "; ".join(differing))
+
+
+def _load_state(directory: Path, manifest: Mapping[str, Any],
+                blobs: Mapping[str, bytes]) -> dict[str, np.ndarray]:
+    """The full `group/key` state dict from the verified safetensors files."""
+    state: dict[str, np.ndarray] = {}
+    for filename in manifest["files"]:
+        if filename.endswith(".safetensors"):
+            group = filename.removesuffix(".safetensors")
+            tensors = _parse_tensors(directory, filename, blobs[filename])
+            state.update({f"{group}/{key}": array for key, array in tensors.items()})
+    return state
+
+
+def _apply(trainer: Trainer, state: Mapping[str, np.ndarray], hot: Mapping[str, Any],
+           expected_digest: str, name: str) -> None:
+    """Load state and hot settings into the trainer; on any failure put everything back."""
+    saved_state = {key: array.copy() for key, array in trainer.state_dict().items()}
+    saved_config = trainer.config
+    try:
+        try:
+            trainer.load_state_dict(state)
+        except InvalidInput as error:
+            raise CheckpointCorrupt(f"checkpoint {name!r}: tensors do not fit ({error})") from None
+        trainer.update_hyperparams(hot)
+        digest = trainer.param_digest()
+        if digest != expected_digest:
+            raise CheckpointCorrupt(f"checkpoint {name!r}: parameter digest {digest} does not "
+                                    f"match the manifest's {expected_digest}")
+    except BaseException:
+        trainer.load_state_dict(saved_state)
+        trainer.config = saved_config
+        raise
+
+
+def restore_checkpoint(trainer: Trainer, root: PathLike, name: str) -> CheckpointInfo:
+    """Replace the trainer's state (and hot settings) with checkpoint `name`, all or nothing."""
+    started = time.perf_counter()
+    directory = _committed_dir(root, name)
+    manifest = read_manifest(directory)
+    _check_listing(directory, manifest)
+    blobs = {fn: _read_verified(directory, fn, entry) for fn, entry in manifest["files"].items()}
+    saved = _checkpoint_config(directory, blobs[CONFIG])
+    check_compatible(saved, trainer.config, name)
+    hot = {key: _setting(saved, key) for key in HOT_KEYS}
+    state = _load_state(directory, manifest, blobs)
+    _apply(trainer, state, hot, manifest["param_digest"], name)
+    return _info(directory, manifest, time.perf_counter() - started)
+
+
+def load_params(root: PathLike, name: str) -> dict[str, np.ndarray]:
+    """The verified parameters of checkpoint `name` (what an inference-only server needs)."""
+    directory = _committed_dir(root, name)
+    manifest = read_manifest(directory)
+    filename = "params.safetensors"
+    if filename not in manifest["files"]:
+        raise CheckpointCorrupt(f"{directory / MANIFEST}: does not list {filename}")
+    data = _read_verified(directory, filename, manifest["files"][filename])
+    return _parse_tensors(directory, filename, data)

@@ -1,0 +1,48 @@
+"""`trident train` as a user runs it: a real process, its output, its checkpoint, its errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from service.checkpoint import list_checkpoints
+
+
+def trident(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIDENT_")}
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_train_prints_progress_and_writes_a_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / "small.toml").write_text(
+        '[model]\nobs_dim = 12\nhidden_dim = 32\n[train]\nsteps = 6\nlog_every = 2\n'
+        "num_envs = 8\nrollout_len = 4\n[replay]\nmin_size = 16\nbatch_size = 16\n"
+    )
+    done = trident(
+        "train", "--config", "small.toml", "--set", "checkpoint.dir=ckpt", cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("trident train: backend=numpy")
+    progress = [line for line in lines if line.startswith("step ")]
+    assert [line.split()[1] for line in progress] == ["2/6", "4/6", "6/6"]
+    assert all("greedy-π" in line and "samples/s" in line for line in progress)
+    assert "done: 6 steps, 192 samples" in done.stdout
+    (saved,) = list_checkpoints(tmp_path / "ckpt")
+    assert saved.global_step == 6 and saved.name in done.stdout
+
+
+def test_bad_setting_fails_naming_the_key(tmp_path: Path) -> None:
+    done = trident("train", "--set", "ppo.clip_eps=-1", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "ppo.clip_eps" in done.stderr and "-1" in done.stderr
+    assert not (tmp_path / "checkpoints").exists()
