@@ -411,12 +411,15 @@ def restore_checkpoint(trainer: Trainer, root: PathLike, name: str) -> Checkpoin
     return _info(directory, manifest, time.perf_counter() - started)
 
 
-def load_params(root: PathLike, name: str) -> dict[str, np.ndarray]:
-    """The verified parameters of checkpoint `name` (what an inference-only server needs)."""
+def load_policy(root: PathLike, name: str) -> tuple[Config, dict[str, np.ndarray]]:
+    """The verified config and parameters of checkpoint `name`: all an inference-only server
+    needs, without reading optimizer state or the replay buffer."""
     directory = _committed_dir(root, name)
     manifest = read_manifest(directory)
-    filename = "params.safetensors"
-    if filename not in manifest["files"]:
-        raise CheckpointCorrupt(f"{directory / MANIFEST}: does not list {filename}")
-    data = _read_verified(directory, filename, manifest["files"][filename])
-    return _parse_tensors(directory, filename, data)
+    blobs = {}
+    for filename in (CONFIG, "params.safetensors"):
+        if filename not in manifest["files"]:
+            raise CheckpointCorrupt(f"{directory / MANIFEST}: does not list {filename}")
+        blobs[filename] = _read_verified(directory, filename, manifest["files"][filename])
+    config = _checkpoint_config(directory, blobs[CONFIG])
+    return config, _parse_tensors(directory, "params.safetensors", blobs["params.safetensors"])

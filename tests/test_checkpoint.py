@@ -24,7 +24,7 @@ from service.checkpoint import (
     clean_temporaries,
     latest_checkpoint,
     list_checkpoints,
-    load_params,
+    load_policy,
     restore_checkpoint,
     save_checkpoint,
 )
@@ -308,7 +308,7 @@ def test_consistent_but_wrong_checkpoint_rolls_back(tmp_path: Path, config: Conf
     snapshot.assert_unchanged()
 
     info = save_checkpoint(trained(config, 2), tmp_path, name="wrong-shape")
-    params = load_params(tmp_path, info.name)
+    _, params = load_policy(tmp_path, info.name)
     params["encoder/W0"] = np.zeros((3, 3), np.float32)
     replace_file(info.path, "params.safetensors", save_tensors(params))
     with pytest.raises(CheckpointCorrupt, match="encoder/W0"):
@@ -342,27 +342,28 @@ def test_not_found(tmp_path: Path, config: Config) -> None:
         with pytest.raises(CheckpointNotFound):
             restore_checkpoint(victim, tmp_path, name)
         with pytest.raises(CheckpointNotFound):
-            load_params(tmp_path, name)
+            load_policy(tmp_path, name)
     with pytest.raises(CheckpointNotFound):
         restore_checkpoint(victim, tmp_path / "missing-root", info.name)
     snapshot.assert_unchanged()
 
 
-def test_load_params_is_verified(tmp_path: Path, config: Config) -> None:
+def test_load_policy_is_verified(tmp_path: Path, config: Config) -> None:
     trainer = trained(config, 2)
     info = save_checkpoint(trainer, tmp_path)
-    params = load_params(tmp_path, info.name)
+    _, params = load_policy(tmp_path, info.name)
     assert params.keys() == trainer.params.keys()
+    assert load_policy(tmp_path, info.name)[0] == trainer.config
     for name, array in trainer.params.items():
         np.testing.assert_array_equal(params[name], array)
         assert params[name].dtype == array.dtype
     flip(info.path / "params.safetensors", 100)
     with pytest.raises(CheckpointCorrupt, match=re.escape("params.safetensors")):
-        load_params(tmp_path, info.name)
+        load_policy(tmp_path, info.name)
     flip(info.path / "params.safetensors", 100)
     flip(info.path / "manifest.json", 10)
     with pytest.raises(CheckpointCorrupt, match=re.escape("manifest.json")):
-        load_params(tmp_path, info.name)
+        load_policy(tmp_path, info.name)
 
 
 # ------------------------------------------------------------------------------ compatibility

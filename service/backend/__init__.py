@@ -25,6 +25,7 @@ OP_NAMES: tuple[str, ...] = (
     "c51_support",
     "c51_q_values",
     "categorical_projection",
+    "c51_support_clip_ratio",
     "c51_cross_entropy_fwd_bwd",
     "c51_head_bwd",
     "log_softmax",

@@ -81,6 +81,39 @@ def c51_q_values(probs: Array, support: Array) -> Array:
     return probs @ support
 
 
+def _target_atoms(
+    next_probs: Array,
+    rewards: Array,
+    dones: Array,
+    horizons: Array,
+    gamma: float,
+    v_min: float,
+    v_max: float,
+) -> Array:
+    """Unclipped Tz_j = r + γ^k (1 - done) z_j [B, Z] (a terminal transition's target is r)."""
+    num_atoms = next_probs.shape[1]
+    dtype = next_probs.dtype
+    support = c51_support(v_min, v_max, num_atoms, dtype)
+    discount = (dtype.type(gamma) ** horizons.astype(dtype)) * (1 - dones.astype(dtype))
+    return rewards.astype(dtype)[:, None] + discount[:, None] * support[None, :]
+
+
+def c51_support_clip_ratio(
+    next_probs: Array,
+    rewards: Array,
+    dones: Array,
+    horizons: Array,
+    gamma: float,
+    v_min: float,
+    v_max: float,
+) -> Array:
+    """Share of target mass whose Tz falls outside [v_min, v_max] and is clipped to an end atom:
+    mean over the batch of Σ_j p_j 1[Tz_j ∉ [v_min, v_max]]. Near 0 when the support fits."""
+    tz = _target_atoms(next_probs, rewards, dones, horizons, gamma, v_min, v_max)
+    outside = (tz < v_min) | (tz > v_max)
+    return np.mean(np.sum(np.where(outside, next_probs, 0), axis=1))
+
+
 def categorical_projection(
     next_probs: Array,
     rewards: Array,
@@ -104,11 +137,8 @@ def categorical_projection(
     """
     batch, num_atoms = next_probs.shape
     dtype = next_probs.dtype
-    support = c51_support(v_min, v_max, num_atoms, dtype)
     delta = dtype.type((v_max - v_min) / (num_atoms - 1))
-    # γ^k (1 - done): a terminal transition's target is r alone.
-    discount = (dtype.type(gamma) ** horizons.astype(dtype)) * (1 - dones.astype(dtype))
-    tz = rewards.astype(dtype)[:, None] + discount[:, None] * support[None, :]
+    tz = _target_atoms(next_probs, rewards, dones, horizons, gamma, v_min, v_max)
     tz = np.clip(tz, dtype.type(v_min), dtype.type(v_max))
     # b_j in [0, Z-1]; the second clip absorbs rounding at the ends of the support.
     b = np.clip((tz - dtype.type(v_min)) / delta, 0, num_atoms - 1)

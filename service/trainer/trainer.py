@@ -78,6 +78,7 @@ class StepResult:
     entropy: float = 0.0
     approx_kl: float = 0.0
     clip_fraction: float = 0.0
+    c51_support_clip_ratio: float = 0.0  # share of C51 target mass clipped at the support ends
     updates_applied: int = 0
     updates_skipped: int = 0
     skipped: bool = False  # at least one update was left unapplied
@@ -178,6 +179,7 @@ class Trainer:
         result.entropy = means.get("entropy", 0.0)
         result.approx_kl = means.get("approx_kl", 0.0)
         result.clip_fraction = means.get("clip_fraction", 0.0)
+        result.c51_support_clip_ratio = means.get("c51_support_clip_ratio", 0.0)
         result.skipped = result.updates_skipped > 0
         if result.updates_applied:
             self.counters["global_step"] += 1
@@ -233,8 +235,9 @@ class Trainer:
         h = model.encoder_fwd(self.ops, self.params, obs, depth)[-1]
         return model.head_fwd(self.ops, self.params, "v", h)[:, 0]
 
-    def _q_target(self, replay: Transitions) -> np.ndarray:
-        """The projected C51 target m [Bq, Z] for a replay batch, from the target network."""
+    def _q_target(self, replay: Transitions) -> tuple[np.ndarray, float]:
+        """The projected C51 target m [Bq, Z] for a replay batch, from the target network, and
+        the share of its mass clipped at the ends of the support."""
         cfg, ops = self.config, self.ops
         A, Z, depth = cfg.model.num_actions, cfg.c51.num_atoms, cfg.model.depth
         h_next = model.encoder_fwd(ops, self.target, replay.next_obs, depth)[-1]
@@ -246,7 +249,7 @@ class Trainer:
             chooser = target_probs
         best = np.argmax(ops.c51_q_values(chooser, self.support), axis=1)
         next_probs = target_probs[np.arange(best.shape[0]), best]
-        return ops.categorical_projection(
+        args = (
             next_probs,
             replay.rewards,
             replay.dones,
@@ -255,6 +258,7 @@ class Trainer:
             cfg.c51.v_min,
             cfg.c51.v_max,
         )
+        return ops.categorical_projection(*args), float(ops.c51_support_clip_ratio(*args))
 
     def _update(self, batch: _Batch, rows: np.ndarray) -> tuple[dict[str, float], str]:
         """One optimizer update on rollout rows `rows` (+ a replay batch once it is warm).
@@ -322,7 +326,7 @@ class Trainer:
         if replay is not None:
             h_q = h[on_policy:]
             q_logits = model.head_fwd(ops, params, "q", h_q).reshape(-1, A, Z)
-            target = self._q_target(replay)
+            target, support_clip = self._q_target(replay)
             losses["q"], grad_taken = ops.c51_cross_entropy_fwd_bwd(
                 q_logits, replay.actions, target
             )
@@ -348,6 +352,8 @@ class Trainer:
         stats["grad_norm"] = float(norm[0])
         for name in ("entropy", "approx_kl", "clip_fraction"):
             stats[name] = float(pi_stats[name])
+        if replay is not None:
+            stats["c51_support_clip_ratio"] = support_clip
         return stats, ""
 
     def _head_bwd(
@@ -510,6 +516,34 @@ class Trainer:
         self.replay.load_state(
             {k.removeprefix("replay/"): v for k, v in state.items() if k.startswith("replay/")}
         )
+
+    def load_params(self, params: Mapping[str, np.ndarray]) -> None:
+        """Replace the online parameters only (an inference-only server's restore)."""
+        for name, current in self.params.items():
+            incoming = params.get(name)
+            if (
+                incoming is None
+                or incoming.dtype != current.dtype
+                or incoming.shape != current.shape
+            ):
+                got = "nothing" if incoming is None else f"{incoming.dtype}{list(incoming.shape)}"
+                raise InvalidInput(f"params/{name}", f"{current.dtype}{list(current.shape)}", got)
+        unknown = sorted(set(params) - set(self.params))
+        if unknown:
+            raise InvalidInput("params", "exactly this model's tensors", f"unknown {unknown[:5]}")
+        for name, array in self.params.items():
+            np.copyto(array, params[name])
+
+    def memory_bytes(self) -> int:
+        """Bytes the backend holds for this trainer: parameters, target, moments and replay."""
+        arrays = [
+            *self.params.values(),
+            *self.target.values(),
+            *self.exp_avg.values(),
+            *self.exp_avg_sq.values(),
+            *self.replay.storage.values(),
+        ]
+        return sum(array.nbytes for array in arrays)
 
     def _state_targets(self) -> dict[str, np.ndarray]:
         """The fixed-shape state arrays (all but the replay rows), to be overwritten in place."""
