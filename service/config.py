@@ -188,6 +188,9 @@ class ServerConfig(_Section):
     tls_cert: str = ""  # server certificate PEM path; empty disables TLS
     tls_key: str = ""  # server private key PEM path
     tls_client_ca: str = ""  # CA PEM path for client certs (mTLS); empty disables mTLS
+    max_concurrent_rpcs: int = _f(64, ge=2)  # RPCs in flight before new ones get RESOURCE_EXHAUSTED
+    shutdown_grace_s: float = _f(30.0, ge=0)  # SIGTERM: seconds in-flight RPCs get to finish
+    log_level: str = _f("INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))  # log threshold
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +216,17 @@ class Config:
         if replay.min_size > replay.capacity:
             raise ConfigError(f"replay.min_size = {replay.min_size!r} must be <= "
                               f"replay.capacity = {replay.capacity!r}")
+        server = self.server
+        if server.step_queue_size >= server.max_concurrent_rpcs:
+            raise ConfigError(f"server.step_queue_size = {server.step_queue_size!r} must be < "
+                              f"server.max_concurrent_rpcs = {server.max_concurrent_rpcs!r}")
+        if bool(server.tls_cert) != bool(server.tls_key):
+            raise ConfigError("server.tls_cert and server.tls_key: expected both set or both "
+                              f"empty, got tls_cert={server.tls_cert!r}, "
+                              f"tls_key={server.tls_key!r}")
+        if server.tls_client_ca and not server.tls_cert:
+            raise ConfigError("server.tls_client_ca (mTLS) requires server.tls_cert and "
+                              "server.tls_key")
         if self.model.dtype == "float64" and self.train.backend != "numpy":
             raise ConfigError(f"model.dtype = 'float64' requires train.backend = 'numpy' "
                               f"(float64 is for the numpy backend only); got train.backend = "

@@ -31,3 +31,23 @@ class CheckpointCorrupt(TridentError):
 
 class CheckpointIncompatible(TridentError):
     """A checkpoint was written for a different model shape or format version."""
+
+
+class QueueFull(TridentError):
+    """The Step queue is full; the caller should back off and retry."""
+
+
+class StalePolicy(TridentError):
+    """A rollout was collected too many policy versions ago to train on."""
+
+
+class Unavailable(TridentError):
+    """The server is starting up or draining and takes no new work."""
+
+
+class InferenceOnly(TridentError):
+    """The server holds no optimizer state: it answers Act, not training calls."""
+
+
+class Abandoned(TridentError):
+    """The caller went away (deadline or cancellation) before its Step started."""

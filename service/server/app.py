@@ -1,0 +1,148 @@
+"""`trident serve`: build the gRPC server around an engine, run it, drain it on SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry, start_http_server
+
+from service import logs
+from service.api.trident.v1 import trainer_pb2 as pb
+from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
+from service.config import Config, ConfigError
+from service.server.auth import BearerTokenInterceptor
+from service.server.engine import Engine
+from service.server.metrics import Metrics
+from service.server.servicer import TrainerServicer
+from service.trainer.trainer import Trainer
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TrainerService"].full_name
+
+
+def _read(setting: str, path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as error:
+        raise ConfigError(f"{setting} = {path!r}: expected a readable PEM file ({error})") from None
+
+
+def server_credentials(config: Config) -> grpc.ServerCredentials | None:
+    """TLS (and mTLS when a client CA is set) credentials, or None for plaintext."""
+    server = config.server
+    if not server.tls_cert:
+        return None
+    pair = (_read("server.tls_key", server.tls_key), _read("server.tls_cert", server.tls_cert))
+    client_ca = (
+        _read("server.tls_client_ca", server.tls_client_ca) if server.tls_client_ca else None
+    )
+    return grpc.ssl_server_credentials(
+        [pair], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
+
+
+@dataclass
+class Running:
+    """A started server: its ports and the pieces shutdown needs."""
+
+    server: grpc.Server
+    health: health.HealthServicer
+    engine: Engine
+    port: int
+    metrics_port: int
+
+
+def start(config: Config, inference_only: bool = False, restore: str | None = None) -> Running:
+    """Bind, start and mark SERVING once the trainer is built. Misconfiguration fails first."""
+    credentials = server_credentials(config)  # before binding anything
+    server_cfg = config.server
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    interceptors = []
+    if server_cfg.auth_token:
+        interceptors.append(
+            BearerTokenInterceptor(
+                server_cfg.auth_token,
+                lambda method: metrics.rpc_error(method, grpc.StatusCode.UNAUTHENTICATED),
+            )
+        )
+    limit = server_cfg.max_message_mb * 1024 * 1024
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=server_cfg.max_concurrent_rpcs + 4),
+        interceptors=interceptors,
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+        ],
+        maximum_concurrent_rpcs=server_cfg.max_concurrent_rpcs,
+    )
+    servicer = TrainerServicer(metrics)
+    pb_grpc.add_TrainerServiceServicer_to_server(servicer, server)
+    health_servicer = health.HealthServicer()
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    address = f"{server_cfg.host}:{server_cfg.port}"
+    if credentials is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, credentials)
+    http_server, _ = start_http_server(
+        server_cfg.metrics_port, addr=server_cfg.host, registry=registry
+    )
+    server.start()
+
+    if inference_only:
+        if restore is None:
+            raise ConfigError("--inference-only: expected --restore NAME, got none")
+        engine = Engine.for_inference(config, restore, metrics)
+    else:
+        engine = Engine(Trainer(config), metrics)
+        engine.start(restore)
+    servicer.attach(engine)
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    running = Running(server, health_servicer, engine, port, http_server.server_port)
+    logs.event(
+        logging.INFO,
+        "serving",
+        host=server_cfg.host,
+        port=port,
+        metrics_port=running.metrics_port,
+        backend=engine.trainer.backend.name,
+        tls=credentials is not None,
+        inference_only=inference_only,
+    )
+    return running
+
+
+def stop(running: Running, grace_s: float) -> None:
+    """Drain: NOT_SERVING at once, refuse new calls, finish in-flight ones, final checkpoint."""
+    running.health.enter_graceful_shutdown()
+    logs.event(logging.INFO, "draining", grace_s=grace_s)
+    running.server.stop(grace_s).wait()
+    final = running.engine.drain()
+    if final is not None:
+        logs.event(logging.INFO, "final checkpoint", name=final.name, step=final.global_step)
+
+
+def serve(config: Config, inference_only: bool = False, restore: str | None = None) -> int:
+    """Run until SIGTERM or SIGINT, then drain and exit 0."""
+    logs.configure(config.server.log_level)
+    stopping = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopping.set())
+    running = start(config, inference_only, restore)
+    stopping.wait()
+    stop(running, config.server.shutdown_grace_s)
+    return 0

@@ -1,0 +1,212 @@
+"""The data plane behind the servicer: one trainer, its Step queue, Act batching, checkpoints.
+
+Everything that reads or writes the trainer holds `self._lock`, so Steps, Act forwards,
+checkpoints and restores never interleave. Nothing here knows gRPC.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import numpy as np
+
+from service import logs
+from service.checkpoint import (
+    CheckpointInfo,
+    clean_temporaries,
+    list_checkpoints,
+    load_policy,
+    restore_checkpoint,
+    save_checkpoint,
+)
+from service.config import Config
+from service.errors import InferenceOnly, StalePolicy
+from service.server.act_batcher import ActBatcher
+from service.server.metrics import Metrics
+from service.server.step_queue import StepQueue
+from service.trainer.rollout import Rollout
+from service.trainer.trainer import ActMode, ActResult, StepResult, Trainer
+
+
+def trident_version() -> str:
+    try:
+        return version("trident")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class Status:
+    global_step: int
+    backend: str
+    device: str
+    config_json: str
+    param_digest: str
+    inference_only: bool
+    step_queue_depth: int
+    replay_size: int
+    version: str
+
+
+class Engine:
+    """Owns the trainer for the server's lifetime."""
+
+    def __init__(self, trainer: Trainer, metrics: Metrics, inference_only: bool = False) -> None:
+        self.trainer = trainer
+        self.metrics = metrics
+        self.inference_only = inference_only
+        self.root = Path(trainer.config.checkpoint.dir)
+        self._lock = threading.Lock()
+        server = trainer.config.server
+        self._steps = StepQueue(self._apply_step, server.step_queue_size)
+        self._acts = ActBatcher(self._act_batch, server.act_max_batch, server.act_max_wait_ms / 1e3)
+        self.metrics.device_memory.set(trainer.memory_bytes())
+
+    @classmethod
+    def for_inference(cls, config: Config, name: str, metrics: Metrics) -> Engine:
+        """An Act-only engine from checkpoint `name`: the checkpoint's model and parameters, this
+        server's own server, checkpoint and backend settings, and no replay to speak of."""
+        saved, params = load_policy(config.checkpoint.dir, name)
+        mine = config.to_dict()
+        sections = {**saved.to_dict(), "server": mine["server"], "checkpoint": mine["checkpoint"]}
+        sections["train"] = {**sections["train"], "backend": config.train.backend}
+        sections["replay"] = {"capacity": 1, "batch_size": 1, "min_size": 1}
+        trainer = Trainer(Config.from_dict(sections))
+        trainer.load_params(params)
+        logs.event(logging.INFO, "inference-only", checkpoint=name)
+        return cls(trainer, metrics, inference_only=True)
+
+    # ------------------------------------------------------------------------ training
+    def _require_training(self, what: str) -> None:
+        if self.inference_only:
+            raise InferenceOnly(f"{what}: this server is inference-only and answers Act alone")
+
+    def submit_step(
+        self, rollout: Rollout, caller_waiting: Callable[[], bool]
+    ) -> Future[StepResult]:
+        """Queue a validated rollout; RESOURCE_EXHAUSTED-style QueueFull when the queue is full."""
+        self._require_training("Step")
+        future = self._steps.submit(rollout, caller_waiting)
+        self.metrics.step_queue_depth.set(self._steps.depth)
+        return future
+
+    def _apply_step(self, rollout: Rollout, queued_ms: float) -> StepResult:
+        started = time.perf_counter()
+        with self._lock:
+            lag_limit = self.trainer.config.train.max_policy_lag
+            if rollout.policy_version is not None:
+                lag = self.trainer.global_step - rollout.policy_version
+                if lag > lag_limit:
+                    raise StalePolicy(
+                        f"policy_version: expected within {lag_limit} versions of "
+                        f"{self.trainer.global_step}, got {rollout.policy_version} (lag {lag})"
+                    )
+            result = self.trainer.step(rollout)
+            every = self.trainer.config.checkpoint.every_steps
+            if every and result.updates_applied and result.global_step % every == 0:
+                self._save(None)
+        result.timings_ms["queue"] = queued_ms
+        samples = rollout.horizon * rollout.num_envs
+        self.metrics.observe_step(result, samples, time.perf_counter() - started)
+        self.metrics.step_queue_depth.set(self._steps.depth)
+        logs.event(
+            logging.INFO,
+            "step",
+            global_step=result.global_step,
+            samples=samples,
+            skipped=result.skip_reason or None,
+            ms=round(result.timings_ms.get("total", 0), 2),
+        )
+        return result
+
+    # ------------------------------------------------------------------------ acting
+    def act(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> ActResult:
+        return self._acts.act(obs, mode, epsilon)
+
+    def _act_batch(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> ActResult:
+        started = time.perf_counter()
+        with self._lock:
+            result = self.trainer.act(obs, mode, epsilon)
+        self.metrics.observe_act(obs.shape[0], time.perf_counter() - started)
+        return result
+
+    # ------------------------------------------------------------------------ state
+    def _save(self, name: str | None) -> CheckpointInfo:
+        """Commit a checkpoint; the caller holds the lock."""
+        info = save_checkpoint(self.trainer, self.root, name)
+        self.metrics.observe_checkpoint(info)
+        logs.event(
+            logging.INFO,
+            "checkpoint",
+            name=info.name,
+            step=info.global_step,
+            bytes=info.size_bytes,
+            seconds=round(info.seconds, 3),
+        )
+        return info
+
+    def checkpoint(self, name: str | None) -> CheckpointInfo:
+        self._require_training("Checkpoint")
+        with self._lock:
+            return self._save(name)
+
+    def restore(self, name: str) -> tuple[CheckpointInfo, str]:
+        self._require_training("Restore")
+        with self._lock:
+            info = restore_checkpoint(self.trainer, self.root, name)
+            digest = self.trainer.param_digest()
+        logs.event(logging.INFO, "restore", name=info.name, step=info.global_step)
+        return info, digest
+
+    def list_checkpoints(self) -> list[CheckpointInfo]:
+        return list_checkpoints(self.root)
+
+    def update_hyperparams(self, values: Mapping[str, float]) -> str:
+        self._require_training("UpdateHyperparams")
+        with self._lock:
+            self.trainer.update_hyperparams(values)
+            return json.dumps(self.trainer.config.to_dict())
+
+    def status(self) -> Status:
+        with self._lock:
+            trainer = self.trainer
+            return Status(
+                global_step=trainer.global_step,
+                backend=trainer.backend.name,
+                device=trainer.backend.device,
+                config_json=json.dumps(trainer.config.to_dict()),
+                param_digest=trainer.param_digest(),
+                inference_only=self.inference_only,
+                step_queue_depth=self._steps.depth,
+                replay_size=len(trainer.replay),
+                version=trident_version(),
+            )
+
+    # ------------------------------------------------------------------------ lifecycle
+    def start(self, restore: str | None) -> None:
+        """Clear crashed saves' temporaries, then restore `restore` if named."""
+        if self.inference_only:
+            return
+        removed = clean_temporaries(self.root) if self.root.exists() else 0
+        if removed:
+            logs.event(logging.WARNING, "removed uncommitted checkpoints", count=removed)
+        if restore is not None:
+            self.restore(restore)
+
+    def drain(self) -> CheckpointInfo | None:
+        """Finish every queued Step and Act, then commit a final checkpoint (training servers)."""
+        self._steps.close()
+        self._acts.close()
+        if self.inference_only:
+            return None
+        with self._lock:
+            name = f"final-{self.trainer.global_step:010d}-{int(time.time() * 1000)}"
+            return self._save(name)

@@ -1,0 +1,123 @@
+"""Prometheus metrics of the trainer service, on a registry of their own (tests make fresh ones)."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from service.checkpoint import CheckpointInfo
+from service.trainer.trainer import StepResult
+
+HEADS = ("q", "pi", "v", "bce", "aux", "total")
+METHODS = (
+    "Step",
+    "StreamStep",
+    "Act",
+    "Checkpoint",
+    "Restore",
+    "ListCheckpoints",
+    "GetStatus",
+    "UpdateHyperparams",
+)
+ERROR_CODES = tuple(code.name for code in grpc.StatusCode if code is not grpc.StatusCode.OK)
+
+
+class Metrics:
+    """Every `trident_*` series the server exports."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        ns = {"namespace": "trident", "registry": registry}
+        self.step_duration = Histogram(
+            "step_duration",
+            "Wall time of one applied Step on the server.",
+            unit="seconds",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            **ns,
+        )
+        self.loss = Gauge("loss", "Loss of each head in the last Step.", ["head"], **ns)
+        self.steps = Counter("steps", "Steps applied.", **ns)
+        self.samples = Counter("samples", "Rollout samples (T x N) trained on.", **ns)
+        self.grad_norm = Gauge("grad_norm", "Global gradient norm before clipping.", **ns)
+        self.skipped_updates = Counter(
+            "skipped_updates", "Updates left unapplied by the non-finite guard.", **ns
+        )
+        self.act_duration = Histogram(
+            "act_duration",
+            "Wall time of one batched Act forward.",
+            unit="seconds",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+            **ns,
+        )
+        self.act_batch_size = Histogram(
+            "act_batch_size",
+            "Observations per batched Act forward.",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096),
+            **ns,
+        )
+        self.checkpoint_duration = Histogram(
+            "checkpoint_duration",
+            "Wall time of a checkpoint save.",
+            unit="seconds",
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300),
+            **ns,
+        )
+        self.checkpoint_bytes = Gauge(
+            "checkpoint", "Size of the last checkpoint.", unit="bytes", **ns
+        )
+        self.checkpoint_timestamp = Gauge(
+            "checkpoint_timestamp",
+            "Unix time of the last committed checkpoint.",
+            unit="seconds",
+            **ns,
+        )
+        self.rpc_errors = Counter(
+            "rpc_errors", "RPCs answered with an error status.", ["method", "code"], **ns
+        )
+        self.device_memory = Gauge(
+            "device_memory", "Bytes the backend holds for the trainer.", unit="bytes", **ns
+        )
+        self.policy_lag = Gauge("policy_lag", "Policy lag of the last Step's rollout.", **ns)
+        self.approx_kl = Gauge("approx_kl", "Approximate KL of the last Step.", **ns)
+        self.clip_fraction = Gauge("clip_fraction", "PPO clip fraction of the last Step.", **ns)
+        self.c51_support_clip_ratio = Gauge(
+            "c51_support_clip_ratio", "Share of C51 target mass clipped at the support ends.", **ns
+        )
+        self.global_step = Gauge("global_step", "Applied Steps (the policy version).", **ns)
+        self.step_queue_depth = Gauge("step_queue_depth", "Steps waiting to be applied.", **ns)
+        for head in HEADS:
+            self.loss.labels(head=head)
+        for method in METHODS:
+            for code in ERROR_CODES:
+                self.rpc_errors.labels(method=method, code=code)
+
+    def observe_step(self, result: StepResult, samples: int, seconds: float) -> None:
+        if result.updates_skipped:
+            self.skipped_updates.inc(result.updates_skipped)
+        if not result.updates_applied:
+            return
+        self.step_duration.observe(seconds)
+        self.steps.inc()
+        self.samples.inc(samples)
+        for head, value in result.losses.items():
+            self.loss.labels(head=head).set(value)
+        self.grad_norm.set(result.grad_norm)
+        self.policy_lag.set(result.policy_lag)
+        self.approx_kl.set(result.approx_kl)
+        self.clip_fraction.set(result.clip_fraction)
+        self.c51_support_clip_ratio.set(result.c51_support_clip_ratio)
+        self.global_step.set(result.global_step)
+
+    def observe_act(self, batch_size: int, seconds: float) -> None:
+        self.act_batch_size.observe(batch_size)
+        self.act_duration.observe(seconds)
+
+    def observe_checkpoint(self, info: CheckpointInfo) -> None:
+        self.checkpoint_duration.observe(info.seconds)
+        self.checkpoint_bytes.set(info.size_bytes)
+        self.checkpoint_timestamp.set(time.time())
+
+    def rpc_error(self, method: str, code: grpc.StatusCode) -> None:
+        self.rpc_errors.labels(method=method, code=code.name).inc()

@@ -1,0 +1,181 @@
+"""TrainerService over gRPC: protobuf <-> NumPy translation around the engine, nothing more."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+
+from service import logs
+from service.api.tensors import encode
+from service.api.trident.v1 import trainer_pb2 as pb
+from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
+from service.checkpoint import CheckpointInfo
+from service.errors import Unavailable
+from service.server.engine import Engine
+from service.server.metrics import Metrics
+from service.server.status import status_of
+from service.server.validation import act_inputs, rollout_from_request
+from service.trainer.trainer import StepResult
+
+Handler = TypeVar("Handler", bound=Callable[..., Any])
+
+
+def request_id_of(context: grpc.ServicerContext) -> str:
+    """The caller's `x-request-id` metadata, or a fresh one."""
+    for key, value in context.invocation_metadata():
+        if key == "x-request-id" and value:
+            return str(value)[:128]
+    return uuid.uuid4().hex
+
+
+def step_response(result: StepResult) -> pb.StepResponse:
+    return pb.StepResponse(
+        losses=result.losses,
+        grad_norm=result.grad_norm,
+        entropy=result.entropy,
+        approx_kl=result.approx_kl,
+        clip_fraction=result.clip_fraction,
+        skipped=result.skipped,
+        skip_reason=result.skip_reason,
+        global_step=result.global_step,
+        policy_lag=result.policy_lag,
+        timings_ms=result.timings_ms,
+        updates_applied=result.updates_applied,
+        updates_skipped=result.updates_skipped,
+    )
+
+
+def checkpoint_message(info: CheckpointInfo) -> pb.CheckpointInfo:
+    return pb.CheckpointInfo(
+        name=info.name,
+        global_step=info.global_step,
+        size_bytes=info.size_bytes,
+        created_unix=info.created_unix,
+        seconds=info.seconds,
+    )
+
+
+class TrainerServicer(pb_grpc.TrainerServiceServicer):
+    """Each method decodes, calls the engine, encodes; errors go through `status_of`."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self._engine: Engine | None = None
+
+    def attach(self, engine: Engine) -> None:
+        """Start answering with `engine`; until then every call is UNAVAILABLE."""
+        self._engine = engine
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            raise Unavailable("the trainer is still being built; retry shortly")
+        return self._engine
+
+    def _fail(self, method: str, error: Exception, context: grpc.ServicerContext) -> None:
+        request_id = request_id_of(context)
+        code = status_of(error)
+        if code is None:
+            logs.logger.error(
+                "internal error",
+                exc_info=error,
+                extra={"fields": {"method": method, "request_id": request_id}},
+            )
+            code, message = grpc.StatusCode.INTERNAL, f"internal error (request id {request_id})"
+        else:
+            message = str(error)
+            logs.event(
+                logging.INFO,
+                "rejected",
+                method=method,
+                code=code.name,
+                request_id=request_id,
+                reason=message,
+            )
+        self.metrics.rpc_error(method, code)
+        context.abort(code, message)
+
+    @staticmethod
+    def _rpc(method: str) -> Callable[[Handler], Handler]:
+        def wrap(handler: Handler) -> Handler:
+            @functools.wraps(handler)
+            def unary(self: TrainerServicer, request: Any, context: grpc.ServicerContext) -> Any:
+                context.set_trailing_metadata((("x-request-id", request_id_of(context)),))
+                try:
+                    return handler(self, request, context)
+                except Exception as error:
+                    self._fail(method, error, context)
+
+            return unary  # type: ignore[return-value]
+
+        return wrap
+
+    @_rpc("Step")
+    def Step(self, request: pb.StepRequest, context: grpc.ServicerContext) -> pb.StepResponse:
+        rollout = rollout_from_request(request, self.engine.trainer.config)
+        future = self.engine.submit_step(rollout, context.is_active)
+        return step_response(future.result())
+
+    def StreamStep(
+        self, request_iterator: Iterator[pb.StreamStepRequest], context: grpc.ServicerContext
+    ) -> Iterator[pb.StreamStepResponse]:
+        context.set_trailing_metadata((("x-request-id", request_id_of(context)),))
+        try:
+            for request in request_iterator:
+                rollout = rollout_from_request(request.step, self.engine.trainer.config)
+                result = self.engine.submit_step(rollout, context.is_active).result()
+                yield pb.StreamStepResponse(step=step_response(result))
+        except Exception as error:
+            self._fail("StreamStep", error, context)
+
+    @_rpc("Act")
+    def Act(self, request: pb.ActRequest, context: grpc.ServicerContext) -> pb.ActResponse:
+        obs, mode, epsilon = act_inputs(request, self.engine.trainer.config)
+        result = self.engine.act(obs, mode, epsilon)
+        return pb.ActResponse(
+            actions=encode(result.actions.astype("<i4")),
+            log_probs=encode(result.log_probs.astype("<f4")),
+            values=encode(result.values.astype("<f4")),
+            policy_version=result.policy_version,
+        )
+
+    @_rpc("Checkpoint")
+    def Checkpoint(
+        self, request: pb.CheckpointRequest, context: grpc.ServicerContext
+    ) -> pb.CheckpointResponse:
+        name = request.name if request.HasField("name") else None
+        info = self.engine.checkpoint(name)
+        return pb.CheckpointResponse(checkpoint=checkpoint_message(info))
+
+    @_rpc("Restore")
+    def Restore(
+        self, request: pb.RestoreRequest, context: grpc.ServicerContext
+    ) -> pb.RestoreResponse:
+        info, digest = self.engine.restore(request.name)
+        return pb.RestoreResponse(checkpoint=checkpoint_message(info), param_digest=digest)
+
+    @_rpc("ListCheckpoints")
+    def ListCheckpoints(
+        self, request: pb.ListCheckpointsRequest, context: grpc.ServicerContext
+    ) -> pb.ListCheckpointsResponse:
+        infos = self.engine.list_checkpoints()
+        return pb.ListCheckpointsResponse(checkpoints=[checkpoint_message(i) for i in infos])
+
+    @_rpc("GetStatus")
+    def GetStatus(
+        self, request: pb.GetStatusRequest, context: grpc.ServicerContext
+    ) -> pb.GetStatusResponse:
+        status = self.engine.status()
+        return pb.GetStatusResponse(**status.__dict__)
+
+    @_rpc("UpdateHyperparams")
+    def UpdateHyperparams(
+        self, request: pb.UpdateHyperparamsRequest, context: grpc.ServicerContext
+    ) -> pb.UpdateHyperparamsResponse:
+        config_json = self.engine.update_hyperparams(dict(request.values))
+        return pb.UpdateHyperparamsResponse(config_json=config_json)

@@ -1,0 +1,75 @@
+"""A bounded FIFO of rollouts, applied one at a time, in arrival order, by one worker thread."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from service.errors import Abandoned, QueueFull, Unavailable
+from service.trainer.rollout import Rollout
+from service.trainer.trainer import StepResult
+
+
+@dataclass
+class _Job:
+    rollout: Rollout
+    caller_waiting: Callable[[], bool]
+    future: Future[StepResult] = field(default_factory=Future)
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+class StepQueue:
+    """Backpressure, not blocking: `submit` on a full queue raises QueueFull at once.
+
+    A job whose caller has gone by the time it reaches the worker is dropped before it touches
+    the trainer, so a Step is applied whole or not at all.
+    """
+
+    def __init__(self, apply: Callable[[Rollout, float], StepResult], capacity: int) -> None:
+        self._apply = apply
+        self._capacity = capacity
+        self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=capacity)
+        self._accepting = True
+        self._lock = threading.Lock()
+        self._worker = threading.Thread(target=self._run, name="trident-steps", daemon=True)
+        self._worker.start()
+
+    def submit(self, rollout: Rollout, caller_waiting: Callable[[], bool]) -> Future[StepResult]:
+        job = _Job(rollout, caller_waiting)
+        with self._lock:
+            if not self._accepting:
+                raise Unavailable("the server is draining and takes no new Steps")
+            try:
+                self._jobs.put_nowait(job)
+            except queue.Full:
+                raise QueueFull(
+                    f"step queue: expected a free slot, got {self._capacity} Steps waiting; "
+                    "retry later"
+                ) from None
+        return job.future
+
+    @property
+    def depth(self) -> int:
+        return self._jobs.qsize()
+
+    def close(self) -> None:
+        """Stop accepting, let the worker finish every queued Step, and wait for it."""
+        with self._lock:
+            self._accepting = False
+        self._jobs.put(None)
+        self._worker.join()
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            if not job.caller_waiting():
+                job.future.set_exception(Abandoned("caller left before the Step started"))
+                continue
+            queued_ms = 1e3 * (time.perf_counter() - job.enqueued)
+            try:
+                job.future.set_result(self._apply(job.rollout, queued_ms))
+            except Exception as error:  # delivered to the waiting handler, which maps it
+                job.future.set_exception(error)
