@@ -78,10 +78,10 @@ def check_name(name: object) -> str:
 
 
 def _committed_dir(root: PathLike, name: object) -> Path:
-    """The directory of committed checkpoint `name`, or CheckpointNotFound."""
-    if not _is_name(name):  # temporaries (.tmp-*) and paths are never checkpoints
-        raise CheckpointNotFound(f"no checkpoint named {name!r} (names are {NAME_RULE})")
-    directory = Path(root) / name
+    """The directory of committed checkpoint `name`; InvalidInput for a name that is not one
+    (a path, a temporary), CheckpointNotFound when no checkpoint has it."""
+    check_name(name)
+    directory = Path(root) / str(name)
     if directory.is_symlink() or not (directory / MANIFEST).is_file():
         raise CheckpointNotFound(f"no checkpoint named {name!r} in {os.fspath(root)}")
     return directory
@@ -113,8 +113,7 @@ def _read_verified(directory: Path, filename: str, entry: Mapping[str, Any]) -> 
         if not stat.S_ISREG(info.st_mode):
             raise CheckpointCorrupt(f"{path}: not a regular file")
         if info.st_size != entry["bytes"]:
-            raise CheckpointCorrupt(f"{path}: {info.st_size} bytes, manifest says "
-                                    f"{entry['bytes']}")
+            raise CheckpointCorrupt(f"{path}: {info.st_size} bytes, manifest says {entry['bytes']}")
         data = path.read_bytes()
     except FileNotFoundError:
         raise CheckpointCorrupt(f"{path}: listed in the manifest but missing") from None
@@ -122,8 +121,9 @@ def _read_verified(directory: Path, filename: str, entry: Mapping[str, Any]) -> 
         raise CheckpointCorrupt(f"{path}: unreadable ({error})") from None
     digest = hashlib.sha256(data).hexdigest()
     if len(data) != entry["bytes"] or digest != entry["sha256"]:
-        raise CheckpointCorrupt(f"{path}: sha256 {digest} does not match the manifest's "
-                                f"{entry['sha256']}")
+        raise CheckpointCorrupt(
+            f"{path}: sha256 {digest} does not match the manifest's {entry['sha256']}"
+        )
     return data
 
 
@@ -137,16 +137,25 @@ def _seal(body: Mapping[str, Any]) -> bytes:
 
 def _check_manifest(body: Any, path: Path) -> None:
     """Raise CheckpointCorrupt unless `body` has every field with the right type."""
-    fields = {"global_step": int, "param_digest": str, "created_unix": (int, float),
-              "backend": str, "files": dict}
+    fields = {
+        "global_step": int,
+        "param_digest": str,
+        "created_unix": (int, float),
+        "backend": str,
+        "files": dict,
+    }
     for key, kind in fields.items():
         if not isinstance(body.get(key), kind) or isinstance(body.get(key), bool):
             raise CheckpointCorrupt(f"{path}: field {key!r} is missing or malformed")
     for filename, entry in body["files"].items():
         if not _FILE.fullmatch(filename) or filename == MANIFEST:
             raise CheckpointCorrupt(f"{path}: lists an invalid file name {filename!r}")
-        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
-                and type(entry.get("bytes")) is int and entry["bytes"] >= 0):
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("sha256"), str)
+            and type(entry.get("bytes")) is int
+            and entry["bytes"] >= 0
+        ):
             raise CheckpointCorrupt(f"{path}: malformed entry for {filename!r}")
     if CONFIG not in body["files"]:
         raise CheckpointCorrupt(f"{path}: does not list {CONFIG}")
@@ -179,8 +188,9 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         raise CheckpointCorrupt(f"{path}: manifest_sha256 does not match its contents")
     version = body.get("format_version")
     if version != FORMAT_VERSION or type(version) is not int:
-        raise CheckpointIncompatible(f"{path}: format_version {version!r}; this build reads "
-                                     f"format_version {FORMAT_VERSION}")
+        raise CheckpointIncompatible(
+            f"{path}: format_version {version!r}; this build reads format_version {FORMAT_VERSION}"
+        )
     _check_manifest(body, path)
     return body
 
@@ -223,13 +233,17 @@ def _commit(temp: Path, target: Path) -> None:
     try:
         os.rename(temp, target)
     except OSError as error:  # a concurrent save of the same name won the race
-        raise InvalidInput("name", "a name no checkpoint has (checkpoints are immutable)",
-                           f"{target.name!r} ({error.strerror})") from None
+        raise InvalidInput(
+            "name",
+            "a name no checkpoint has (checkpoints are immutable)",
+            f"{target.name!r} ({error.strerror})",
+        ) from None
     _fsync_dir(target.parent)
 
 
-def save_checkpoint(trainer: Trainer, root: PathLike, name: str | None = None,
-                    keep_last: int | None = None) -> CheckpointInfo:
+def save_checkpoint(
+    trainer: Trainer, root: PathLike, name: str | None = None, keep_last: int | None = None
+) -> CheckpointInfo:
     """Write the trainer's whole state as checkpoint `name` (default `step-<global_step>`),
     then prune to the newest `keep_last` (default `checkpoint.keep_last`)."""
     started = time.perf_counter()
@@ -240,8 +254,9 @@ def save_checkpoint(trainer: Trainer, root: PathLike, name: str | None = None,
     root = Path(root)
     target = root / name
     if os.path.lexists(target):
-        raise InvalidInput("name", "a name no checkpoint has (checkpoints are immutable)",
-                           repr(name))
+        raise InvalidInput(
+            "name", "a name no checkpoint has (checkpoints are immutable)", repr(name)
+        )
     root.mkdir(parents=True, exist_ok=True)
     temp = root / f"{TEMP_PREFIX}{name}-{os.getpid()}-{secrets.token_hex(4)}"
     temp.mkdir()
@@ -303,7 +318,7 @@ def prune(root: PathLike, keep_last: int, protect: str | None = None) -> list[st
     """Delete all but the newest `keep_last` checkpoints (counting `protect`, never deleted)."""
     root = Path(root)
     others = [c.name for c in list_checkpoints(root) if c.name != protect]
-    doomed = others[keep_last - 1:] if protect is not None else others[keep_last:]
+    doomed = others[keep_last - 1 :] if protect is not None else others[keep_last:]
     for name in doomed:
         _remove(root, name)
     return doomed
@@ -343,8 +358,9 @@ def _checkpoint_config(directory: Path, data: bytes) -> Config:
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CheckpointCorrupt(f"{directory / CONFIG}: not valid JSON ({error})") from None
     except ConfigError as error:
-        raise CheckpointIncompatible(f"{directory / CONFIG}: not a config this build reads "
-                                     f"({error})") from None
+        raise CheckpointIncompatible(
+            f"{directory / CONFIG}: not a config this build reads ({error})"
+        ) from None
 
 
 def _setting(config: Config, key: str) -> Any:
@@ -355,16 +371,20 @@ def _setting(config: Config, key: str) -> Any:
 def check_compatible(saved: Config, mine: Config, name: str) -> None:
     """CheckpointIncompatible naming every shape-defining setting that differs."""
     model_keys = [f"model.{k}" for k in saved.to_dict()["model"]]
-    differing = [f"{key}: checkpoint {_setting(saved, key)!r}, trainer {_setting(mine, key)!r}"
-                 for key in (*model_keys, *COMPATIBLE_KEYS)
-                 if _setting(saved, key) != _setting(mine, key)]
+    differing = [
+        f"{key}: checkpoint {_setting(saved, key)!r}, trainer {_setting(mine, key)!r}"
+        for key in (*model_keys, *COMPATIBLE_KEYS)
+        if _setting(saved, key) != _setting(mine, key)
+    ]
     if differing:
-        raise CheckpointIncompatible(f"checkpoint {name!r} does not fit this trainer: "
-                                     + "; ".join(differing))
+        raise CheckpointIncompatible(
+            f"checkpoint {name!r} does not fit this trainer: " + "; ".join(differing)
+        )
 
 
-def _load_state(directory: Path, manifest: Mapping[str, Any],
-                blobs: Mapping[str, bytes]) -> dict[str, np.ndarray]:
+def _load_state(
+    directory: Path, manifest: Mapping[str, Any], blobs: Mapping[str, bytes]
+) -> dict[str, np.ndarray]:
     """The full `group/key` state dict from the verified safetensors files."""
     state: dict[str, np.ndarray] = {}
     for filename in manifest["files"]:
@@ -375,8 +395,13 @@ def _load_state(directory: Path, manifest: Mapping[str, Any],
     return state
 
 
-def _apply(trainer: Trainer, state: Mapping[str, np.ndarray], hot: Mapping[str, Any],
-           expected_digest: str, name: str) -> None:
+def _apply(
+    trainer: Trainer,
+    state: Mapping[str, np.ndarray],
+    hot: Mapping[str, Any],
+    expected_digest: str,
+    name: str,
+) -> None:
     """Load state and hot settings into the trainer; on any failure put everything back."""
     saved_state = {key: array.copy() for key, array in trainer.state_dict().items()}
     saved_config = trainer.config
@@ -388,8 +413,10 @@ def _apply(trainer: Trainer, state: Mapping[str, np.ndarray], hot: Mapping[str, 
         trainer.update_hyperparams(hot)
         digest = trainer.param_digest()
         if digest != expected_digest:
-            raise CheckpointCorrupt(f"checkpoint {name!r}: parameter digest {digest} does not "
-                                    f"match the manifest's {expected_digest}")
+            raise CheckpointCorrupt(
+                f"checkpoint {name!r}: parameter digest {digest} does not "
+                f"match the manifest's {expected_digest}"
+            )
     except BaseException:
         trainer.load_state_dict(saved_state)
         trainer.config = saved_config

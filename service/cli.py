@@ -1,20 +1,38 @@
-"""`trident` command line. `trident train` runs the main job in-process."""
+"""`trident` command line.
+
+`trident train` runs the main job in-process; `trident serve` runs the gRPC trainer service;
+`status`, `act`, `checkpoint` and `health` talk to a running server.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
 from collections.abc import Sequence
 
+import grpc
 import numpy as np
+from google.protobuf.json_format import MessageToDict
 
 from service.checkpoint import save_checkpoint
+from service.client.client import TridentClient, channel_credentials
 from service.config import Config, ConfigError, load_config
 from service.errors import TridentError
 from service.synthetic import ContextualBandit
 from service.trainer.loop import Progress, train
 from service.trainer.trainer import ActMode, Trainer
+
+# `trident serve` flags and the settings they stand for.
+SERVE_FLAGS = {
+    "host": "server.host",
+    "port": "server.port",
+    "metrics_port": "server.metrics_port",
+    "checkpoint_dir": "checkpoint.dir",
+    "backend": "train.backend",
+}
 
 EVAL_CONTEXTS = 2048
 
@@ -31,6 +49,17 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_client_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--server", default="127.0.0.1:50051", help="HOST:PORT of the server")
+    parser.add_argument(
+        "--token", default=os.environ.get("TRIDENT_TOKEN"), help="bearer token ($TRIDENT_TOKEN)"
+    )
+    parser.add_argument("--tls-ca", help="CA PEM to verify the server (enables TLS)")
+    parser.add_argument("--tls-cert", help="client certificate PEM (mTLS)")
+    parser.add_argument("--tls-key", help="client key PEM (mTLS)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="deadline per call (s)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trident", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -40,6 +69,40 @@ def build_parser() -> argparse.ArgumentParser:
         "--env", choices=("bandit",), default="bandit", help="environment (bandit: contextual)"
     )
     train_cmd.add_argument("--no-checkpoint", action="store_true", help="skip the final checkpoint")
+
+    serve = commands.add_parser("serve", help="run the gRPC trainer service")
+    _add_config_flags(serve)
+    serve.add_argument("--host", help="bind address (server.host, default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="gRPC port (server.port; 0 picks one)")
+    serve.add_argument("--metrics-port", type=int, help="Prometheus port (server.metrics_port)")
+    serve.add_argument("--checkpoint-dir", help="checkpoint root (checkpoint.dir)")
+    serve.add_argument("--backend", help="auto, numpy or cuda (train.backend)")
+    serve.add_argument("--restore", metavar="NAME", help="restore this checkpoint at start")
+    serve.add_argument(
+        "--inference-only",
+        action="store_true",
+        help="serve Act from --restore NAME, without optimizer state",
+    )
+
+    for name, helptext in (
+        ("status", "print the server's status as JSON"),
+        ("health", "exit 0 when the server reports SERVING"),
+    ):
+        _add_client_flags(commands.add_parser(name, help=helptext))
+    act = commands.add_parser("act", help="ask the server for actions; prints JSON")
+    _add_client_flags(act)
+    act.add_argument("obs", help=".npy file of observations [N, D]")
+    act.add_argument("--mode", choices=[m.value for m in ActMode], default="sample")
+    act.add_argument("--epsilon", type=float, default=0.0)
+    checkpoint = commands.add_parser("checkpoint", help="save, list or restore checkpoints")
+    checkpoint_cmds = checkpoint.add_subparsers(dest="action", required=True)
+    for action in ("save", "list", "restore"):
+        sub = checkpoint_cmds.add_parser(action)
+        _add_client_flags(sub)
+        if action == "save":
+            sub.add_argument("--name", help="checkpoint name (default step-<global step>)")
+        if action == "restore":
+            sub.add_argument("name")
     return parser
 
 
@@ -96,16 +159,100 @@ def run_train(config: Config, write_checkpoint: bool) -> int:
     return 0
 
 
+def run_serve(args: argparse.Namespace) -> int:
+    from service.server.app import serve  # the server's dependencies load only when serving
+
+    flags = [
+        f"{key}={getattr(args, flag)}"
+        for flag, key in SERVE_FLAGS.items()
+        if getattr(args, flag) is not None
+    ]
+    config = load_config(args.config, overrides=[*args.overrides, *flags])
+    return serve(config, inference_only=args.inference_only, restore=args.restore)
+
+
+def _client(args: argparse.Namespace) -> TridentClient:
+    credentials = None
+    if args.tls_ca or args.tls_cert:
+        credentials = channel_credentials(args.tls_ca, args.tls_cert, args.tls_key)
+    return TridentClient(
+        args.server, token=args.token, credentials=credentials, timeout_s=args.timeout
+    )
+
+
+def _print_json(value: object) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True))
+
+
+def run_client(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        if args.command == "health":
+            status = client.health()
+            print(status)
+            return 0 if status == "SERVING" else 1
+        if args.command == "status":
+            status = MessageToDict(
+                client.status(),
+                preserving_proto_field_name=True,
+                always_print_fields_with_no_presence=True,
+            )
+            status["config"] = json.loads(status.pop("config_json", "{}"))
+            _print_json(status)
+        elif args.command == "act":
+            result = client.act(np.load(args.obs), ActMode(args.mode), args.epsilon)
+            _print_json(
+                {
+                    "actions": result.actions.tolist(),
+                    "log_probs": result.log_probs.tolist(),
+                    "values": result.values.tolist(),
+                    "policy_version": result.policy_version,
+                }
+            )
+        elif args.action == "save":
+            _print_json(
+                MessageToDict(
+                    client.checkpoint(args.name),
+                    preserving_proto_field_name=True,
+                    always_print_fields_with_no_presence=True,
+                )
+            )
+        elif args.action == "list":
+            _print_json(
+                [
+                    MessageToDict(
+                        info,
+                        preserving_proto_field_name=True,
+                        always_print_fields_with_no_presence=True,
+                    )
+                    for info in client.list_checkpoints()
+                ]
+            )
+        else:
+            _print_json(
+                MessageToDict(
+                    client.restore(args.name),
+                    preserving_proto_field_name=True,
+                    always_print_fields_with_no_presence=True,
+                )
+            )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        config = load_config(args.config, overrides=args.overrides)
         if args.command == "train":
+            config = load_config(args.config, overrides=args.overrides)
             return run_train(config, write_checkpoint=not args.no_checkpoint)
-    except (ConfigError, TridentError) as error:
+        if args.command == "serve":
+            return run_serve(args)
+        return run_client(args)
+    except (ConfigError, TridentError, OSError) as error:
         print(f"trident: error: {error}", file=sys.stderr)
         return 2
-    return 1
+    except grpc.RpcError as error:
+        print(f"trident: {error.code().name}: {error.details()}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -338,10 +338,16 @@ def test_not_found(tmp_path: Path, config: Config) -> None:
         (temp / filename).write_bytes((info.path / filename).read_bytes())
     (tmp_path / "empty").mkdir()
     (tmp_path / "plainfile").write_text("x")
-    for name in ["nope", temp.name, "empty", "plainfile", "../" + tmp_path.name + "/" + info.name]:
+    for name in ["nope", "empty", "plainfile"]:
         with pytest.raises(CheckpointNotFound):
             restore_checkpoint(victim, tmp_path, name)
         with pytest.raises(CheckpointNotFound):
+            load_policy(tmp_path, name)
+    # A temporary or a path is not a checkpoint name at all: the caller's input is wrong.
+    for name in [temp.name, "../" + tmp_path.name + "/" + info.name, "/etc/passwd"]:
+        with pytest.raises(InvalidInput, match="name"):
+            restore_checkpoint(victim, tmp_path, name)
+        with pytest.raises(InvalidInput, match="name"):
             load_policy(tmp_path, name)
     with pytest.raises(CheckpointNotFound):
         restore_checkpoint(victim, tmp_path / "missing-root", info.name)

@@ -1,0 +1,216 @@
+"""A typed Python client of TrainerService: NumPy in, NumPy out.
+
+Every call has a deadline. Only calls that are safe to repeat (Act, GetStatus,
+ListCheckpoints) are retried, on UNAVAILABLE, with exponential backoff; Step, Checkpoint,
+Restore and UpdateHyperparams are never retried, so they never apply twice.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from service.api.tensors import decode, encode
+from service.api.trident.v1 import trainer_pb2 as pb
+from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
+from service.trainer.rollout import Rollout
+from service.trainer.trainer import ActMode, ActResult
+
+Reply = TypeVar("Reply")
+
+MODES = {
+    ActMode.SAMPLE: pb.ACT_MODE_SAMPLE,
+    ActMode.GREEDY_PI: pb.ACT_MODE_GREEDY_PI,
+    ActMode.GREEDY_Q: pb.ACT_MODE_GREEDY_Q,
+    ActMode.EPSILON_GREEDY: pb.ACT_MODE_EPSILON_GREEDY,
+}
+
+
+@dataclass(frozen=True)
+class StepReply:
+    losses: dict[str, float]
+    grad_norm: float
+    entropy: float
+    approx_kl: float
+    clip_fraction: float
+    skipped: bool
+    skip_reason: str
+    global_step: int
+    policy_lag: int
+    timings_ms: dict[str, float]
+    updates_applied: int
+    updates_skipped: int
+
+    @classmethod
+    def from_message(cls, message: pb.StepResponse) -> StepReply:
+        return cls(
+            losses=dict(message.losses),
+            grad_norm=message.grad_norm,
+            entropy=message.entropy,
+            approx_kl=message.approx_kl,
+            clip_fraction=message.clip_fraction,
+            skipped=message.skipped,
+            skip_reason=message.skip_reason,
+            global_step=message.global_step,
+            policy_lag=message.policy_lag,
+            timings_ms=dict(message.timings_ms),
+            updates_applied=message.updates_applied,
+            updates_skipped=message.updates_skipped,
+        )
+
+
+def step_request(rollout: Rollout) -> pb.StepRequest:
+    """The StepRequest of a rollout (float32 observations, int32 actions, uint8 flags)."""
+    fields: dict[str, Any] = {
+        "obs": encode(rollout.obs.astype("<f4")),
+        "actions": encode(rollout.actions.astype("<i4")),
+        "rewards": encode(rollout.rewards.astype("<f4")),
+        "terminated": encode(rollout.terminated.astype(np.uint8)),
+        "truncated": encode(rollout.truncated.astype(np.uint8)),
+        "behavior_log_probs": encode(rollout.behavior_log_probs.astype("<f4")),
+    }
+    if rollout.final_obs is not None and rollout.final_obs_index is not None:
+        fields["final_obs"] = encode(rollout.final_obs.astype("<f4"))
+        fields["final_obs_index"] = encode(rollout.final_obs_index.astype("<i8"))
+    if rollout.bce_labels is not None:
+        fields["bce_labels"] = encode(rollout.bce_labels.astype(np.uint8))
+    if rollout.aux_targets is not None:
+        fields["aux_targets"] = encode(rollout.aux_targets.astype("<f4"))
+    if rollout.policy_version is not None:
+        fields["policy_version"] = rollout.policy_version
+    return pb.StepRequest(**fields)
+
+
+def channel_credentials(
+    root_cert: str | None, client_cert: str | None, client_key: str | None
+) -> grpc.ChannelCredentials:
+    """TLS credentials from PEM files (a client pair only for mTLS)."""
+    read = lambda path: Path(path).read_bytes() if path else None  # noqa: E731
+    return grpc.ssl_channel_credentials(read(root_cert), read(client_key), read(client_cert))
+
+
+class TridentClient:
+    """One channel to one server. Use as a context manager or call `close()`."""
+
+    RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        token: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        timeout_s: float = 60.0,
+        retries: int = 3,
+        max_message_mb: int = 64,
+    ) -> None:
+        limit = max_message_mb * 1024 * 1024
+        options = [
+            ("grpc.max_send_message_length", limit),
+            ("grpc.max_receive_message_length", limit),
+        ]
+        if credentials is None:
+            self._channel = grpc.insecure_channel(target, options=options)
+        else:
+            self._channel = grpc.secure_channel(target, credentials, options=options)
+        self._stub = pb_grpc.TrainerServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._token = token
+        self.timeout_s = timeout_s
+        self.retries = retries
+
+    def __enter__(self) -> TridentClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _metadata(self) -> list[tuple[str, str]]:
+        metadata = [("x-request-id", uuid.uuid4().hex)]
+        if self._token:
+            metadata.append(("authorization", f"Bearer {self._token}"))
+        return metadata
+
+    def _call(
+        self,
+        method: Callable[..., Reply],
+        request: Any,
+        *,
+        idempotent: bool,
+        timeout_s: float | None = None,
+    ) -> Reply:
+        attempts = 1 + (self.retries if idempotent else 0)
+        for attempt in range(attempts):
+            try:
+                return method(
+                    request, timeout=timeout_s or self.timeout_s, metadata=self._metadata()
+                )
+            except grpc.RpcError as error:
+                if attempt + 1 == attempts or error.code() not in self.RETRYABLE:
+                    raise
+                time.sleep(0.05 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------------------ training
+    def step(self, rollout: Rollout, timeout_s: float | None = None) -> StepReply:
+        reply = self._call(
+            self._stub.Step, step_request(rollout), idempotent=False, timeout_s=timeout_s
+        )
+        return StepReply.from_message(reply)
+
+    def stream_step(self, rollouts: Iterable[Rollout]) -> Iterator[StepReply]:
+        """One reply per rollout, in order, over one stream."""
+        requests = (pb.StreamStepRequest(step=step_request(r)) for r in rollouts)
+        for reply in self._stub.StreamStep(requests, metadata=self._metadata()):
+            yield StepReply.from_message(reply.step)
+
+    def act(
+        self, obs: np.ndarray, mode: ActMode = ActMode.SAMPLE, epsilon: float = 0.0
+    ) -> ActResult:
+        request = pb.ActRequest(
+            obs=encode(np.asarray(obs, "<f4")), mode=MODES[mode], epsilon=epsilon
+        )
+        reply = self._call(self._stub.Act, request, idempotent=True)
+        return ActResult(
+            actions=decode(reply.actions, "actions", (pb.D_TYPE_INT32,)),
+            log_probs=decode(reply.log_probs, "log_probs", (pb.D_TYPE_FLOAT32,)),
+            values=decode(reply.values, "values", (pb.D_TYPE_FLOAT32,)),
+            policy_version=reply.policy_version,
+        )
+
+    # ------------------------------------------------------------------------ state
+    def checkpoint(self, name: str | None = None) -> pb.CheckpointInfo:
+        request = pb.CheckpointRequest() if name is None else pb.CheckpointRequest(name=name)
+        return self._call(self._stub.Checkpoint, request, idempotent=False).checkpoint
+
+    def restore(self, name: str) -> pb.RestoreResponse:
+        return self._call(self._stub.Restore, pb.RestoreRequest(name=name), idempotent=False)
+
+    def list_checkpoints(self) -> list[pb.CheckpointInfo]:
+        reply = self._call(self._stub.ListCheckpoints, pb.ListCheckpointsRequest(), idempotent=True)
+        return list(reply.checkpoints)
+
+    def status(self) -> pb.GetStatusResponse:
+        return self._call(self._stub.GetStatus, pb.GetStatusRequest(), idempotent=True)
+
+    def update_hyperparams(self, values: Mapping[str, float]) -> str:
+        request = pb.UpdateHyperparamsRequest(values=dict(values))
+        return self._call(self._stub.UpdateHyperparams, request, idempotent=False).config_json
+
+    def health(self, service: str = "") -> str:
+        """The health status name (SERVING, NOT_SERVING, ...) of `service` ('' = the server)."""
+        reply = self._health.Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=self.timeout_s
+        )
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
