@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from service.backend import numpy_ops
+from service.backend.host_memory import retain_freed_memory
 from service.errors import BackendUnavailable
 
 OP_NAMES: tuple[str, ...] = (
     "linear_fwd",
     "linear_bwd",
+    "linear_bwd_params",
     "bias_relu_fwd",
     "bias_relu_bwd",
     "reduce_axis0",
@@ -72,6 +74,7 @@ def check_op_set(module: ModuleType) -> None:
 def select_backend(name: str) -> Backend:
     """The backend for `train.backend`: 'numpy', or 'auto' (NumPy until a GPU backend lands)."""
     if name in ("auto", "numpy"):
+        retain_freed_memory()
         return Backend(name="numpy", device="cpu", ops=numpy_ops)
     if name == "cuda":
         raise BackendUnavailable(

@@ -25,17 +25,28 @@ def linear_fwd(x: Array, W: Array, b: Array) -> Array:
 
 def linear_bwd(x: Array, W: Array, grad_y: Array) -> tuple[Array, Array, Array]:
     """Gradients of y = x W + b: (grad_x = g Wᵀ, grad_W = xᵀ g, grad_b = Σ_b g)."""
-    return grad_y @ W.T, x.T @ grad_y, reduce_axis0(grad_y)
+    return (grad_y @ W.T, *linear_bwd_params(x, grad_y))
+
+
+def linear_bwd_params(x: Array, grad_y: Array) -> tuple[Array, Array]:
+    """(grad_W = xᵀ g, grad_b = Σ_b g): the parameter half of `linear_bwd`, for a first layer
+    whose input needs no gradient."""
+    return x.T @ grad_y, reduce_axis0(grad_y)
 
 
 def bias_relu_fwd(z: Array, b: Array) -> Array:
     """h = max(z + b, 0): the bias add and ReLU fused after the GEMM z = x W."""
-    return np.maximum(z + b, 0)
+    h = z + b
+    return np.maximum(h, 0, out=h)
 
 
 def bias_relu_bwd(h: Array, grad_h: Array) -> Array:
-    """Gradient through the fused bias+ReLU: grad_z = grad_h · 1[h > 0] (ReLU'(0) = 0)."""
-    return np.where(h > 0, grad_h, 0)
+    """Gradient through the fused bias+ReLU: grad_z = grad_h · 1[h > 0] (ReLU'(0) = 0).
+
+    A product rather than a select: a non-finite grad_h anywhere stays non-finite, so the
+    non-finite guard sees it even where the unit is off.
+    """
+    return grad_h * (h > 0)
 
 
 def reduce_axis0(x: Array) -> Array:
@@ -65,9 +76,10 @@ def aux_mse_fwd_bwd(pred: Array, target: Array) -> tuple[Array, Array]:
 # --------------------------------------------------------------------------- C51 head
 def c51_softmax(logits: Array) -> Array:
     """p = softmax over atoms (last axis) of logits [B, A, Z]."""
-    shifted = logits - np.max(logits, axis=-1, keepdims=True)
-    e = np.exp(shifted)
-    return e / np.sum(e, axis=-1, keepdims=True)
+    e = logits - np.max(logits, axis=-1, keepdims=True)
+    np.exp(e, out=e)
+    e /= np.sum(e, axis=-1, keepdims=True)
+    return e
 
 
 def c51_support(v_min: float, v_max: float, num_atoms: int, dtype: np.dtype) -> Array:
@@ -111,7 +123,7 @@ def c51_support_clip_ratio(
     mean over the batch of Σ_j p_j 1[Tz_j ∉ [v_min, v_max]]. Near 0 when the support fits."""
     tz = _target_atoms(next_probs, rewards, dones, horizons, gamma, v_min, v_max)
     outside = (tz < v_min) | (tz > v_max)
-    return np.mean(np.sum(np.where(outside, next_probs, 0), axis=1))
+    return np.mean(np.sum(next_probs * outside, axis=1))
 
 
 def categorical_projection(
@@ -201,7 +213,8 @@ def c51_head_bwd(
 def log_softmax(logits: Array) -> Array:
     """log softmax over the last axis."""
     shifted = logits - np.max(logits, axis=-1, keepdims=True)
-    return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+    shifted -= np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+    return shifted
 
 
 def ppo_surrogate_fwd_bwd(

@@ -91,9 +91,12 @@ def encoder_bwd(
     grad = grad_h
     for layer in range(depth - 1, -1, -1):
         grad_z = ops.bias_relu_bwd(activations[layer + 1], grad)
-        grad, grad_W, grad_b = ops.linear_bwd(
-            activations[layer], params[f"encoder/W{layer}"], grad_z
-        )
+        if layer:
+            grad, grad_W, grad_b = ops.linear_bwd(
+                activations[layer], params[f"encoder/W{layer}"], grad_z
+            )
+        else:  # the observations need no gradient
+            grad_W, grad_b = ops.linear_bwd_params(activations[0], grad_z)
         grads[f"encoder/W{layer}"] = grad_W
         grads[f"encoder/b{layer}"] = grad_b
     return grads
