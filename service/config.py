@@ -6,6 +6,7 @@ Each field declares its constraint once, next to it (``_f(default, ge=..., choic
 every section validates itself on construction, so invalid configs cannot exist.
 """
 
+import math
 import os
 import tomllib
 from collections.abc import Iterator, Mapping, Sequence
@@ -276,6 +277,8 @@ def _check_value(key: str, f: Field, value: Any) -> Any:
     if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
         raise ConfigError(f"{key} = {value!r} has type {type(value).__name__}; "
                           f"expected {typ.__name__}")
+    if typ is float and not math.isfinite(value):
+        raise ConfigError(f"{key} = {value!r} is not finite; expected a finite number")
     rule: _Rule | None = f.metadata.get("rule")
     if rule is not None and not rule.allows(value):
         what = "not a valid choice" if rule.choices else "out of range"

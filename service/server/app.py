@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import ssl
 import threading
 from concurrent import futures
 from dataclasses import dataclass
@@ -34,15 +35,37 @@ def _read(setting: str, path: str) -> bytes:
         raise ConfigError(f"{setting} = {path!r}: expected a readable PEM file ({error})") from None
 
 
+def _check_pem(config: Config) -> None:
+    """Parse the PEM files the way a TLS stack will, so a bad one is named before binding."""
+    server = config.server
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(server.tls_cert, server.tls_key)
+    except (ssl.SSLError, ValueError) as error:
+        raise ConfigError(
+            f"server.tls_cert = {server.tls_cert!r} / server.tls_key = {server.tls_key!r}: "
+            f"expected a PEM certificate and its matching private key ({error})"
+        ) from None
+    if server.tls_client_ca:
+        try:
+            context.load_verify_locations(server.tls_client_ca)
+        except (ssl.SSLError, ValueError) as error:
+            raise ConfigError(
+                f"server.tls_client_ca = {server.tls_client_ca!r}: expected PEM CA "
+                f"certificates ({error})"
+            ) from None
+
+
 def server_credentials(config: Config) -> grpc.ServerCredentials | None:
     """TLS (and mTLS when a client CA is set) credentials, or None for plaintext."""
     server = config.server
     if not server.tls_cert:
         return None
     pair = (_read("server.tls_key", server.tls_key), _read("server.tls_cert", server.tls_cert))
-    client_ca = (
-        _read("server.tls_client_ca", server.tls_client_ca) if server.tls_client_ca else None
-    )
+    client_ca = None
+    if server.tls_client_ca:
+        client_ca = _read("server.tls_client_ca", server.tls_client_ca)
+    _check_pem(config)
     return grpc.ssl_server_credentials(
         [pair], root_certificates=client_ca, require_client_auth=client_ca is not None
     )
@@ -61,6 +84,8 @@ class Running:
 
 def start(config: Config, inference_only: bool = False, restore: str | None = None) -> Running:
     """Bind, start and mark SERVING once the trainer is built. Misconfiguration fails first."""
+    if inference_only and restore is None:
+        raise ConfigError("--inference-only: expected --restore NAME, got none")
     credentials = server_credentials(config)  # before binding anything
     server_cfg = config.server
     registry = CollectorRegistry()
@@ -80,6 +105,7 @@ def start(config: Config, inference_only: bool = False, restore: str | None = No
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
+            ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared listener
         ],
         maximum_concurrent_rpcs=server_cfg.max_concurrent_rpcs,
     )
@@ -93,18 +119,27 @@ def start(config: Config, inference_only: bool = False, restore: str | None = No
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     address = f"{server_cfg.host}:{server_cfg.port}"
-    if credentials is None:
-        port = server.add_insecure_port(address)
-    else:
-        port = server.add_secure_port(address, credentials)
-    http_server, _ = start_http_server(
-        server_cfg.metrics_port, addr=server_cfg.host, registry=registry
-    )
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
+    except RuntimeError as error:
+        raise ConfigError(
+            f"server.host/server.port = {address!r}: expected a free address to bind ({error})"
+        ) from None
+    try:
+        http_server, _ = start_http_server(
+            server_cfg.metrics_port, addr=server_cfg.host, registry=registry
+        )
+    except OSError as error:
+        raise ConfigError(
+            f"server.metrics_port = {server_cfg.metrics_port}: expected a free port on "
+            f"{server_cfg.host} ({error})"
+        ) from None
     server.start()
 
     if inference_only:
-        if restore is None:
-            raise ConfigError("--inference-only: expected --restore NAME, got none")
         engine = Engine.for_inference(config, restore, metrics)
     else:
         engine = Engine(Trainer(config), metrics)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -11,10 +12,11 @@ import grpc
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 
 
-def _deny(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+def _deny(handler: grpc.RpcMethodHandler, message: str, request_id: str) -> grpc.RpcMethodHandler:
     """A handler of the same streaming kind as `handler` that answers UNAUTHENTICATED."""
 
     def abort(request: Any, context: grpc.ServicerContext) -> None:
+        context.set_trailing_metadata((("x-request-id", request_id),))
         context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
     if handler.request_streaming and handler.response_streaming:
@@ -42,12 +44,18 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):
         method = handler_call_details.method
         if handler is None or method.startswith(OPEN_PREFIXES):
             return handler
-        supplied = ""
+        supplied, request_id = "", ""
         for key, value in handler_call_details.invocation_metadata:
             if key == "authorization":
                 supplied = str(value)
+            elif key == "x-request-id":
+                request_id = str(value)[:128]
         if hmac.compare_digest(supplied.encode(), self._expected):
             return handler
         self._on_denied(method.rsplit("/", 1)[-1])
         reason = "missing" if not supplied else "wrong"
-        return _deny(handler, f"authorization: expected 'Bearer <token>', got a {reason} token")
+        return _deny(
+            handler,
+            f"authorization: expected 'Bearer <token>', got a {reason} token",
+            request_id or uuid.uuid4().hex,
+        )

@@ -101,18 +101,11 @@ class Engine:
     def _apply_step(self, rollout: Rollout, queued_ms: float) -> StepResult:
         started = time.perf_counter()
         with self._lock:
-            lag_limit = self.trainer.config.train.max_policy_lag
-            if rollout.policy_version is not None:
-                lag = self.trainer.global_step - rollout.policy_version
-                if lag > lag_limit:
-                    raise StalePolicy(
-                        f"policy_version: expected within {lag_limit} versions of "
-                        f"{self.trainer.global_step}, got {rollout.policy_version} (lag {lag})"
-                    )
+            self._check_lag(rollout.policy_version)
             result = self.trainer.step(rollout)
             every = self.trainer.config.checkpoint.every_steps
             if every and result.updates_applied and result.global_step % every == 0:
-                self._save(None)
+                self._periodic_checkpoint()
         result.timings_ms["queue"] = queued_ms
         samples = rollout.horizon * rollout.num_envs
         self.metrics.observe_step(result, samples, time.perf_counter() - started)
@@ -126,6 +119,29 @@ class Engine:
             ms=round(result.timings_ms.get("total", 0), 2),
         )
         return result
+
+    def _check_lag(self, version: int | None) -> None:
+        """FAILED_PRECONDITION for a rollout too many versions old (or from a version this
+        trainer has not reached, e.g. after a Restore to an earlier checkpoint)."""
+        if version is None:
+            return
+        current, limit = self.trainer.global_step, self.trainer.config.train.max_policy_lag
+        if not current - limit <= version <= current:
+            raise StalePolicy(
+                f"policy_version: expected a version in [{max(current - limit, 0)}, {current}] "
+                f"(train.max_policy_lag = {limit}), got {version}"
+            )
+
+    def _periodic_checkpoint(self) -> None:
+        """checkpoint.every_steps: a failed save is logged and counted; the Step stands."""
+        name = f"step-{self.trainer.global_step:010d}"
+        if (self.root / name).exists():  # reached again after a Restore
+            name = f"{name}-{int(time.time() * 1000)}"
+        try:
+            self._save(name)
+        except Exception as error:
+            self.metrics.checkpoint_failures.inc()
+            logs.event(logging.ERROR, "periodic checkpoint failed", name=name, error=str(error))
 
     # ------------------------------------------------------------------------ acting
     def act(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> ActResult:

@@ -73,6 +73,9 @@ class Metrics:
             unit="seconds",
             **ns,
         )
+        self.checkpoint_failures = Counter(
+            "checkpoint_failures", "Periodic checkpoints that could not be written.", **ns
+        )
         self.rpc_errors = Counter(
             "rpc_errors", "RPCs answered with an error status.", ["method", "code"], **ns
         )

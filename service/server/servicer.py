@@ -77,8 +77,9 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
             raise Unavailable("the trainer is still being built; retry shortly")
         return self._engine
 
-    def _fail(self, method: str, error: Exception, context: grpc.ServicerContext) -> None:
-        request_id = request_id_of(context)
+    def _fail(
+        self, method: str, error: Exception, context: grpc.ServicerContext, request_id: str
+    ) -> None:
         code = status_of(error)
         if code is None:
             logs.logger.error(
@@ -105,11 +106,12 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         def wrap(handler: Handler) -> Handler:
             @functools.wraps(handler)
             def unary(self: TrainerServicer, request: Any, context: grpc.ServicerContext) -> Any:
-                context.set_trailing_metadata((("x-request-id", request_id_of(context)),))
+                request_id = request_id_of(context)
+                context.set_trailing_metadata((("x-request-id", request_id),))
                 try:
                     return handler(self, request, context)
                 except Exception as error:
-                    self._fail(method, error, context)
+                    self._fail(method, error, context, request_id)
 
             return unary  # type: ignore[return-value]
 
@@ -124,14 +126,15 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
     def StreamStep(
         self, request_iterator: Iterator[pb.StreamStepRequest], context: grpc.ServicerContext
     ) -> Iterator[pb.StreamStepResponse]:
-        context.set_trailing_metadata((("x-request-id", request_id_of(context)),))
+        request_id = request_id_of(context)
+        context.set_trailing_metadata((("x-request-id", request_id),))
         try:
             for request in request_iterator:
                 rollout = rollout_from_request(request.step, self.engine.trainer.config)
                 result = self.engine.submit_step(rollout, context.is_active).result()
                 yield pb.StreamStepResponse(step=step_response(result))
         except Exception as error:
-            self._fail("StreamStep", error, context)
+            self._fail("StreamStep", error, context, request_id)
 
     @_rpc("Act")
     def Act(self, request: pb.ActRequest, context: grpc.ServicerContext) -> pb.ActResponse:

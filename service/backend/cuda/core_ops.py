@@ -1,0 +1,413 @@
+"""The core ops on CuPy: encoder epilogues, reductions, optimizer, clipping, target refresh, GAE.
+
+`CoreOps(dims)` has one method per op, with the name and parameter names of its NumPy twin
+in `service/backend/numpy_ops.py`, so an instance passes `check_op_set` for these ops (the
+head ops come from `head_ops.HeadOps`). Every method checks dtype, shape and C-contiguity
+before launching (CuPy checks nothing) and raises ValueError naming the argument; scalars go
+to kernels as np.int32 / np.int64, never as Python ints.
+
+Hyper-parameters (lr, β, ε, wd, γ, λ, τ, max_norm, head weights) reach the kernels as float64
+device scalars. Each accepts a Python number, uploaded per call (the twin's interface), or a
+float64 cupy array of one element (a slice of a device hyper-parameter vector): the form to
+use inside a captured CUDA graph, where nothing may be uploaded.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+
+import cupy
+import numpy as np
+
+from service.backend.cuda.loader import CudaDims, load_kernel
+
+__all__ = ["CoreOps", "CudaDims"]
+
+Array = cupy.ndarray
+Scalar = float | cupy.ndarray
+
+BLOCK = 256  # threads per block of the element-wise kernels (TRIDENT_BLOCK)
+MAX_BLOCKS = 1 << 20  # grid cap for grid-stride kernels
+REDUCE_THREADS = 256  # grad_norm_clip.cu: TRIDENT_REDUCE_THREADS
+REDUCE_CHUNK = 2048  # grad_norm_clip.cu: TRIDENT_REDUCE_CHUNK (threads x items)
+SINGLE_PASS_MAX_ROWS = 1024  # reduce_axis0: above this, fixed row chunks first
+CHUNK_ROWS = 256  # reduce_axis0_partials: rows summed per partial
+MAX_HEADS = 8  # grad_h_accumulate.cu: TRIDENT_MAX_HEADS
+_FLAG_DTYPES = (np.dtype(np.uint8), np.dtype(np.bool_))
+
+
+# --------------------------------------------------------------------------- validation
+def _array(
+    name: str,
+    a: object,
+    dtypes: Sequence[np.dtype] = (np.dtype(np.float32),),
+    shape: tuple[int, ...] | None = None,
+    ndim: int | None = None,
+) -> Array:
+    """`a` as a C-contiguous cupy array of one of `dtypes` (and `shape` / `ndim` if given)."""
+    if not isinstance(a, cupy.ndarray):
+        raise ValueError(f"{name}: expected a cupy.ndarray, got {type(a).__name__}")
+    if a.dtype not in dtypes:
+        allowed = " or ".join(str(d) for d in dtypes)
+        raise ValueError(f"{name}: expected dtype {allowed}, got {a.dtype}")
+    if ndim is not None and a.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {list(a.shape)}")
+    if shape is not None and a.shape != shape:
+        raise ValueError(f"{name}: expected shape {list(shape)}, got {list(a.shape)}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array")
+    return a
+
+
+def _one(name: str, a: object, dtypes: Sequence[np.dtype]) -> Array:
+    """A one-element device array (shape [1] or []) of one of `dtypes`: a counter, flag, norm."""
+    arr = _array(name, a, dtypes)
+    if arr.size != 1 or arr.ndim > 1:
+        raise ValueError(f"{name}: expected shape [1], got {list(arr.shape)}")
+    return arr
+
+
+def _scalar(name: str, value: object) -> Array:
+    """A float64 device scalar: a one-element float64 cupy array as is, a number uploaded."""
+    if isinstance(value, cupy.ndarray):
+        return _one(name, value, (np.dtype(np.float64),))
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return cupy.asarray([float(value)], dtype=cupy.float64)
+    raise ValueError(f"{name}: expected a number or a float64 cupy array, got {value!r}")
+
+
+def _same(name: str, a: object, like: Array) -> Array:
+    """`a` with `like`'s dtype and shape, C-contiguous."""
+    return _array(name, a, (like.dtype,), shape=like.shape)
+
+
+def _flag(name: str, a: object) -> Array:
+    return _one(name, a, _FLAG_DTYPES)
+
+
+def _counter(name: str, a: object) -> Array:
+    return _one(name, a, (np.dtype(np.int64),))
+
+
+def _int32(name: str, value: int, minimum: int = 0) -> np.int32:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name}: expected an int, got {value!r}")
+    if not minimum <= int(value) < 2**31:
+        raise ValueError(f"{name}: expected an int in [{minimum}, 2**31), got {value}")
+    return np.int32(value)
+
+
+def _blocks(n: int, per_block: int = BLOCK) -> tuple[int]:
+    return (max(1, min(-(-n // per_block), MAX_BLOCKS)),)
+
+
+class CoreOps:
+    """The core op set, with kernels compiled for `dims` (loaded on first use, then cached)."""
+
+    def __init__(self, dims: CudaDims) -> None:
+        self.dims = dims
+        self.__name__ = f"{type(self).__module__}.CoreOps"  # check_op_set's messages use it
+        self._defines = dims.defines()
+
+    def _kernel(self, file: str, name: str) -> cupy.RawKernel:
+        return load_kernel(file, name, self._defines)
+
+    # ----------------------------------------------------------------------- linear layers
+    def linear_fwd(self, x: Array, W: Array, b: Array) -> Array:
+        """y = x W + b for x [B, I], W [I, O], b [O] (cuBLAS GEMM, then the bias add)."""
+        x = _array("x", x, ndim=2)
+        W = _array("W", W, ndim=2)
+        if W.shape[0] != x.shape[1]:
+            raise ValueError(f"W: expected shape [{x.shape[1]}, O], got {list(W.shape)}")
+        b = _array("b", b, shape=(W.shape[1],))
+        y = cupy.matmul(x, W)
+        y += b
+        return y
+
+    def linear_bwd(self, x: Array, W: Array, grad_y: Array) -> tuple[Array, Array, Array]:
+        """(grad_x = g Wᵀ, grad_W = xᵀ g, grad_b = Σ_b g) of y = x W + b."""
+        W = _array("W", W, ndim=2)
+        grad_y = _array("grad_y", grad_y, ndim=2)
+        if grad_y.shape[1] != W.shape[1]:
+            raise ValueError(f"grad_y: expected shape [B, {W.shape[1]}], got {list(grad_y.shape)}")
+        grad_W, grad_b = self.linear_bwd_params(x, grad_y)
+        return cupy.matmul(grad_y, W.T), grad_W, grad_b
+
+    def linear_bwd_params(self, x: Array, grad_y: Array) -> tuple[Array, Array]:
+        """(grad_W = xᵀ g, grad_b = Σ_b g): the parameter half of `linear_bwd`."""
+        x = _array("x", x, ndim=2)
+        grad_y = _array("grad_y", grad_y, ndim=2)
+        if grad_y.shape[0] != x.shape[0]:
+            raise ValueError(f"grad_y: expected {x.shape[0]} rows, got {list(grad_y.shape)}")
+        return cupy.matmul(x.T, grad_y), self.reduce_axis0(grad_y)
+
+    # ----------------------------------------------------------------------- encoder epilogue
+    def bias_relu_fwd(self, z: Array, b: Array) -> Array:
+        """h = max(z + b, 0) for z [rows, H], b [H] (encoder.cu)."""
+        H = self.dims.H
+        z = _array("z", z, ndim=2)
+        if z.shape[1] != H:
+            raise ValueError(f"z: expected shape [rows, {H}], got {list(z.shape)}")
+        b = _array("b", b, shape=(H,))
+        h = cupy.empty_like(z)
+        if z.size:
+            kernel = self._kernel("encoder.cu", "bias_relu_fwd")
+            kernel(_blocks(z.size), (BLOCK,), (z, b, h, _int32("rows", z.shape[0])))
+        return h
+
+    def bias_relu_bwd(self, h: Array, grad_h: Array) -> Array:
+        """grad_z = grad_h · 1[h > 0] for h, grad_h [rows, H] (encoder.cu)."""
+        H = self.dims.H
+        h = _array("h", h, ndim=2)
+        if h.shape[1] != H:
+            raise ValueError(f"h: expected shape [rows, {H}], got {list(h.shape)}")
+        grad_h = _same("grad_h", grad_h, h)
+        grad_z = cupy.empty_like(h)
+        if h.size:
+            kernel = self._kernel("encoder.cu", "bias_relu_bwd")
+            kernel(_blocks(h.size), (BLOCK,), (h, grad_h, grad_z, _int32("rows", h.shape[0])))
+        return grad_z
+
+    # ----------------------------------------------------------------------- reductions
+    def reduce_axis0(self, x: Array) -> Array:
+        """Σ over the leading axis, deterministic (reduce_axis0.cu): x [rows, ...] -> [...].
+
+        Up to SINGLE_PASS_MAX_ROWS rows, one thread per column adds the rows in order (NumPy's
+        order). Beyond, fixed chunks of CHUNK_ROWS rows are summed in order first, then the
+        chunks in order; the split depends on the shape alone.
+        """
+        x = _array("x", x)
+        if x.ndim < 1:
+            raise ValueError("x: expected at least 1 dimension, got a 0-d array")
+        rows = x.shape[0]
+        cols = int(np.prod(x.shape[1:], dtype=np.int64))
+        _int32("x.shape[0]", rows)
+        _int32("columns of x", cols)
+        out = cupy.empty(x.shape[1:], dtype=cupy.float32)
+        if cols == 0:
+            return out
+        current = x.reshape(rows, cols)
+        while rows > SINGLE_PASS_MAX_ROWS:
+            chunks = -(-rows // CHUNK_ROWS)
+            partials = cupy.empty((chunks, cols), dtype=cupy.float32)
+            grid = (_blocks(cols)[0], min(chunks, 65535))
+            self._kernel("reduce_axis0.cu", "reduce_axis0_partials")(
+                grid,
+                (BLOCK,),
+                (current, partials, np.int32(rows), np.int32(cols), np.int32(CHUNK_ROWS)),
+            )
+            current, rows = partials, chunks
+        self._kernel("reduce_axis0.cu", "reduce_axis0")(
+            _blocks(cols), (BLOCK,), (current, out, np.int32(rows), np.int32(cols))
+        )
+        return out
+
+    # ----------------------------------------------------------------------- encoder gradient
+    def grad_h_accumulate(self, grads: Sequence[Array], weights: Sequence[float] | Array) -> Array:
+        """grad_h = Σ_head λ_head grad_h_head in the order given (up to MAX_HEADS heads).
+
+        `weights`: numbers (uploaded) or a float64 cupy array [len(grads)] in device memory.
+        """
+        grads = list(grads)
+        if not 1 <= len(grads) <= MAX_HEADS:
+            raise ValueError(f"grads: expected 1 to {MAX_HEADS} arrays, got {len(grads)}")
+        first = _array("grads[0]", grads[0])
+        checked = [first] + [_same(f"grads[{i}]", g, first) for i, g in enumerate(grads[1:], 1)]
+        if isinstance(weights, cupy.ndarray):
+            w = _array("weights", weights, (np.dtype(np.float64),), shape=(len(grads),))
+        else:
+            values = list(weights)
+            if len(values) != len(grads):
+                raise ValueError(f"weights: expected {len(grads)} numbers, got {len(values)}")
+            w = cupy.asarray([_number(f"weights[{i}]", v) for i, v in enumerate(values)])
+        out = cupy.empty_like(first)
+        if first.size:
+            slots = checked + [first] * (MAX_HEADS - len(checked))  # unused slots: never read
+            self._kernel("grad_h_accumulate.cu", "grad_h_accumulate")(
+                _blocks(first.size),
+                (BLOCK,),
+                (*slots, w, np.int32(len(checked)), out, np.int64(first.size)),
+            )
+        return out
+
+    # ----------------------------------------------------------------------- non-finite guard
+    def all_finite(self, arrays: Sequence[Array]) -> Array:
+        """ok = [1] when every entry of every array is finite, else [0] (uint8 [1]).
+
+        float32 and float64 arrays are checked; integer and bool arrays are finite by type.
+        """
+        floats: list[Array] = []
+        for i, a in enumerate(arrays):
+            if not isinstance(a, cupy.ndarray):
+                raise ValueError(f"arrays[{i}]: expected a cupy.ndarray, got {type(a).__name__}")
+            if a.dtype.kind in "biu":
+                continue
+            floats.append(_array(f"arrays[{i}]", a, (np.dtype(np.float32), np.dtype(np.float64))))
+        counts = [-(-a.size // REDUCE_CHUNK) for a in floats]
+        flags = cupy.empty(max(1, sum(counts)), dtype=cupy.uint8)
+        offset = 0
+        for a, count in zip(floats, counts, strict=True):
+            if count:
+                name = "finite_partials_f32" if a.dtype == np.float32 else "finite_partials_f64"
+                self._kernel("grad_norm_clip.cu", name)(
+                    (count,), (REDUCE_THREADS,), (a, np.int64(a.size), flags[offset:])
+                )
+            offset += count
+        ok = cupy.empty(1, dtype=cupy.uint8)
+        self._kernel("grad_norm_clip.cu", "all_finite_finalize")(
+            (1,), (REDUCE_THREADS,), (flags, np.int64(offset), ok)
+        )
+        return ok
+
+    # ----------------------------------------------------------------------- optimisation
+    def global_norm(self, grads: Sequence[Array]) -> Array:
+        """‖g‖ = sqrt(Σ_tensors Σ g²) in float64, tensors in the order given; float64 [1].
+
+        Per-chunk partials (fixed order) for every tensor, laid out one tensor after another,
+        then one fixed-shape reduction: deterministic, no atomics (grad_norm_clip.cu).
+        """
+        checked = [_array(f"grads[{i}]", g) for i, g in enumerate(grads)]
+        counts = [-(-g.size // REDUCE_CHUNK) for g in checked]
+        partials = cupy.empty(max(1, sum(counts)), dtype=cupy.float64)
+        offset = 0
+        for g, count in zip(checked, counts, strict=True):
+            if count:
+                self._kernel("grad_norm_clip.cu", "sumsq_partials")(
+                    (count,), (REDUCE_THREADS,), (g, np.int64(g.size), partials[offset:])
+                )
+            offset += count
+        norm = cupy.empty(1, dtype=cupy.float64)
+        self._kernel("grad_norm_clip.cu", "sumsq_finalize")(
+            (1,), (REDUCE_THREADS,), (partials, np.int64(offset), norm)
+        )
+        return norm
+
+    def clip_coefficient(self, norm: Array, max_norm: Scalar) -> Array:
+        """min(1, max_norm / (‖g‖ + 1e-6)) as float64 [1] (torch's clip_grad_norm_)."""
+        norm = _one("norm", norm, (np.dtype(np.float64),))
+        coef = cupy.empty(norm.shape, dtype=cupy.float64)
+        self._kernel("grad_norm_clip.cu", "clip_coefficient")(
+            (1,), (1,), (norm, _scalar("max_norm", max_norm), coef)
+        )
+        return coef
+
+    def advance_counter(self, counter: Array, ok: Array) -> None:
+        """counter += 1 in place when ok[0] (int64 [1], uint8 [1])."""
+        counter = _counter("counter", counter)
+        self._kernel("adamw_step.cu", "advance_counter")((1,), (1,), (counter, _flag("ok", ok)))
+
+    def adamw_step(
+        self,
+        param: Array,
+        grad: Array,
+        exp_avg: Array,
+        exp_avg_sq: Array,
+        step: Array,
+        lr: Scalar,
+        beta1: Scalar,
+        beta2: Scalar,
+        eps: Scalar,
+        weight_decay: Scalar,
+        grad_scale: Array,
+        ok: Array,
+    ) -> None:
+        """One AdamW update in place, nothing written unless ok[0] (adamw_step.cu).
+
+        step: int64 [1], already advanced; grad_scale: float64 [1] (the clip coefficient).
+        """
+        param = _array("param", param)
+        grad = _same("grad", grad, param)
+        exp_avg = _same("exp_avg", exp_avg, param)
+        exp_avg_sq = _same("exp_avg_sq", exp_avg_sq, param)
+        args = (
+            _counter("step", step),
+            _scalar("lr", lr),
+            _scalar("beta1", beta1),
+            _scalar("beta2", beta2),
+            _scalar("eps", eps),
+            _scalar("weight_decay", weight_decay),
+            _scalar("grad_scale", grad_scale),
+            _flag("ok", ok),
+        )
+        if param.size:
+            self._kernel("adamw_step.cu", "adamw_step")(
+                _blocks(param.size),
+                (BLOCK,),
+                (param, grad, exp_avg, exp_avg_sq, *args, np.int64(param.size)),
+            )
+
+    def target_refresh(
+        self,
+        target: Sequence[Array],
+        online: Sequence[Array],
+        updates: Array,
+        period: int,
+        tau: Scalar,
+        ok: Array,
+    ) -> None:
+        """Refresh each target tensor from its online twin in place (target_refresh.cu):
+        Polyak with τ when tau > 0, else a copy when updates[0] % period == 0; only if ok[0]."""
+        target, online = list(target), list(online)
+        if len(target) != len(online):
+            raise ValueError(f"online: expected {len(target)} arrays, got {len(online)}")
+        pairs = []
+        for i, (dst, src) in enumerate(zip(target, online, strict=True)):
+            dst = _array(f"target[{i}]", dst)
+            pairs.append((dst, _same(f"online[{i}]", src, dst)))
+        args = (
+            _counter("updates", updates),
+            _int32("period", period, minimum=1),
+            _scalar("tau", tau),
+            _flag("ok", ok),
+        )
+        kernel = self._kernel("target_refresh.cu", "target_refresh")
+        for dst, src in pairs:
+            if dst.size:
+                kernel(_blocks(dst.size), (BLOCK,), (dst, src, *args, np.int64(dst.size)))
+
+    # ----------------------------------------------------------------------- advantages
+    def gae(
+        self,
+        rewards: Array,
+        values: Array,
+        next_values: Array,
+        terminated: Array,
+        truncated: Array,
+        gamma: Scalar,
+        lam: Scalar,
+    ) -> tuple[Array, Array]:
+        """(advantages, returns) [T, N] of a time-major rollout; one thread per env (gae.cu)."""
+        values = _array("values", values, ndim=2)
+        rewards = _same("rewards", rewards, values)
+        next_values = _same("next_values", next_values, values)
+        terminated = _array("terminated", terminated, _FLAG_DTYPES, shape=values.shape)
+        truncated = _array("truncated", truncated, _FLAG_DTYPES, shape=values.shape)
+        T, N = values.shape
+        advantages = cupy.empty_like(values)
+        returns = cupy.empty_like(values)
+        if values.size:
+            self._kernel("gae.cu", "gae")(
+                _blocks(N),
+                (BLOCK,),
+                (
+                    rewards,
+                    values,
+                    next_values,
+                    terminated,
+                    truncated,
+                    _scalar("gamma", gamma),
+                    _scalar("lam", lam),
+                    advantages,
+                    returns,
+                    _int32("T", T),
+                    _int32("N", N),
+                ),
+            )
+        return advantages, returns
+
+
+def _number(name: str, value: object) -> float:
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    raise ValueError(f"{name}: expected a number, got {value!r}")

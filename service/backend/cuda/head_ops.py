@@ -1,0 +1,597 @@
+"""The head ops on CuPy: C51, target projection, PPO, value, perception heads, Act, replay.
+
+`HeadOps(dims)` has one method per head op of `service/backend/numpy_ops.py`, with the twin's
+name and parameter names in the twin's order, so an instance passes `check_op_set` for these
+ops (the others come from `core_ops.CoreOps`); plus `act_select` and `replay_*`, which have no
+single twin (Trainer.act's action choice; ReplayBuffer's insert and sample). Kernels are
+`kernels/{dqn_distributional_q,categorical_projection,ppo_clipped_surrogate,v_head_fwd_bwd,
+perception_heads,act,replay}.cu`, compiled for `dims` on first use.
+
+Every method checks dtype, shape and C-contiguity before launching (CuPy checks nothing) and
+raises ValueError naming the argument; sizes go to kernels as np.int32 / np.int64, never as
+Python ints. Results are CuPy arrays; a scalar result (a loss, a statistic) is a 0-d float32
+device array — nothing is copied to the host, so an op never waits for the GPU.
+
+Hyper-parameters (γ, v_min, v_max, PPO's ε and c_ent, the value clip ε, Act's ε) reach the
+kernels as float64 device scalars, as in core_ops: each accepts a Python number, uploaded per
+call (the twin's interface), or a float64 cupy array of one element (a slice of the device
+hyper-parameter vector) — the form to use inside a captured CUDA graph, where nothing may be
+uploaded. Likewise the Philox key (uint32 [2], (seed low, seed high)) and the Philox sequence
+(int64 [1], a counter) of `act_select` and the replay sampler.
+
+Batch losses and statistics are means over per-row values reduced in a fixed order by one
+block (no atomics), so the same inputs give the same bits on every run.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping, Sequence
+
+import cupy
+import numpy as np
+
+from service.backend import numpy_ops
+from service.backend.cuda.loader import CudaDims, load_kernel
+
+__all__ = ["ACT_MODES", "REPLAY_FIELDS", "CudaDims", "HeadOps"]
+
+Array = cupy.ndarray
+Scalar = float | cupy.ndarray
+
+BLOCK = 256  # threads per block of the row / element kernels
+REDUCE_THREADS = 256  # the *_REDUCE_THREADS block size of the single-block mean kernels
+PPO_ROW_STATS = 5  # ppo_clipped_surrogate.cu: PPO_ROW_STATS columns of row_stats
+PPO_STATS = ("loss", "pg_loss", "entropy", "approx_kl", "clip_fraction")  # the twin's dict order
+
+# act.cu's ACT_MODE_*; keys are Trainer's ActMode values (an ActMode itself is accepted too).
+ACT_MODES = {"sample": 0, "greedy_pi": 1, "greedy_q": 2, "epsilon_greedy": 3}
+
+# ReplayBuffer's storage fields, in replay.cu's argument order.
+REPLAY_FIELDS = ("obs", "actions", "rewards", "dones", "horizons", "next_obs")
+
+_F32 = (np.dtype(np.float32),)
+_I32 = (np.dtype(np.int32),)
+_FLAGS = (np.dtype(np.uint8), np.dtype(np.bool_))  # one byte, 0 / 1
+_INT32_MAX = 2**31 - 1
+
+
+# --------------------------------------------------------------------------- validation
+def _array(
+    name: str,
+    a: object,
+    dtypes: Sequence[np.dtype] = _F32,
+    shape: tuple[int, ...] | None = None,
+) -> Array:
+    """`a` as a C-contiguous cupy array of one of `dtypes` (and exactly `shape` if given)."""
+    if not isinstance(a, cupy.ndarray):
+        raise ValueError(f"{name}: expected a cupy.ndarray, got {type(a).__name__}")
+    if a.dtype not in dtypes:
+        allowed = " or ".join(str(d) for d in dtypes)
+        raise ValueError(f"{name}: expected dtype {allowed}, got {a.dtype}")
+    if shape is not None and a.shape != shape:
+        raise ValueError(f"{name}: expected shape {list(shape)}, got {list(a.shape)}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array")
+    return a
+
+
+def _batch(name: str, a: object, trailing: tuple[int, ...], dtypes: Sequence[np.dtype] = _F32):
+    """`a` of shape [B, *trailing] with 1 <= B < 2^31; returns (array, B)."""
+    if isinstance(a, cupy.ndarray) and a.ndim == 1 + len(trailing) and a.shape[1:] == trailing:
+        rows = a.shape[0]
+        if not 1 <= rows <= _INT32_MAX:
+            raise ValueError(f"{name}: expected 1 to 2**31 - 1 rows, got {rows}")
+        return _array(name, a, dtypes), rows
+    labels = ", ".join(["B", *(str(n) for n in trailing)])
+    got = list(a.shape) if isinstance(a, cupy.ndarray) else type(a).__name__
+    raise ValueError(f"{name}: expected a cupy.ndarray of shape [{labels}], got {got}")
+
+
+def _one(name: str, a: Array, dtypes: Sequence[np.dtype]) -> Array:
+    """A one-element device array (shape [1] or [])."""
+    arr = _array(name, a, dtypes)
+    if arr.size != 1 or arr.ndim > 1:
+        raise ValueError(f"{name}: expected shape [1], got {list(arr.shape)}")
+    return arr
+
+
+def _scalar(name: str, value: object) -> Array:
+    """A float64 device scalar: a one-element float64 cupy array as is, a number uploaded."""
+    if isinstance(value, cupy.ndarray):
+        return _one(name, value, (np.dtype(np.float64),))
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return cupy.asarray(np.array([float(value)], dtype=np.float64))
+    raise ValueError(f"{name}: expected a number or a float64 cupy array, got {value!r}")
+
+
+def _key(name: str, key: object) -> Array:
+    """The Philox key as uint32 [2] in device memory: as is, or a (low, high) pair uploaded."""
+    if isinstance(key, cupy.ndarray):
+        return _array(name, key, (np.dtype(np.uint32),), shape=(2,))
+    if (
+        isinstance(key, tuple | list)
+        and len(key) == 2
+        and all(isinstance(w, numbers.Integral) and 0 <= int(w) < 2**32 for w in key)
+    ):
+        return cupy.asarray(np.array([int(w) for w in key], dtype=np.uint32))
+    raise ValueError(
+        f"{name}: expected a (low, high) pair of uint32 words or a uint32 cupy array [2], "
+        f"got {key!r}"
+    )
+
+
+def _sequence(name: str, value: object) -> Array:
+    """A Philox sequence as int64 [1] in device memory: a counter as is, an int uploaded."""
+    if isinstance(value, cupy.ndarray):
+        return _one(name, value, (np.dtype(np.int64),))
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 <= value < 2**63:
+        return cupy.asarray(np.array([int(value)], dtype=np.int64))
+    raise ValueError(
+        f"{name}: expected an int in [0, 2**63) or an int64 cupy array [1], got {value!r}"
+    )
+
+
+def _count(name: str, value: object, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name}: expected an int, got {value!r}")
+    if not minimum <= int(value) <= _INT32_MAX:
+        raise ValueError(f"{name}: expected an int in [{minimum}, 2**31), got {value}")
+    return int(value)
+
+
+def _blocks(n: int) -> tuple[int]:
+    return (-(-n // BLOCK),)
+
+
+def _scalar_out() -> Array:
+    """A 0-d float32 device array for a batch loss or statistic."""
+    return cupy.empty((), dtype=cupy.float32)
+
+
+class HeadOps:
+    """The head op set, with kernels compiled for `dims` (loaded on first use, then cached)."""
+
+    def __init__(self, dims: CudaDims) -> None:
+        self.dims = dims
+        self.__name__ = f"{type(self).__module__}.HeadOps"  # check_op_set's messages use it
+        self._defines = dims.defines()
+        self._unused: Array | None = None
+
+    def _unused_scalar(self) -> Array:
+        """A float64 [1] device array for a scalar argument the kernel will not read."""
+        if self._unused is None:
+            self._unused = cupy.zeros(1, dtype=cupy.float64)
+        return self._unused
+
+    def _launch(self, file: str, name: str, threads: int, args: tuple) -> None:
+        """`threads` threads of `name` in BLOCK-sized blocks (nothing when threads = 0)."""
+        if threads > 0:
+            load_kernel(file, name, self._defines)(_blocks(threads), (BLOCK,), args)
+
+    def _reduce(self, file: str, name: str, args: tuple) -> None:
+        """A single-block fixed-order reduction kernel (REDUCE_THREADS threads)."""
+        load_kernel(file, name, self._defines)((1,), (REDUCE_THREADS,), args)
+
+    # ----------------------------------------------------------------------- C51 head
+    def c51_support(self, v_min: float, v_max: float, num_atoms: int, dtype: np.dtype) -> Array:
+        """z_i = v_min + i Δz on the device: the twin's values, computed on the host once."""
+        return cupy.asarray(numpy_ops.c51_support(v_min, v_max, num_atoms, np.dtype(dtype)))
+
+    def c51_softmax(self, logits: Array) -> Array:
+        """p = softmax over atoms of logits [B, A, Z] (dqn_distributional_q.cu)."""
+        A, Z = self.dims.A, self.dims.Z
+        logits, B = _batch("logits", logits, (A, Z))
+        probs = cupy.empty_like(logits)
+        rows = _count("B·A", B * A)
+        self._launch(
+            "dqn_distributional_q.cu", "c51_softmax", rows, (logits, probs, np.int32(rows))
+        )
+        return probs
+
+    def c51_q_values(self, probs: Array, support: Array) -> Array:
+        """E[Z(s, a)] = Σ_i p_i z_i for probs [B, A, Z], support [Z] -> [B, A]."""
+        A, Z = self.dims.A, self.dims.Z
+        probs, B = _batch("probs", probs, (A, Z))
+        support = _array("support", support, shape=(Z,))
+        q = cupy.empty((B, A), dtype=cupy.float32)
+        rows = _count("B·A", B * A)
+        self._launch(
+            "dqn_distributional_q.cu", "c51_q_values", rows, (probs, support, q, np.int32(rows))
+        )
+        return q
+
+    def _projection_args(
+        self,
+        next_probs: Array,
+        rewards: Array,
+        dones: Array,
+        horizons: Array,
+        gamma: Scalar,
+        v_min: Scalar,
+        v_max: Scalar,
+    ) -> tuple[int, tuple]:
+        next_probs, B = _batch("next_probs", next_probs, (self.dims.Z,))
+        args = (
+            next_probs,
+            _array("rewards", rewards, shape=(B,)),
+            _array("dones", dones, _FLAGS, shape=(B,)),
+            _array("horizons", horizons, _I32, shape=(B,)),
+            _scalar("gamma", gamma),
+            _scalar("v_min", v_min),
+            _scalar("v_max", v_max),
+        )
+        on_host = not isinstance(v_min, cupy.ndarray) and not isinstance(v_max, cupy.ndarray)
+        if on_host and not float(v_min) < float(v_max):
+            raise ValueError(f"v_max: expected a value above v_min = {v_min}, got {v_max}")
+        return B, args
+
+    def categorical_projection(
+        self,
+        next_probs: Array,
+        rewards: Array,
+        dones: Array,
+        horizons: Array,
+        gamma: Scalar,
+        v_min: Scalar,
+        v_max: Scalar,
+    ) -> Array:
+        """The C51 target m [B, Z]: Tz = r + γ^k (1 - done) z projected onto the support
+        (categorical_projection.cu; dones uint8 [B], horizons int32 [B])."""
+        B, args = self._projection_args(next_probs, rewards, dones, horizons, gamma, v_min, v_max)
+        projected = cupy.empty((B, self.dims.Z), dtype=cupy.float32)
+        self._launch(
+            "categorical_projection.cu",
+            "categorical_projection",
+            _count("B·Z", B * self.dims.Z),
+            (*args, projected, np.int32(B)),
+        )
+        return projected
+
+    def c51_support_clip_ratio(
+        self,
+        next_probs: Array,
+        rewards: Array,
+        dones: Array,
+        horizons: Array,
+        gamma: Scalar,
+        v_min: Scalar,
+        v_max: Scalar,
+    ) -> Array:
+        """Mean over the batch of the target mass whose Tz falls outside [v_min, v_max] (0-d)."""
+        B, args = self._projection_args(next_probs, rewards, dones, horizons, gamma, v_min, v_max)
+        per_row = cupy.empty(B, dtype=cupy.float32)
+        ratio = _scalar_out()
+        file = "categorical_projection.cu"
+        self._launch(file, "c51_support_clip_ratio_rows", B, (*args, per_row, np.int32(B)))
+        self._reduce(file, "c51_support_clip_ratio_mean", (per_row, ratio, np.int32(B)))
+        return ratio
+
+    def c51_cross_entropy_fwd_bwd(
+        self, logits: Array, actions: Array, target: Array
+    ) -> tuple[Array, Array]:
+        """(loss 0-d, grad_taken [B, Z]) of -Σ_z m log p(s, a) averaged over the batch.
+
+        An action outside [0, A) makes the loss NaN (the non-finite guard then skips the
+        update) and its gradient row zero; no host check is made.
+        """
+        A, Z = self.dims.A, self.dims.Z
+        logits, B = _batch("logits", logits, (A, Z))
+        actions = _array("actions", actions, _I32, shape=(B,))
+        target = _array("target", target, shape=(B, Z))
+        per_row = cupy.empty(B, dtype=cupy.float32)
+        grad = cupy.empty((B, Z), dtype=cupy.float32)
+        loss = _scalar_out()
+        file = "dqn_distributional_q.cu"
+        self._launch(
+            file,
+            "c51_cross_entropy_fwd_bwd",
+            B,
+            (logits, actions, target, per_row, grad, np.int32(B)),
+        )
+        self._reduce(file, "c51_loss_mean", (per_row, loss, np.int32(B)))
+        return loss, grad
+
+    def c51_head_bwd(
+        self, h: Array, W: Array, actions: Array, grad_taken: Array, num_atoms: int
+    ) -> tuple[Array, Array, Array]:
+        """(grad_h [B, H], grad_W [H, A·Z], grad_b [A·Z]) of logits = h W + b when only each
+        row's taken action has a gradient; no dense [B, A·Z] gradient is formed."""
+        H, A, Z = self.dims.H, self.dims.A, self.dims.Z
+        if num_atoms != Z:
+            raise ValueError(f"num_atoms: expected {Z} (the compiled Z), got {num_atoms!r}")
+        h, B = _batch("h", h, (H,))
+        W = _array("W", W, shape=(H, A * Z))
+        actions = _array("actions", actions, _I32, shape=(B,))
+        grad_taken = _array("grad_taken", grad_taken, shape=(B, Z))
+        _count("A·B", A * B)
+        row_lists = cupy.empty((A, B), dtype=cupy.int32)  # rows of each action, in order
+        row_counts = cupy.empty(A, dtype=cupy.int32)
+        grad_h = cupy.empty((B, H), dtype=cupy.float32)
+        grad_W = cupy.empty((H, A * Z), dtype=cupy.float32)
+        grad_b = cupy.empty(A * Z, dtype=cupy.float32)
+        file = "dqn_distributional_q.cu"
+        self._launch(file, "c51_head_bwd_rows", A, (actions, row_lists, row_counts, np.int32(B)))
+        self._launch(
+            file,
+            "c51_head_bwd_w_b",
+            _count("(H + 1)·A·Z", (H + 1) * A * Z),
+            (h, grad_taken, row_lists, row_counts, grad_W, grad_b, np.int32(B)),
+        )
+        self._launch(
+            file,
+            "c51_head_bwd_h",
+            _count("B·H", B * H),
+            (W, actions, grad_taken, grad_h, np.int32(B)),
+        )
+        return grad_h, grad_W, grad_b
+
+    # ----------------------------------------------------------------------- PPO policy head
+    def log_softmax(self, logits: Array) -> Array:
+        """log softmax over the last axis (A) of logits [..., A]."""
+        A = self.dims.A
+        logits = _array("logits", logits)
+        if logits.ndim < 1 or logits.shape[-1] != A or logits.size == 0:
+            got = list(logits.shape)
+            raise ValueError(f"logits: expected a non-empty shape [..., {A}], got {got}")
+        rows = _count("rows of logits", logits.size // A)
+        out = cupy.empty_like(logits)
+        self._launch(
+            "ppo_clipped_surrogate.cu", "ppo_log_softmax", rows, (logits, out, np.int32(rows))
+        )
+        return out
+
+    def ppo_surrogate_fwd_bwd(
+        self,
+        logits: Array,
+        actions: Array,
+        behavior_log_probs: Array,
+        advantages: Array,
+        clip_eps: Scalar,
+        ent_coef: Scalar,
+    ) -> tuple[dict[str, Array], Array]:
+        """PPO clipped surrogate with entropy bonus for policy logits [B, A].
+
+        Returns ({loss, pg_loss, entropy, approx_kl, clip_fraction}: 0-d device arrays,
+        grad_logits [B, A]). An action outside [0, A) makes the statistics NaN.
+        """
+        logits, B = _batch("logits", logits, (self.dims.A,))
+        actions = _array("actions", actions, _I32, shape=(B,))
+        behavior_log_probs = _array("behavior_log_probs", behavior_log_probs, shape=(B,))
+        advantages = _array("advantages", advantages, shape=(B,))
+        clip_eps = _scalar("clip_eps", clip_eps)
+        ent_coef = _scalar("ent_coef", ent_coef)
+        grad = cupy.empty_like(logits)
+        row_stats = cupy.empty((B, PPO_ROW_STATS), dtype=cupy.float32)
+        stats = cupy.empty(len(PPO_STATS), dtype=cupy.float32)
+        file = "ppo_clipped_surrogate.cu"
+        self._launch(
+            file,
+            "ppo_surrogate_fwd_bwd",
+            B,
+            (
+                logits,
+                actions,
+                behavior_log_probs,
+                advantages,
+                clip_eps,
+                ent_coef,
+                grad,
+                row_stats,
+                np.int32(B),
+            ),
+        )
+        self._reduce(file, "ppo_stats_mean", (row_stats, ent_coef, stats, np.int32(B)))
+        return {name: stats[i] for i, name in enumerate(PPO_STATS)}, grad
+
+    def normalize_advantages(self, advantages: Array) -> Array:
+        """(Â - mean) / (std + 1e-8) over advantages [B], population std."""
+        advantages, B = _batch("advantages", advantages, ())
+        stats = cupy.empty(2, dtype=cupy.float32)  # mean, std + 1e-8
+        out = cupy.empty_like(advantages)
+        file = "ppo_clipped_surrogate.cu"
+        self._reduce(file, "normalize_advantages_stats", (advantages, stats, np.int32(B)))
+        self._launch(file, "normalize_advantages_apply", B, (advantages, stats, out, np.int32(B)))
+        return out
+
+    # ----------------------------------------------------------------------- value head
+    def value_fwd_bwd(
+        self, values: Array, returns: Array, old_values: Array, clip_eps: Scalar | None
+    ) -> tuple[Array, Array]:
+        """(loss 0-d, grad_values [B]) of mean 0.5 (v - R)², PPO-clipped when clip_eps is
+        not None (a number or a float64 device scalar)."""
+        values, B = _batch("values", values, ())
+        returns = _array("returns", returns, shape=(B,))
+        old_values = _array("old_values", old_values, shape=(B,))
+        use_clip = clip_eps is not None
+        # Unclipped, the kernel never reads clip_eps; any valid float64 pointer will do (one
+        # made once, so an unclipped call uploads nothing, as a captured graph requires).
+        eps = _scalar("clip_eps", clip_eps) if use_clip else self._unused_scalar()
+        per_row = cupy.empty(B, dtype=cupy.float32)
+        grad = cupy.empty_like(values)
+        loss = _scalar_out()
+        file = "v_head_fwd_bwd.cu"
+        self._launch(
+            file,
+            "value_fwd_bwd",
+            B,
+            (values, returns, old_values, eps, np.int32(use_clip), per_row, grad, np.int32(B)),
+        )
+        self._reduce(file, "value_loss_mean", (per_row, loss, np.int32(B)))
+        return loss, grad
+
+    # ----------------------------------------------------------------------- perception heads
+    def bce_fwd_bwd(self, u: Array, y: Array) -> tuple[Array, Array]:
+        """(loss 0-d, grad_u [B]) of mean softplus(u) - y u for logits u, labels y [B] float32."""
+        u, B = _batch("u", u, ())
+        y = _array("y", y, shape=(B,))
+        per_row = cupy.empty(B, dtype=cupy.float32)
+        grad = cupy.empty_like(u)
+        loss = _scalar_out()
+        file = "perception_heads.cu"
+        self._launch(file, "bce_fwd_bwd", B, (u, y, per_row, grad, np.int32(B)))
+        self._reduce(file, "perception_loss_mean", (per_row, loss, np.int32(B), np.int64(B)))
+        return loss, grad
+
+    def aux_mse_fwd_bwd(self, pred: Array, target: Array) -> tuple[Array, Array]:
+        """(loss 0-d, grad_pred [B, K]) of mean (p - t)² over all B·K entries."""
+        K = self.dims.K
+        if K < 1:
+            raise ValueError("pred: the aux head does not exist (compiled with K = 0)")
+        pred, B = _batch("pred", pred, (K,))
+        target = _array("target", target, shape=(B, K))
+        per_row = cupy.empty(B, dtype=cupy.float32)
+        grad = cupy.empty_like(pred)
+        loss = _scalar_out()
+        file = "perception_heads.cu"
+        self._launch(file, "aux_mse_fwd_bwd", B, (pred, target, per_row, grad, np.int32(B)))
+        self._reduce(file, "perception_loss_mean", (per_row, loss, np.int32(B), np.int64(B * K)))
+        return loss, grad
+
+    # ----------------------------------------------------------------------- acting
+    def sample_categorical(self, logits: Array, uniforms: Array) -> Array:
+        """Inverse-CDF sample per row of logits [N, A] with uniforms [N] in [0, 1) -> int32 [N]."""
+        logits, N = _batch("logits", logits, (self.dims.A,))
+        uniforms = _array("uniforms", uniforms, shape=(N,))
+        actions = cupy.empty(N, dtype=cupy.int32)
+        self._launch("act.cu", "sample_categorical", N, (logits, uniforms, actions, np.int32(N)))
+        return actions
+
+    def act_select(
+        self,
+        logits: Array,
+        q_values: Array | None,
+        mode: object,
+        epsilon: Scalar,
+        key: object,
+        sequence: object,
+    ) -> tuple[Array, Array]:
+        """Trainer.act's action choice on the device: (actions int32 [N], log_probs [N]).
+
+        logits [N, A] (policy head); q_values [N, A] (E[Z(s, a)]; needed by the Q modes, else
+        may be None); mode: an ActMode or its value ('sample', 'greedy_pi', 'greedy_q',
+        'epsilon_greedy'); epsilon: ε for 'epsilon_greedy' (number or float64 device scalar);
+        key: the Philox key, (low, high) words or uint32 [2]; sequence: this call's act_calls
+        counter value, an int or int64 [1] (the caller advances the counter). log_probs is
+        log π(a|s) of the returned action, as ActResult.log_probs.
+        """
+        A = self.dims.A
+        name = getattr(mode, "value", mode)
+        if not isinstance(name, str) or name not in ACT_MODES:
+            raise ValueError(f"mode: expected one of {sorted(ACT_MODES)}, got {mode!r}")
+        logits, N = _batch("logits", logits, (A,))
+        if q_values is None:
+            if name in ("greedy_q", "epsilon_greedy"):
+                raise ValueError(f"q_values: required by mode {name!r}, got None")
+            q_values = logits  # never read by the policy modes; any valid pointer will do
+        q_values = _array("q_values", q_values, shape=(N, A))
+        if isinstance(epsilon, numbers.Real) and not 0.0 <= float(epsilon) <= 1.0:
+            raise ValueError(f"epsilon: expected a probability in [0, 1], got {epsilon!r}")
+        args = (
+            logits,
+            q_values,
+            np.int32(ACT_MODES[name]),
+            _scalar("epsilon", epsilon),
+            _key("key", key),
+            _sequence("sequence", sequence),
+        )
+        actions = cupy.empty(N, dtype=cupy.int32)
+        log_probs = cupy.empty(N, dtype=cupy.float32)
+        self._launch("act.cu", "act_select", N, (*args, actions, log_probs, np.int32(N)))
+        return actions, log_probs
+
+    # ----------------------------------------------------------------------- replay
+    def _replay_storage(self, storage: Mapping[str, Array]) -> tuple[int, tuple[Array, ...]]:
+        """The ring's arrays in REPLAY_FIELDS order, checked; returns (capacity, arrays)."""
+        D = self.dims.D
+        missing = [name for name in REPLAY_FIELDS if name not in storage]
+        if missing:
+            raise ValueError(f"storage: expected fields {list(REPLAY_FIELDS)}, missing {missing}")
+        obs, capacity = _batch("storage['obs']", storage["obs"], (D,))
+        arrays = (
+            obs,
+            _array("storage['actions']", storage["actions"], _I32, shape=(capacity,)),
+            _array("storage['rewards']", storage["rewards"], shape=(capacity,)),
+            _array("storage['dones']", storage["dones"], _FLAGS, shape=(capacity,)),
+            _array("storage['horizons']", storage["horizons"], _I32, shape=(capacity,)),
+            _array("storage['next_obs']", storage["next_obs"], shape=(capacity, D)),
+        )
+        return capacity, arrays
+
+    def replay_insert(
+        self,
+        storage: Mapping[str, Array],
+        position: Array,
+        size: Array,
+        obs: Array,
+        actions: Array,
+        rewards: Array,
+        dones: Array,
+        horizons: Array,
+        next_obs: Array,
+    ) -> None:
+        """ReplayBuffer.insert on the device: write the batch in order at the ring position,
+        wrapping around (only the newest `capacity` rows of a larger batch), then advance
+        position and size (int64 [1] each, in place)."""
+        capacity, ring = self._replay_storage(storage)
+        position = _one("position", position, (np.dtype(np.int64),))
+        size = _one("size", size, (np.dtype(np.int64),))
+        obs, count = _batch("obs", obs, (self.dims.D,))
+        batch = (
+            obs,
+            _array("actions", actions, _I32, shape=(count,)),
+            _array("rewards", rewards, shape=(count,)),
+            _array("dones", dones, (ring[3].dtype,), shape=(count,)),
+            _array("horizons", horizons, _I32, shape=(count,)),
+            _array("next_obs", next_obs, shape=(count, self.dims.D)),
+        )
+        kept = min(count, capacity)
+        skip = count - kept
+        file = "replay.cu"
+        self._launch(
+            file,
+            "replay_insert",
+            _count("kept·D", kept * self.dims.D),
+            (*batch, np.int64(skip), np.int64(kept), *ring, position, np.int64(capacity)),
+        )
+        load_kernel(file, "replay_advance", self._defines)(
+            (1,), (1,), (position, size, np.int64(kept), np.int64(capacity))
+        )
+
+    def replay_sample_indices(
+        self, size: Array, key: object, sequence: object, count: int
+    ) -> Array:
+        """`count` slots drawn uniformly with replacement, slot_i = ⌊word0 · size / 2³²⌋ of the
+        Philox counter (i, sequence, REPLAY, ·), as ReplayBuffer.sample -> int32 [count]."""
+        size = _one("size", size, (np.dtype(np.int64),))
+        count = _count("count", count)
+        slots = cupy.empty(count, dtype=cupy.int32)
+        self._launch(
+            "replay.cu",
+            "replay_sample_indices",
+            count,
+            (size, _key("key", key), _sequence("sequence", sequence), slots, np.int32(count)),
+        )
+        return slots
+
+    def replay_gather(self, storage: Mapping[str, Array], slots: Array) -> dict[str, Array]:
+        """The ring's rows at `slots` (int32 [count], each in [0, size)), one array per field."""
+        _, ring = self._replay_storage(storage)
+        slots, count = _batch("slots", slots, (), _I32)
+        out = {
+            name: cupy.empty((count, *array.shape[1:]), dtype=array.dtype)
+            for name, array in zip(REPLAY_FIELDS, ring, strict=True)
+        }
+        self._launch(
+            "replay.cu",
+            "replay_gather",
+            _count("count·D", count * self.dims.D),
+            (slots, *ring, *(out[name] for name in REPLAY_FIELDS), np.int32(count)),
+        )
+        return out
+
+    def replay_sample(
+        self, storage: Mapping[str, Array], size: Array, key: object, sequence: object, count: int
+    ) -> dict[str, Array]:
+        """ReplayBuffer.sample on the device: `count` transitions, one array per field."""
+        return self.replay_gather(storage, self.replay_sample_indices(size, key, sequence, count))
