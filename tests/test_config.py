@@ -69,7 +69,9 @@ def test_direct_construction_validates() -> None:
 
 
 def test_toml_layer(tmp_path: Path) -> None:
-    path = write_toml(tmp_path, """
+    path = write_toml(
+        tmp_path,
+        """
 [model]
 hidden_dim = 128
 dtype = "float64"
@@ -80,7 +82,8 @@ gamma = 1          # int is fine for a float field
 
 [ppo]
 norm_adv = false
-""")
+""",
+    )
     cfg = load_config(path, env={})
     assert cfg.model.hidden_dim == 128 and cfg.model.dtype == "float64"
     assert cfg.train.backend == "numpy"
@@ -161,8 +164,16 @@ def test_parse_float_rejects() -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("true", True), ("True", True), ("1", True), ("yes", True), ("ON", True),
-        ("false", False), ("FALSE", False), ("0", False), ("no", False), ("off", False),
+        ("true", True),
+        ("True", True),
+        ("1", True),
+        ("yes", True),
+        ("ON", True),
+        ("false", False),
+        ("FALSE", False),
+        ("0", False),
+        ("no", False),
+        ("off", False),
     ],
 )
 def test_parse_bool(text: str, expected: bool) -> None:
@@ -190,8 +201,15 @@ def test_parse_str() -> None:
 
 
 def test_dict_round_trip() -> None:
-    cfg = load_config(env={}, overrides=["model.dtype=float64", "train.backend=numpy",
-                                          "c51.double_dqn=yes", "optim.lr=1e-3"])
+    cfg = load_config(
+        env={},
+        overrides=[
+            "model.dtype=float64",
+            "train.backend=numpy",
+            "c51.double_dqn=yes",
+            "optim.lr=1e-3",
+        ],
+    )
     d = cfg.to_dict()
     assert list(d) == SECTIONS
     assert d["model"]["dtype"] == "float64" and d["c51"]["double_dqn"] is True
@@ -242,14 +260,13 @@ def test_unknown_key(tmp_path: Path) -> None:
     [
         ("[model]\nhidden_dim = 1.5\n", "model.hidden_dim", "1.5", "expected int"),
         ("[model]\ndepth = true\n", "model.depth", "True", "expected int"),
-        ("[optim]\nlr = \"fast\"\n", "optim.lr", "'fast'", "expected float"),
+        ('[optim]\nlr = "fast"\n', "optim.lr", "'fast'", "expected float"),
         ("[optim]\nlr = false\n", "optim.lr", "False", "expected float"),
         ("[ppo]\nnorm_adv = 1\n", "ppo.norm_adv", "1", "expected bool"),
         ("[server]\nhost = 1\n", "server.host", "1", "expected str"),
     ],
 )
-def test_wrong_type_in_toml(tmp_path: Path, toml: str, key: str, shown: str,
-                            expected: str) -> None:
+def test_wrong_type_in_toml(tmp_path: Path, toml: str, key: str, shown: str, expected: str) -> None:
     msg = error_of(path=write_toml(tmp_path, toml))
     assert f"{key} = {shown}" in msg and expected in msg and "trident.toml" in msg
 
@@ -265,13 +282,28 @@ def test_wrong_type_in_toml(tmp_path: Path, toml: str, key: str, shown: str,
         ("c51.target_tau=-0.1", "c51.target_tau", "-0.1", "in [0, 1]"),
         ("server.port=65536", "server.port", "65536", "in [0, 65535]"),
         ("train.max_policy_lag=-1", "train.max_policy_lag", "-1", ">= 0"),
-        ("optim.lr=nan", "optim.lr", "nan", "> 0"),
     ],
 )
 def test_out_of_range(flag: str, key: str, shown: str, allowed: str) -> None:
     msg = error_of(overrides=[flag])
     assert f"{key} = {shown} is out of range" in msg and allowed in msg
     assert f"--set {flag}" in msg
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "optim.lr=nan",
+        "optim.lr=inf",
+        "optim.max_grad_norm=inf",
+        "c51.v_min=-inf",
+        "ppo.ent_coef=nan",
+    ],
+)
+def test_non_finite_floats_are_rejected(flag: str) -> None:
+    key = flag.split("=")[0]
+    msg = error_of(overrides=[flag])
+    assert f"{key} = " in msg and "not finite" in msg and f"--set {flag}" in msg
 
 
 def test_out_of_range_in_env() -> None:
