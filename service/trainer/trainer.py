@@ -150,9 +150,9 @@ class Trainer:
     def _apply_step(self, rollout: Rollout, result: StepResult) -> StepResult:
         started = time.perf_counter()
         batch, next_obs = self._prepare(rollout)
-        prepared = time.perf_counter()
         c51, gamma = self.config.c51, self.config.train.gamma
         self.replay.insert(nstep_transitions(rollout, next_obs, c51.n_step, gamma, self.dtype))
+        prepared = time.perf_counter()  # "prepare": values, GAE and the replay insert
 
         totals: dict[str, float] = {}
         rows = batch.actions.shape[0]
