@@ -10,7 +10,7 @@ perception_heads,act,replay}.cu`, compiled for `dims` on first use.
 Every method checks dtype, shape and C-contiguity before launching (CuPy checks nothing) and
 raises ValueError naming the argument; sizes go to kernels as np.int32 / np.int64, never as
 Python ints. Results are CuPy arrays; a scalar result (a loss, a statistic) is a 0-d float32
-device array — nothing is copied to the host, so an op never waits for the GPU.
+device array — nothing is read back to the host, so an op never waits for a GPU result.
 
 Hyper-parameters (γ, v_min, v_max, PPO's ε and c_ent, the value clip ε, Act's ε) reach the
 kernels as float64 device scalars, as in core_ops: each accepts a Python number, uploaded per

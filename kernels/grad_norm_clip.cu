@@ -1,0 +1,134 @@
+// Global-norm gradient clipping and the non-finite guard, without atomics.
+// Twins: numpy_ops.global_norm, clip_coefficient, all_finite.
+//
+// ‖g‖² over many tensors: each tensor is cut into fixed chunks of TRIDENT_REDUCE_CHUNK elements;
+// sumsq_partials writes one float64 partial per chunk (fixed per-thread order, then a fixed-shape
+// shared-memory tree), the wrapper places every tensor's partials one after another in one buffer,
+// and sumsq_finalize reduces that buffer with a fixed shape too. The result depends only on the
+// tensors' sizes and order, never on scheduling: the same gradients give the same bits.
+// Launch every kernel here with exactly TRIDENT_REDUCE_THREADS threads per block.
+#include "common.cuh"
+
+#define TRIDENT_REDUCE_THREADS 256
+#define TRIDENT_REDUCE_ITEMS 8  // elements per thread per chunk
+#define TRIDENT_REDUCE_CHUNK (TRIDENT_REDUCE_THREADS * TRIDENT_REDUCE_ITEMS)
+
+// Fixed-shape tree over s[0..TRIDENT_REDUCE_THREADS): s[t] += s[t + half] for half = 128, 64, ...
+__device__ __forceinline__ double trident_block_sum(double* s, double value) {
+    const int tid = threadIdx.x;
+    s[tid] = value;
+    __syncthreads();
+#pragma unroll
+    for (int half = TRIDENT_REDUCE_THREADS / 2; half > 0; half >>= 1) {
+        if (tid < half) {
+            s[tid] += s[tid + half];
+        }
+        __syncthreads();
+    }
+    return s[0];
+}
+
+// IEEE-754 exponent test (no math-header dependence): finite iff the exponent is not all ones.
+__device__ __forceinline__ bool trident_finite_f32(float x) {
+    return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u;
+}
+__device__ __forceinline__ bool trident_finite_f64(double x) {
+    return (__double_as_longlong(x) & 0x7ff0000000000000LL) != 0x7ff0000000000000LL;
+}
+
+// partials[k] = Σ_{i in chunk k} (double)x[i]²; grid = ceil(n / TRIDENT_REDUCE_CHUNK) exactly.
+extern "C" __global__ void sumsq_partials(const float* __restrict__ x, long long n,
+                                          double* __restrict__ partials) {
+    __shared__ double s[TRIDENT_REDUCE_THREADS];
+    const long long base = (long long)blockIdx.x * TRIDENT_REDUCE_CHUNK + threadIdx.x;
+    double acc = 0.0;
+#pragma unroll
+    for (int k = 0; k < TRIDENT_REDUCE_ITEMS; ++k) {
+        const long long i = base + (long long)k * TRIDENT_REDUCE_THREADS;
+        if (i < n) {
+            const double v = (double)x[i];
+            acc += v * v;
+        }
+    }
+    const double total = trident_block_sum(s, acc);
+    if (threadIdx.x == 0) {
+        partials[blockIdx.x] = total;
+    }
+}
+
+// norm[0] = sqrt(Σ partials) with one block: thread t sums partials t, t+256, ... in order,
+// then the fixed tree. A non-finite gradient makes the norm inf or NaN (never finite).
+extern "C" __global__ void sumsq_finalize(const double* __restrict__ partials, long long count,
+                                          double* __restrict__ norm) {
+    __shared__ double s[TRIDENT_REDUCE_THREADS];
+    double acc = 0.0;
+    for (long long i = threadIdx.x; i < count; i += TRIDENT_REDUCE_THREADS) {
+        acc += partials[i];
+    }
+    const double total = trident_block_sum(s, acc);
+    if (threadIdx.x == 0) {
+        norm[0] = sqrt(total);
+    }
+}
+
+// coef[0] = min(1, max_norm / (‖g‖ + 1e-6)) in float64 (torch.nn.utils.clip_grad_norm_);
+// a NaN quotient propagates as np.minimum does (fmin would return 1). One thread.
+extern "C" __global__ void clip_coefficient(const double* __restrict__ norm,
+                                            const double* __restrict__ max_norm,
+                                            double* __restrict__ coef) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        const double q = max_norm[0] / (norm[0] + 1e-6);
+        coef[0] = (q < 1.0 || q != q) ? q : 1.0;
+    }
+}
+
+// flags[k] = 1 when every element of chunk k of x is finite, else 0 (__syncthreads_and is a
+// block-wide vote, not an atomic). grid = ceil(n / TRIDENT_REDUCE_CHUNK) exactly.
+extern "C" __global__ void finite_partials_f32(const float* __restrict__ x, long long n,
+                                               unsigned char* __restrict__ flags) {
+    const long long base = (long long)blockIdx.x * TRIDENT_REDUCE_CHUNK + threadIdx.x;
+    int ok = 1;
+#pragma unroll
+    for (int k = 0; k < TRIDENT_REDUCE_ITEMS; ++k) {
+        const long long i = base + (long long)k * TRIDENT_REDUCE_THREADS;
+        if (i < n && !trident_finite_f32(x[i])) {
+            ok = 0;
+        }
+    }
+    ok = __syncthreads_and(ok);
+    if (threadIdx.x == 0) {
+        flags[blockIdx.x] = (unsigned char)(ok != 0);
+    }
+}
+
+extern "C" __global__ void finite_partials_f64(const double* __restrict__ x, long long n,
+                                               unsigned char* __restrict__ flags) {
+    const long long base = (long long)blockIdx.x * TRIDENT_REDUCE_CHUNK + threadIdx.x;
+    int ok = 1;
+#pragma unroll
+    for (int k = 0; k < TRIDENT_REDUCE_ITEMS; ++k) {
+        const long long i = base + (long long)k * TRIDENT_REDUCE_THREADS;
+        if (i < n && !trident_finite_f64(x[i])) {
+            ok = 0;
+        }
+    }
+    ok = __syncthreads_and(ok);
+    if (threadIdx.x == 0) {
+        flags[blockIdx.x] = (unsigned char)(ok != 0);
+    }
+}
+
+// ok[0] = 1 when every flag is 1 (count may be 0: nothing to check is all finite). One block.
+extern "C" __global__ void all_finite_finalize(const unsigned char* __restrict__ flags,
+                                               long long count, unsigned char* __restrict__ ok) {
+    int all = 1;
+    for (long long i = threadIdx.x; i < count; i += TRIDENT_REDUCE_THREADS) {
+        if (flags[i] == 0) {
+            all = 0;
+        }
+    }
+    all = __syncthreads_and(all);
+    if (threadIdx.x == 0) {
+        ok[0] = (unsigned char)(all != 0);
+    }
+}

@@ -1,0 +1,442 @@
+"""The core CUDA kernels against their NumPy twins (service/backend/numpy_ops.py).
+
+Error measure: max |gpu - numpy| / scale per tensor, below 1e-5, where scale is max |numpy|,
+or for sums the largest Σ|terms| (a bound that cancellation cannot shrink to zero).
+Batch sizes avoid multiples of the block size; H = 256 and 37. Random inputs are fresh each
+run; the seed is printed and can be pinned with TRIDENT_TEST_SEED=<seed>.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy", reason="no CUDA device visible to CuPy (cupy is not installed)")
+
+from service.backend import numpy_ops as npo  # noqa: E402
+from service.backend.cuda import loader  # noqa: E402
+from service.backend.cuda.core_ops import CoreOps  # noqa: E402
+from service.backend.cuda.loader import CudaDims, load_kernel  # noqa: E402
+from service.backend.philox import philox4x32  # noqa: E402
+
+SIZES = (1, 7, 255, 1000, 4099)
+WIDTHS = (256, 37)
+TOL = 1e-5
+HP = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01}
+
+
+# --------------------------------------------------------------------------- helpers
+@pytest.fixture
+def rng() -> np.random.Generator:
+    seed = int(os.environ.get("TRIDENT_TEST_SEED") or np.random.SeedSequence().entropy)
+    print(f"rng seed: {seed} (rerun with TRIDENT_TEST_SEED={seed})")
+    return np.random.default_rng(seed)
+
+
+@pytest.fixture(scope="module", params=WIDTHS, ids=lambda h: f"H{h}")
+def ops(request: pytest.FixtureRequest) -> CoreOps:
+    return CoreOps(CudaDims(D=16, H=request.param, A=9, Z=51, K=4))
+
+
+@pytest.fixture(scope="module")
+def core() -> CoreOps:
+    return CoreOps(CudaDims(D=16, H=256, A=9, Z=51, K=4))
+
+
+def normal(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def dev(a: np.ndarray) -> cupy.ndarray:
+    return cupy.asarray(a)
+
+
+def host(a: cupy.ndarray) -> np.ndarray:
+    return cupy.asnumpy(a)
+
+
+def assert_close(got: cupy.ndarray, want: np.ndarray, scale: float | None = None) -> None:
+    """max |got - want| / scale < TOL (scale defaults to max |want|), same shape and dtype."""
+    got_h, want = host(got), np.asarray(want)
+    assert got_h.shape == want.shape
+    assert got_h.dtype == want.dtype
+    if want.size == 0:
+        return
+    assert np.all(np.isfinite(got_h)), "non-finite output"
+    if scale is None:
+        scale = float(np.max(np.abs(want)))
+    err = float(np.max(np.abs(got_h.astype(np.float64) - want.astype(np.float64))))
+    assert err / max(scale, 1e-30) < TOL, f"error {err:.3g} on scale {scale:.3g}"
+
+
+def same_bytes(a: cupy.ndarray, b: cupy.ndarray | np.ndarray) -> bool:
+    a_h = host(a) if isinstance(a, cupy.ndarray) else a
+    b_h = host(b) if isinstance(b, cupy.ndarray) else b
+    return a_h.shape == b_h.shape and a_h.dtype == b_h.dtype and a_h.tobytes() == b_h.tobytes()
+
+
+def flag(value: int) -> np.ndarray:
+    return np.array([value], dtype=np.uint8)
+
+
+# --------------------------------------------------------------------------- Philox
+def test_philox_kernel_matches_python(rng: np.random.Generator) -> None:
+    """common.cuh's Philox4x32-10 on the device equals philox.py bit for bit."""
+    kernel = load_kernel("philox_test.cu", "philox_test")
+    kat = np.array([[0] * 4, [0xFFFFFFFF] * 4], dtype=np.uint32)
+    counters = np.concatenate([kat, rng.integers(0, 2**32, (4097, 4), dtype=np.uint64)])
+    counters = counters.astype(np.uint32)
+    for key in [(0, 0), (0xFFFFFFFF, 0xFFFFFFFF), tuple(int(k) for k in rng.integers(0, 2**32, 2))]:
+        out = cupy.empty(counters.shape, dtype=cupy.uint32)
+        n = counters.shape[0]
+        args = (dev(counters), np.int32(n), np.uint32(key[0]), np.uint32(key[1]), out)
+        kernel(((n + 255) // 256,), (256,), args)
+        np.testing.assert_array_equal(host(out), philox4x32(counters, key))
+
+
+# --------------------------------------------------------------------------- encoder
+@pytest.mark.parametrize("B", SIZES)
+def test_bias_relu_fwd(ops: CoreOps, rng: np.random.Generator, B: int) -> None:
+    H = ops.dims.H
+    z, b = normal(rng, B, H), normal(rng, H)
+    z[0, : H // 2] = -b[: H // 2]  # z + b == 0 exactly: ReLU'(0) edge
+    assert_close(ops.bias_relu_fwd(dev(z), dev(b)), npo.bias_relu_fwd(z, b))
+
+
+@pytest.mark.parametrize("B", SIZES)
+def test_bias_relu_bwd(ops: CoreOps, rng: np.random.Generator, B: int) -> None:
+    H = ops.dims.H
+    h = np.maximum(normal(rng, B, H), 0)
+    grad_h = normal(rng, B, H)
+    assert_close(ops.bias_relu_bwd(dev(h), dev(grad_h)), npo.bias_relu_bwd(h, grad_h))
+
+
+def test_bias_relu_non_finite_as_numpy(ops: CoreOps, rng: np.random.Generator) -> None:
+    """NaN passes through the forward; a non-finite grad_h stays non-finite where h = 0."""
+    H = ops.dims.H
+    z, b = normal(rng, 3, H), normal(rng, H)
+    z[0, 0], z[1, 1], z[2, 2] = np.nan, np.inf, -np.inf
+    np.testing.assert_array_equal(host(ops.bias_relu_fwd(dev(z), dev(b))), npo.bias_relu_fwd(z, b))
+    h = npo.bias_relu_fwd(normal(rng, 3, H), b)
+    h[:, 0] = 0
+    grad_h = normal(rng, 3, H)
+    grad_h[0, 0], grad_h[1, 0], grad_h[2, 0] = np.inf, np.nan, -np.inf
+    got = host(ops.bias_relu_bwd(dev(h), dev(grad_h)))
+    np.testing.assert_array_equal(got, npo.bias_relu_bwd(h, grad_h))
+    assert np.isnan(got[:, 0]).all()
+
+
+# --------------------------------------------------------------------------- reduce_axis0
+def assert_sum_close(got: cupy.ndarray, x: np.ndarray) -> None:
+    scale = float(np.max(np.sum(np.abs(x.astype(np.float64)), axis=0), initial=0.0))
+    assert_close(got, npo.reduce_axis0(x), scale=scale)
+
+
+@pytest.mark.parametrize("B", (*SIZES, 1025, 20000, 300_001))
+@pytest.mark.parametrize("cols", (256, 37, 1))
+def test_reduce_axis0(core: CoreOps, rng: np.random.Generator, B: int, cols: int) -> None:
+    if B * cols > 20_000_000:
+        cols = 3
+    x = normal(rng, B, cols)
+    assert_sum_close(core.reduce_axis0(dev(x)), x)
+
+
+@pytest.mark.parametrize("shape", [(1,), (4099,), (255, 9, 51), (4099, 0)])
+def test_reduce_axis0_shapes(core: CoreOps, rng: np.random.Generator, shape: tuple) -> None:
+    x = rng.standard_normal(shape).astype(np.float32)
+    assert_sum_close(core.reduce_axis0(dev(x)), x)
+
+
+@pytest.mark.parametrize("B", (1, 7, 255, 1000, 1024))
+@pytest.mark.parametrize("cols", (256, 37))
+def test_reduce_axis0_is_numpys_order(
+    core: CoreOps, rng: np.random.Generator, B: int, cols: int
+) -> None:
+    """Up to 1024 rows the sum runs row after row, as np.add.reduce(axis=0) does for >= 2
+    columns: the same float32 roundings, so the same bits."""
+    x = normal(rng, B, cols) * np.float32(1000)
+    np.testing.assert_array_equal(host(core.reduce_axis0(dev(x))), npo.reduce_axis0(x))
+
+
+# --------------------------------------------------------------------------- linear layers
+@pytest.mark.parametrize("B", SIZES)
+def test_linear(core: CoreOps, rng: np.random.Generator, B: int) -> None:
+    x, W, b, g = normal(rng, B, 37), normal(rng, 37, 29), normal(rng, 29), normal(rng, B, 29)
+    ax, aW, ag = np.abs(x), np.abs(W), np.abs(g)
+    assert_close(
+        core.linear_fwd(dev(x), dev(W), dev(b)),
+        npo.linear_fwd(x, W, b),
+        scale=float(np.max(ax @ aW + np.abs(b))),
+    )
+    grad_x, grad_W, grad_b = core.linear_bwd(dev(x), dev(W), dev(g))
+    want_x, want_W, want_b = npo.linear_bwd(x, W, g)
+    assert_close(grad_x, want_x, scale=float(np.max(ag @ aW.T)))
+    assert_close(grad_W, want_W, scale=float(np.max(ax.T @ ag)))
+    assert_close(grad_b, want_b, scale=float(np.max(ag.sum(axis=0))))
+    only_W, only_b = core.linear_bwd_params(dev(x), dev(g))
+    assert same_bytes(only_W, grad_W) and same_bytes(only_b, grad_b)
+
+
+# --------------------------------------------------------------------------- grad_h
+@pytest.mark.parametrize("B", SIZES)
+@pytest.mark.parametrize("count", (1, 2, 5, 8))
+def test_grad_h_accumulate(core: CoreOps, rng: np.random.Generator, B: int, count: int) -> None:
+    grads = [normal(rng, B, 256) for _ in range(count)]
+    weights = [float(w) for w in rng.uniform(-2.0, 2.0, count)]
+    want = npo.grad_h_accumulate(grads, weights)
+    scale = float(np.max(sum(abs(w) * np.abs(g) for w, g in zip(weights, grads, strict=True))))
+    got = core.grad_h_accumulate([dev(g) for g in grads], weights)
+    assert_close(got, want, scale=scale)
+    on_device = cupy.asarray(np.array(weights, dtype=np.float64))
+    assert same_bytes(core.grad_h_accumulate([dev(g) for g in grads], on_device), got)
+
+
+# --------------------------------------------------------------------------- AdamW
+@pytest.mark.parametrize("n", (*SIZES, 256 * 256))
+def test_adamw_three_steps(core: CoreOps, rng: np.random.Generator, n: int) -> None:
+    shape = (n // 256, 256) if n % 256 == 0 else (n,)
+    param = normal(rng, *shape)
+    m, v = np.zeros_like(param), np.zeros_like(param)
+    step, ok = np.zeros(1, dtype=np.int64), flag(1)
+    d_param, d_m, d_v, d_step, d_ok = dev(param), dev(m), dev(v), dev(step), dev(ok)
+    for _ in range(3):
+        grad = normal(rng, *shape)
+        scale = np.array([rng.uniform(0.2, 1.0)])
+        npo.advance_counter(step, ok)
+        npo.adamw_step(param, grad, m, v, step, grad_scale=scale, ok=ok, **HP)
+        core.advance_counter(d_step, d_ok)
+        core.adamw_step(d_param, dev(grad), d_m, d_v, d_step, grad_scale=dev(scale), ok=d_ok, **HP)
+        assert same_bytes(d_step, step)
+        assert_close(d_m, m)
+        assert_close(d_v, v)
+        assert_close(d_param, param)
+
+
+def test_adamw_device_hyperparameters(core: CoreOps, rng: np.random.Generator) -> None:
+    """Hyper-parameters as float64 device scalars (graph-safe) give the same bits as numbers."""
+    grad, scale = dev(normal(rng, 999)), dev(np.array([0.5]))
+    step, ok = dev(np.array([2])), dev(flag(1))
+    start = [normal(rng, 999), np.abs(normal(rng, 999)) * np.float32(0.1), normal(rng, 999) ** 2]
+    by_number = [dev(a) for a in start]
+    by_device = [dev(a) for a in start]
+    core.adamw_step(*by_number[:1], grad, *by_number[1:], step, grad_scale=scale, ok=ok, **HP)
+    hp = {k: cupy.asarray(np.array([v])) for k, v in HP.items()}
+    core.adamw_step(*by_device[:1], grad, *by_device[1:], step, grad_scale=scale, ok=ok, **hp)
+    for a, b in zip(by_number, by_device, strict=True):
+        assert same_bytes(a, b)
+
+
+def test_ok_zero_leaves_every_byte(core: CoreOps, rng: np.random.Generator) -> None:
+    """The non-finite guard as data: ok = 0 changes nothing, whatever the inputs."""
+    param, m, v = normal(rng, 4099), normal(rng, 4099), np.abs(normal(rng, 4099))
+    before = [param.copy(), m.copy(), v.copy()]
+    d = [dev(param), dev(m), dev(v)]
+    grad = normal(rng, 4099)
+    grad[5] = np.nan
+    step, off = dev(np.array([7])), dev(flag(0))
+    nan_scale = dev(np.array([np.nan]))
+    core.adamw_step(d[0], dev(grad), d[1], d[2], step, grad_scale=nan_scale, ok=off, **HP)
+    for got, want in zip(d, before, strict=True):
+        assert same_bytes(got, want)
+    core.advance_counter(step, off)
+    assert same_bytes(step, np.array([7]))
+    target, online = normal(rng, 4099), normal(rng, 4099)
+    d_target = dev(target)
+    for tau in (0.0, 0.005):
+        core.target_refresh([d_target], [dev(online)], dev(np.array([8])), 4, tau, off)
+        assert same_bytes(d_target, target)
+
+
+# --------------------------------------------------------------------------- clipping
+NORM_SIZES = (1, 7, 2047, 2048, 2049, 4099 * 37, 256 * 256, 4099)
+
+
+def test_global_norm(core: CoreOps, rng: np.random.Generator) -> None:
+    grads = [normal(rng, n) * np.float32(rng.uniform(0.01, 10)) for n in NORM_SIZES]
+    norm = core.global_norm([dev(g) for g in grads])
+    assert_close(norm, npo.global_norm(grads))
+    assert_close(core.global_norm([dev(grads[3])]), npo.global_norm([grads[3]]))
+    assert same_bytes(core.global_norm([]), npo.global_norm([]))
+
+
+@pytest.mark.parametrize("max_norm", (0.5, 1.0, 40.0))
+def test_clip_coefficient(core: CoreOps, max_norm: float) -> None:
+    norms = [0.0, 1e-9, 0.5, 1.0, 3.0, 1e6, np.inf, np.nan]
+    for value in norms:
+        norm = np.array([value])
+        np.testing.assert_array_equal(
+            host(core.clip_coefficient(dev(norm), max_norm)), npo.clip_coefficient(norm, max_norm)
+        )
+
+
+@pytest.mark.parametrize("bad", (np.nan, np.inf, -np.inf))
+def test_all_finite(core: CoreOps, rng: np.random.Generator, bad: float) -> None:
+    arrays = [normal(rng, n) for n in NORM_SIZES] + [np.array([1.5]), np.zeros(0, np.float32)]
+    assert same_bytes(core.all_finite([dev(a) for a in arrays]), flag(1))
+    for which in range(len(arrays) - 1):
+        for index in sorted({0, arrays[which].size // 2, arrays[which].size - 1}):
+            spoiled = [a.copy() for a in arrays]
+            spoiled[which][index] = bad
+            assert same_bytes(core.all_finite([dev(a) for a in spoiled]), flag(0)), (which, index)
+    assert same_bytes(core.all_finite([]), npo.all_finite([]))
+    assert same_bytes(core.all_finite([dev(np.arange(5))]), flag(1))
+
+
+# --------------------------------------------------------------------------- target refresh
+@pytest.mark.parametrize(("tau", "updates"), [(0.005, 3), (0.0, 8), (0.0, 9)])
+def test_target_refresh(core: CoreOps, rng: np.random.Generator, tau: float, updates: int) -> None:
+    target = [normal(rng, n) for n in (1, 4099, 256 * 37)]
+    online = [normal(rng, n) for n in (1, 4099, 256 * 37)]
+    d_target = [dev(t) for t in target]
+    count, ok = np.array([updates]), flag(1)
+    core.target_refresh(d_target, [dev(o) for o in online], dev(count), 4, tau, dev(ok))
+    npo.target_refresh(target, online, count, 4, tau, ok)
+    for got, want in zip(d_target, target, strict=True):
+        assert_close(got, want)
+
+
+# --------------------------------------------------------------------------- GAE
+@pytest.mark.parametrize("T", (1, 7, 33))
+@pytest.mark.parametrize("N", SIZES)
+@pytest.mark.parametrize("flag_dtype", (np.uint8, np.bool_))
+def test_gae(core: CoreOps, rng: np.random.Generator, T: int, N: int, flag_dtype: type) -> None:
+    rewards, values, next_values = normal(rng, T, N), normal(rng, T, N), normal(rng, T, N)
+    terminated = (rng.random((T, N)) < 0.1).astype(flag_dtype)
+    truncated = (rng.random((T, N)) < 0.05).astype(flag_dtype)
+    args = (rewards, values, next_values, terminated, truncated)
+    want_adv, want_ret = npo.gae(*args, 0.99, 0.95)
+    got_adv, got_ret = core.gae(*(dev(a) for a in args), 0.99, 0.95)
+    assert_close(got_adv, want_adv)
+    assert_close(got_ret, want_ret)
+
+
+# --------------------------------------------------------------------------- determinism
+def test_same_inputs_same_bits(core: CoreOps, rng: np.random.Generator) -> None:
+    x = dev(normal(rng, 300_001, 3))
+    h = dev(normal(rng, 4099, 256))
+    grads = [dev(normal(rng, n)) for n in NORM_SIZES]
+    flags = dev((rng.random((33, 4099)) < 0.1).astype(np.uint8))
+    rollout = [dev(normal(rng, 33, 4099)) for _ in range(3)]
+    runs: list[Callable[[], object]] = [
+        lambda: core.reduce_axis0(x),
+        lambda: core.reduce_axis0(h),
+        lambda: core.global_norm(grads),
+        lambda: core.grad_h_accumulate([h, h, h], [0.3, 1.7, -0.2]),
+        lambda: core.gae(*rollout, flags, flags, 0.99, 0.95)[0],
+        lambda: core.linear_bwd_params(h, h)[0],
+    ]
+    for run in runs:
+        first, second = run(), run()
+        assert same_bytes(first, second)
+
+    def adamw_once() -> cupy.ndarray:
+        param, m, v = (dev(a) for a in (normal(np.random.default_rng(1), 4099),) * 3)
+        step, ok, scale = dev(np.array([1])), dev(flag(1)), dev(np.array([0.9]))
+        core.adamw_step(param, grads[-1], m, cupy.abs(v), step, grad_scale=scale, ok=ok, **HP)
+        return param
+
+    assert same_bytes(adamw_once(), adamw_once())
+
+
+# --------------------------------------------------------------------------- validation
+def bad_calls(core: CoreOps) -> list[tuple[str, Callable[[], object]]]:
+    f32 = cupy.zeros((7, 256), dtype=cupy.float32)
+    f64 = cupy.zeros((7, 256), dtype=cupy.float64)
+    b = cupy.zeros(256, dtype=cupy.float32)
+    one = cupy.zeros(1, dtype=cupy.float32)
+    step, ok = cupy.zeros(1, cupy.int64), cupy.ones(1, cupy.uint8)
+    scale = cupy.ones(1, cupy.float64)
+    tn = cupy.zeros((3, 7), dtype=cupy.float32)
+    fl = cupy.zeros((3, 7), dtype=cupy.uint8)
+
+    def adamw(**changes: object) -> None:
+        args: dict[str, object] = {
+            "param": one,
+            "grad": one,
+            "exp_avg": one,
+            "exp_avg_sq": one,
+            "step": step,
+            **HP,
+            "grad_scale": scale,
+            "ok": ok,
+        }
+        core.adamw_step(**{**args, **changes})  # type: ignore[arg-type]
+
+    return [
+        ("z", lambda: core.bias_relu_fwd(f64, b)),
+        ("z", lambda: core.bias_relu_fwd(cupy.zeros((7, 255), cupy.float32), b)),
+        ("b", lambda: core.bias_relu_fwd(f32, b[:255])),
+        ("z", lambda: core.bias_relu_fwd(cupy.zeros((256, 512), cupy.float32)[:, ::2], b)),
+        ("grad_h", lambda: core.bias_relu_bwd(f32, f32[:6])),
+        ("x", lambda: core.reduce_axis0(f64)),
+        ("x", lambda: core.reduce_axis0(np.zeros((3, 3), np.float32))),
+        ("grads[1]", lambda: core.grad_h_accumulate([f32, f32[:3]], [1.0, 1.0])),
+        ("weights", lambda: core.grad_h_accumulate([f32, f32], [1.0])),
+        ("grads", lambda: core.grad_h_accumulate([f32] * 9, [1.0] * 9)),
+        ("grad", lambda: adamw(grad=f32)),
+        ("exp_avg_sq", lambda: adamw(exp_avg_sq=one.astype(cupy.float64))),
+        ("step", lambda: adamw(step=one)),
+        ("ok", lambda: adamw(ok=scale)),
+        ("lr", lambda: adamw(lr="fast")),
+        ("grad_scale", lambda: adamw(grad_scale=one)),
+        ("counter", lambda: core.advance_counter(cupy.zeros(1, cupy.int32), ok)),
+        ("grads[0]", lambda: core.global_norm([f64])),
+        ("norm", lambda: core.clip_coefficient(one, 1.0)),
+        ("arrays[0]", lambda: core.all_finite([cupy.zeros(3, cupy.float16)])),
+        ("online[0]", lambda: core.target_refresh([f32], [f32[:3]], step, 4, 0.0, ok)),
+        ("period", lambda: core.target_refresh([f32], [f32], step, 0, 0.0, ok)),
+        ("terminated", lambda: core.gae(tn, tn, tn, fl[:, :6], fl, 0.99, 0.95)),
+        ("values", lambda: core.gae(tn, tn.astype(cupy.float64), tn, fl, fl, 0.99, 0.95)),
+        ("W", lambda: core.linear_fwd(f32, cupy.zeros((255, 3), cupy.float32), b[:3])),
+    ]
+
+
+def test_bad_arguments_name_the_argument(core: CoreOps) -> None:
+    for name, call in bad_calls(core):
+        with pytest.raises(ValueError, match=f"^{re.escape(name)}:"):
+            call()
+
+
+# --------------------------------------------------------------------------- loader cache
+def test_kernel_disk_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compiled once into TRIDENT_KERNEL_CACHE, then read from disk; a corrupt cubin is rebuilt."""
+    kernel_cache = tmp_path / "cache"
+    monkeypatch.setenv(loader.CACHE_DIR_ENV, str(kernel_cache))
+    defines = CudaDims(D=3, H=5, A=7, Z=11, K=13).defines()
+    loader._kernels.clear()  # start from nothing in process
+    loader._modules.clear()
+    load_kernel("encoder.cu", "bias_relu_fwd", defines)
+    cubins = sorted(kernel_cache.glob("*.cubin"))
+    assert cubins, "nothing written to the kernel cache"
+    loader._kernels.clear()
+    loader._modules.clear()
+
+    def no_compile(*args: object) -> bytes:
+        raise AssertionError("recompiled although the cache holds the kernel")
+
+    original = loader._compile
+    monkeypatch.setattr(loader, "_compile", no_compile)
+    load_kernel("encoder.cu", "bias_relu_fwd", defines)
+
+    for path in cubins:
+        path.write_bytes(b"corrupt")
+    loader._kernels.clear()
+    loader._modules.clear()
+    calls = []
+
+    def counting(*args: object) -> bytes:
+        calls.append(args)
+        return original(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loader, "_compile", counting)
+    kernel = load_kernel("encoder.cu", "bias_relu_fwd", defines)
+    assert calls, "a corrupt cache entry was loaded"
+    z, b = cupy.ones((2, 5), cupy.float32), cupy.ones(5, cupy.float32)
+    h = cupy.empty_like(z)
+    kernel((1,), (256,), (z, b, h, np.int32(2)))
+    assert same_bytes(h, np.full((2, 5), 2.0, np.float32))
