@@ -184,7 +184,8 @@ class ServerConfig(_Section):
     max_message_mb: int = _f(64, ge=1)  # max gRPC message size (MiB)
     step_queue_size: int = _f(8, ge=1)  # queued rollout batches before backpressure
     act_max_batch: int = _f(1024, ge=1)  # max observations per batched act call
-    act_max_wait_ms: float = _f(2.0, ge=0)  # max wait to fill an act batch (ms)
+    # extra wait to fill an Act batch (ms); 0 batches what queued during the previous forward
+    act_max_wait_ms: float = _f(0.0, ge=0)
     auth_token: str = ""  # bearer token required from clients; empty disables auth
     tls_cert: str = ""  # server certificate PEM path; empty disables TLS
     tls_key: str = ""  # server private key PEM path

@@ -47,7 +47,7 @@ def test_defaults() -> None:
     assert (cfg.replay.capacity, cfg.replay.batch_size, cfg.replay.min_size) == (100_000, 256, 1000)
     assert cfg.checkpoint.dir == "checkpoints" and cfg.checkpoint.every_steps == 0
     assert cfg.server.port == 50051 and cfg.server.metrics_port == 9464
-    assert cfg.server.act_max_wait_ms == 2.0 and cfg.server.auth_token == ""
+    assert cfg.server.act_max_wait_ms == 0.0 and cfg.server.auth_token == ""
 
 
 def test_config_is_frozen_and_slotted() -> None:
