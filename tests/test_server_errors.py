@@ -454,18 +454,24 @@ def test_full_step_queue_is_resource_exhausted_at_once(slow: ServerProcess) -> N
         assert client.status().global_step == callers
 
 
-def test_step_whose_caller_left_is_never_applied(slow: ServerProcess) -> None:
-    with TridentClient(slow.target) as client:
+def test_step_whose_caller_left_is_never_applied(tmp_path: Path) -> None:
+    # A wide model and a large rollout make the first Step take seconds on any machine, so the
+    # second one is still queued when its 0.2 s deadline passes.
+    with (
+        running_server(tmp_path, "model.hidden_dim=256", "ppo.epochs=20") as server,
+        TridentClient(server.target) as client,
+    ):
         step = client.status().global_step
-        long = threading.Thread(
-            target=client.step, args=(random_rollout(np.random.default_rng(50), T=32, N=16),)
-        )
+        long_rollout = random_rollout(np.random.default_rng(50), T=64, N=64)
+        started = time.perf_counter()
+        long = threading.Thread(target=client.step, args=(long_rollout,))
         long.start()
         time.sleep(0.25)  # the long Step is being applied; the next one waits in the queue
         with pytest.raises(grpc.RpcError) as caught:
             client.step(random_rollout(np.random.default_rng(51)), timeout_s=0.2)
         assert caught.value.code() == Code.DEADLINE_EXCEEDED
-        long.join(60)
+        long.join(120)
+        assert time.perf_counter() - started > 0.45, "the long Step was too short to test this"
         time.sleep(0.2)
         assert client.status().global_step == step + 1
 
