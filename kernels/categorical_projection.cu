@@ -128,19 +128,13 @@ extern "C" __global__ void c51_support_clip_ratio_rows(const float* __restrict__
 }
 
 // ratio[0] = Σ_b ratio_per_row[b] / B. One block of PROJ_REDUCE_THREADS threads: thread t adds
-// rows t, t + 256, ... in index order (double), then a fixed-shape shared-memory tree.
+// rows t, t + 256, ... in index order (double), then a fixed-shape shared-memory tree
+// (trident_block_strided_sum, common.cuh).
 extern "C" __global__ void c51_support_clip_ratio_mean(const float* __restrict__ ratio_per_row,
                                                        float* __restrict__ ratio, int B)
 {
     __shared__ double partial[PROJ_REDUCE_THREADS];
-    const int t = threadIdx.x;
-    double acc = 0.0;
-    for (int b = t; b < B; b += PROJ_REDUCE_THREADS) acc += (double)ratio_per_row[b];
-    partial[t] = acc;
-    __syncthreads();
-    for (int stride = PROJ_REDUCE_THREADS / 2; stride > 0; stride >>= 1) {
-        if (t < stride) partial[t] += partial[t + stride];
-        __syncthreads();
-    }
-    if (t == 0) ratio[0] = (float)(partial[0] / (double)B);
+    const double total =
+        trident_block_strided_sum<PROJ_REDUCE_THREADS>(ratio_per_row, B, 1, partial);
+    if (threadIdx.x == 0) ratio[0] = (float)(total / (double)B);
 }

@@ -1,6 +1,8 @@
 // Shared device helpers for Trident's kernels: default dimension defines, Philox4x32-10 and the
-// mappings of its words to [0, 1) and [0, n), bit-identical to service/backend/philox.py.
-// Everything here compiles under NVRTC (no system headers) and under nvcc, device and host.
+// mappings of its words to [0, 1) and [0, n), bit-identical to service/backend/philox.py, and the
+// fixed-order single-block sums (no atomics) of the reduction kernels.
+// Everything here compiles under NVRTC (no system headers) and under nvcc; the Philox helpers
+// on device and host, the block sums on the device.
 #pragma once
 
 // Dimensions that shape the work are compile-time defines; the loader passes -DTRIDENT_X=...
@@ -60,4 +62,43 @@ __host__ __device__ __forceinline__ float trident_uniform01(unsigned int u) {
 // An integer in [0, n) by multiply-shift: (u * n) >> 32 (bias < n / 2^32), as philox.below.
 __host__ __device__ __forceinline__ unsigned int trident_below(unsigned int u, unsigned int n) {
     return (unsigned int)(((unsigned long long)u * n) >> 32);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fixed-order block sums (no atomics). Launch with exactly THREADS threads per block (a power of
+// two); every thread of the block must make the call; `shared` points to THREADS doubles of
+// __shared__ memory. The order of the additions depends on THREADS and n only, never on
+// scheduling, so the same inputs give the same bits.
+
+// Σ over the block of each thread's `value`: a fixed-shape tree,
+// shared[t] += shared[t + half] for half = THREADS / 2, THREADS / 4, ..., 1.
+// Every thread gets the total; `shared` may be reused as soon as this returns.
+template <int THREADS>
+__device__ __forceinline__ double trident_block_tree_sum(double value, double* shared)
+{
+    static_assert(THREADS > 0 && (THREADS & (THREADS - 1)) == 0, "THREADS: a power of two");
+    const int t = threadIdx.x;
+    shared[t] = value;
+    __syncthreads();
+#pragma unroll
+    for (int half = THREADS / 2; half > 0; half >>= 1) {
+        if (t < half) shared[t] += shared[t + half];
+        __syncthreads();
+    }
+    const double total = shared[0];
+    __syncthreads();  // every thread has read the total before `shared` is written again
+    return total;
+}
+
+// Σ_{i < n} x[i · stride] in double by one block: thread t adds (double)x[i · stride] for
+// i = t, t + THREADS, t + 2 THREADS, ... in index order, then trident_block_tree_sum combines the
+// THREADS partial sums. Every thread gets the total. stride = 1 sums a vector; stride = C and
+// x = base + c sums column c of a row-major [n, C] array.
+template <int THREADS, typename T>
+__device__ __forceinline__ double trident_block_strided_sum(const T* x, long long n,
+                                                            long long stride, double* shared)
+{
+    double acc = 0.0;
+    for (long long i = threadIdx.x; i < n; i += THREADS) acc += (double)x[i * stride];
+    return trident_block_tree_sum<THREADS>(acc, shared);
 }

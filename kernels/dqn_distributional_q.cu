@@ -120,21 +120,14 @@ extern "C" __global__ void c51_cross_entropy_fwd_bwd(const float* __restrict__ l
 }
 
 // loss[0] = Σ_b loss_per_row[b] / B. One block of C51_REDUCE_THREADS threads: thread t adds rows
-// t, t + 256, ... in index order (double), then a fixed-shape shared-memory tree.
+// t, t + 256, ... in index order (double), then a fixed-shape shared-memory tree
+// (trident_block_strided_sum, common.cuh).
 extern "C" __global__ void c51_loss_mean(const float* __restrict__ loss_per_row,
                                          float* __restrict__ loss, int B)
 {
     __shared__ double partial[C51_REDUCE_THREADS];
-    const int t = threadIdx.x;
-    double acc = 0.0;
-    for (int b = t; b < B; b += C51_REDUCE_THREADS) acc += (double)loss_per_row[b];
-    partial[t] = acc;
-    __syncthreads();
-    for (int stride = C51_REDUCE_THREADS / 2; stride > 0; stride >>= 1) {
-        if (t < stride) partial[t] += partial[t + stride];
-        __syncthreads();
-    }
-    if (t == 0) loss[0] = (float)(partial[0] / (double)B);
+    const double total = trident_block_strided_sum<C51_REDUCE_THREADS>(loss_per_row, B, 1, partial);
+    if (threadIdx.x == 0) loss[0] = (float)(total / (double)B);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -13,21 +13,6 @@
 #define TRIDENT_REDUCE_ITEMS 8  // elements per thread per chunk
 #define TRIDENT_REDUCE_CHUNK (TRIDENT_REDUCE_THREADS * TRIDENT_REDUCE_ITEMS)
 
-// Fixed-shape tree over s[0..TRIDENT_REDUCE_THREADS): s[t] += s[t + half] for half = 128, 64, ...
-__device__ __forceinline__ double trident_block_sum(double* s, double value) {
-    const int tid = threadIdx.x;
-    s[tid] = value;
-    __syncthreads();
-#pragma unroll
-    for (int half = TRIDENT_REDUCE_THREADS / 2; half > 0; half >>= 1) {
-        if (tid < half) {
-            s[tid] += s[tid + half];
-        }
-        __syncthreads();
-    }
-    return s[0];
-}
-
 // IEEE-754 exponent test (no math-header dependence): finite iff the exponent is not all ones.
 __device__ __forceinline__ bool trident_finite_f32(float x) {
     return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u;
@@ -50,7 +35,8 @@ extern "C" __global__ void sumsq_partials(const float* __restrict__ x, long long
             acc += v * v;
         }
     }
-    const double total = trident_block_sum(s, acc);
+    // Fixed-shape tree over s[0..TRIDENT_REDUCE_THREADS): s[t] += s[t + half], half = 128, 64, ...
+    const double total = trident_block_tree_sum<TRIDENT_REDUCE_THREADS>(acc, s);
     if (threadIdx.x == 0) {
         partials[blockIdx.x] = total;
     }
@@ -61,11 +47,7 @@ extern "C" __global__ void sumsq_partials(const float* __restrict__ x, long long
 extern "C" __global__ void sumsq_finalize(const double* __restrict__ partials, long long count,
                                           double* __restrict__ norm) {
     __shared__ double s[TRIDENT_REDUCE_THREADS];
-    double acc = 0.0;
-    for (long long i = threadIdx.x; i < count; i += TRIDENT_REDUCE_THREADS) {
-        acc += partials[i];
-    }
-    const double total = trident_block_sum(s, acc);
+    const double total = trident_block_strided_sum<TRIDENT_REDUCE_THREADS>(partials, count, 1, s);
     if (threadIdx.x == 0) {
         norm[0] = sqrt(total);
     }

@@ -59,20 +59,14 @@ extern "C" __global__ void aux_mse_fwd_bwd(const float* __restrict__ pred,
     loss_per_row[b] = (float)acc;
 }
 
-// loss[0] = Σ_{b < rows} loss_per_row[b] / divisor; one block of PERCEPTION_REDUCE_THREADS.
+// loss[0] = Σ_{b < rows} loss_per_row[b] / divisor; one block of PERCEPTION_REDUCE_THREADS
+// (trident_block_strided_sum, common.cuh).
 extern "C" __global__ void perception_loss_mean(const float* __restrict__ loss_per_row,
                                                 float* __restrict__ loss, int rows,
                                                 long long divisor)
 {
     __shared__ double partial[PERCEPTION_REDUCE_THREADS];
-    const int t = threadIdx.x;
-    double acc = 0.0;
-    for (int b = t; b < rows; b += PERCEPTION_REDUCE_THREADS) acc += (double)loss_per_row[b];
-    partial[t] = acc;
-    __syncthreads();
-    for (int stride = PERCEPTION_REDUCE_THREADS / 2; stride > 0; stride >>= 1) {
-        if (t < stride) partial[t] += partial[t + stride];
-        __syncthreads();
-    }
-    if (t == 0) loss[0] = (float)(partial[0] / (double)divisor);
+    const double total =
+        trident_block_strided_sum<PERCEPTION_REDUCE_THREADS>(loss_per_row, rows, 1, partial);
+    if (threadIdx.x == 0) loss[0] = (float)(total / (double)divisor);
 }

@@ -26,8 +26,9 @@
 //
 // Determinism: no atomics; one thread per row (actions in index order) and single-block
 // reductions over the batch with a fixed order (thread t adds rows t, t + 256, ... in order in
-// double, then a fixed-shape shared-memory tree). The loader compiles with --fmad=false and IEEE
-// division and square root, so each float32 operation written here rounds where the twin's does.
+// double, then a fixed-shape shared-memory tree: common.cuh's block sums). The loader compiles
+// with --fmad=false and IEEE division and square root, so each float32 operation written here
+// rounds where the twin's does.
 
 #include "common.cuh"
 
@@ -55,21 +56,6 @@ static __device__ __forceinline__ float ppo_clip(float x, float lo, float hi)  /
 static __device__ __forceinline__ long long ppo_thread_index()
 {
     return (long long)blockIdx.x * blockDim.x + threadIdx.x;
-}
-
-// Fixed-order sum over the block (all threads call it; every thread gets the total).
-static __device__ double ppo_block_sum(double value, double* partial)
-{
-    const int t = threadIdx.x;
-    partial[t] = value;
-    __syncthreads();
-    for (int stride = PPO_REDUCE_THREADS / 2; stride > 0; stride >>= 1) {
-        if (t < stride) partial[t] += partial[t + stride];
-        __syncthreads();
-    }
-    const double total = partial[0];
-    __syncthreads();  // partial may be reused by the caller's next sum
-    return total;
 }
 
 // max_a l_a and log Σ_a exp(l_a - max), actions in index order.
@@ -172,10 +158,10 @@ extern "C" __global__ void ppo_stats_mean(const float* __restrict__ row_stats,
     __shared__ double partial[PPO_REDUCE_THREADS];
     float mean[4];
     for (int col = 0; col < 4; ++col) {
-        double acc = 0.0;
-        for (int b = threadIdx.x; b < B; b += PPO_REDUCE_THREADS)
-            acc += (double)row_stats[(long long)b * PPO_ROW_STATS + col];
-        mean[col] = (float)(ppo_block_sum(acc, partial) / (double)B);
+        // Column col of row_stats [B, PPO_ROW_STATS]: rows t, t + 256, ... in order, then the tree.
+        const double total = trident_block_strided_sum<PPO_REDUCE_THREADS>(
+            row_stats + col, B, PPO_ROW_STATS, partial);
+        mean[col] = (float)(total / (double)B);
     }
     if (threadIdx.x == 0) {
         stats[0] = mean[0] - (float)ent_coef[0] * mean[1];  // pg_loss - c_ent entropy
@@ -195,15 +181,14 @@ extern "C" __global__ void normalize_advantages_stats(const float* __restrict__ 
                                                       float* __restrict__ stats, int B)
 {
     __shared__ double partial[PPO_REDUCE_THREADS];
+    const double sum = trident_block_strided_sum<PPO_REDUCE_THREADS>(advantages, B, 1, partial);
+    const float mean = (float)(sum / (double)B);
     double acc = 0.0;
-    for (int b = threadIdx.x; b < B; b += PPO_REDUCE_THREADS) acc += (double)advantages[b];
-    const float mean = (float)(ppo_block_sum(acc, partial) / (double)B);
-    acc = 0.0;
     for (int b = threadIdx.x; b < B; b += PPO_REDUCE_THREADS) {
         const float c = advantages[b] - mean;
         acc += (double)(c * c);
     }
-    const float var = (float)(ppo_block_sum(acc, partial) / (double)B);
+    const float var = (float)(trident_block_tree_sum<PPO_REDUCE_THREADS>(acc, partial) / (double)B);
     if (threadIdx.x == 0) {
         stats[0] = mean;
         stats[1] = sqrtf(var) + 1e-8f;

@@ -64,19 +64,13 @@ extern "C" __global__ void value_fwd_bwd(const float* __restrict__ values,
     grad_values[b] = (use_clipped ? (clip_live ? clipped_err : 0.0f) : err) / batch;
 }
 
-// loss[0] = Σ_b loss_per_row[b] / B; one block of VALUE_REDUCE_THREADS threads.
+// loss[0] = Σ_b loss_per_row[b] / B; one block of VALUE_REDUCE_THREADS threads
+// (trident_block_strided_sum, common.cuh).
 extern "C" __global__ void value_loss_mean(const float* __restrict__ loss_per_row,
                                            float* __restrict__ loss, int B)
 {
     __shared__ double partial[VALUE_REDUCE_THREADS];
-    const int t = threadIdx.x;
-    double acc = 0.0;
-    for (int b = t; b < B; b += VALUE_REDUCE_THREADS) acc += (double)loss_per_row[b];
-    partial[t] = acc;
-    __syncthreads();
-    for (int stride = VALUE_REDUCE_THREADS / 2; stride > 0; stride >>= 1) {
-        if (t < stride) partial[t] += partial[t + stride];
-        __syncthreads();
-    }
-    if (t == 0) loss[0] = (float)(partial[0] / (double)B);
+    const double total =
+        trident_block_strided_sum<VALUE_REDUCE_THREADS>(loss_per_row, B, 1, partial);
+    if (threadIdx.x == 0) loss[0] = (float)(total / (double)B);
 }

@@ -2,6 +2,10 @@
 
 Kernels compile into a fresh cache directory per session, so a run never reuses a cubin
 from an earlier checkout.
+
+Also the pieces the GPU test modules share: the `rng` fixture and the helpers they import with
+`from .conftest import ...` (dev, host, normal, assert_close, same_bytes, TOL). CuPy is imported
+inside the helpers, so this file loads (and the skip logic runs) where CuPy is missing.
 """
 
 from __future__ import annotations
@@ -9,8 +13,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 import pytest
+
+if TYPE_CHECKING:
+    import cupy
 
 HERE = Path(__file__).resolve().parent
 NO_DEVICE = "no CUDA device visible to CuPy"
@@ -52,3 +61,50 @@ def kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ.pop(CACHE_DIR_ENV, None)
     else:
         os.environ[CACHE_DIR_ENV] = previous
+
+
+# --------------------------------------------------------------------------- shared helpers
+TOL = 1e-5  # max |gpu - numpy| / scale, per tensor
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    seed = int(os.environ.get("TRIDENT_TEST_SEED") or np.random.SeedSequence().entropy)
+    print(f"rng seed: {seed} (rerun with TRIDENT_TEST_SEED={seed})")
+    return np.random.default_rng(seed)
+
+
+def normal(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
+    return (scale * rng.standard_normal(shape)).astype(np.float32)
+
+
+def dev(a: np.ndarray) -> cupy.ndarray:
+    import cupy
+
+    return cupy.asarray(a)
+
+
+def host(a: cupy.ndarray) -> np.ndarray:
+    import cupy
+
+    return cupy.asnumpy(a)
+
+
+def assert_close(got: cupy.ndarray, want: np.ndarray, scale: float | None = None) -> None:
+    """max |got - want| / scale < TOL (scale defaults to max |want|), same shape and dtype."""
+    got_h, want = host(got), np.asarray(want)
+    assert got_h.shape == want.shape, (got_h.shape, want.shape)
+    assert got_h.dtype == want.dtype, (got_h.dtype, want.dtype)
+    if want.size == 0:
+        return
+    assert np.all(np.isfinite(got_h)), "non-finite output"
+    if scale is None:
+        scale = float(np.max(np.abs(want)))
+    err = float(np.max(np.abs(got_h.astype(np.float64) - want.astype(np.float64))))
+    assert err / max(scale, 1e-30) < TOL, f"error {err:.3g} on scale {scale:.3g}"
+
+
+def same_bytes(a: object, b: object) -> bool:
+    """Same shape, dtype and bytes; each of a, b a cupy or NumPy array."""
+    a_h, b_h = host(a), host(b)
+    return a_h.shape == b_h.shape and a_h.dtype == b_h.dtype and a_h.tobytes() == b_h.tobytes()

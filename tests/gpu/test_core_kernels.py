@@ -8,7 +8,6 @@ run; the seed is printed and can be pinned with TRIDENT_TEST_SEED=<seed>.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -24,20 +23,15 @@ from service.backend.cuda.core_ops import CoreOps  # noqa: E402
 from service.backend.cuda.loader import CudaDims, load_kernel  # noqa: E402
 from service.backend.philox import philox4x32  # noqa: E402
 
+from .conftest import assert_close, dev, host, normal, same_bytes  # noqa: E402
+
 SIZES = (1, 7, 255, 1000, 4099)
 WIDTHS = (256, 37)
-TOL = 1e-5
 HP = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01}
 
 
 # --------------------------------------------------------------------------- helpers
-@pytest.fixture
-def rng() -> np.random.Generator:
-    seed = int(os.environ.get("TRIDENT_TEST_SEED") or np.random.SeedSequence().entropy)
-    print(f"rng seed: {seed} (rerun with TRIDENT_TEST_SEED={seed})")
-    return np.random.default_rng(seed)
-
-
+# rng (fixture), normal, dev, host, assert_close, same_bytes and TOL: tests/gpu/conftest.py.
 @pytest.fixture(scope="module", params=WIDTHS, ids=lambda h: f"H{h}")
 def ops(request: pytest.FixtureRequest) -> CoreOps:
     return CoreOps(CudaDims(D=16, H=request.param, A=9, Z=51, K=4))
@@ -46,38 +40,6 @@ def ops(request: pytest.FixtureRequest) -> CoreOps:
 @pytest.fixture(scope="module")
 def core() -> CoreOps:
     return CoreOps(CudaDims(D=16, H=256, A=9, Z=51, K=4))
-
-
-def normal(rng: np.random.Generator, *shape: int) -> np.ndarray:
-    return rng.standard_normal(shape).astype(np.float32)
-
-
-def dev(a: np.ndarray) -> cupy.ndarray:
-    return cupy.asarray(a)
-
-
-def host(a: cupy.ndarray) -> np.ndarray:
-    return cupy.asnumpy(a)
-
-
-def assert_close(got: cupy.ndarray, want: np.ndarray, scale: float | None = None) -> None:
-    """max |got - want| / scale < TOL (scale defaults to max |want|), same shape and dtype."""
-    got_h, want = host(got), np.asarray(want)
-    assert got_h.shape == want.shape
-    assert got_h.dtype == want.dtype
-    if want.size == 0:
-        return
-    assert np.all(np.isfinite(got_h)), "non-finite output"
-    if scale is None:
-        scale = float(np.max(np.abs(want)))
-    err = float(np.max(np.abs(got_h.astype(np.float64) - want.astype(np.float64))))
-    assert err / max(scale, 1e-30) < TOL, f"error {err:.3g} on scale {scale:.3g}"
-
-
-def same_bytes(a: cupy.ndarray, b: cupy.ndarray | np.ndarray) -> bool:
-    a_h = host(a) if isinstance(a, cupy.ndarray) else a
-    b_h = host(b) if isinstance(b, cupy.ndarray) else b
-    return a_h.shape == b_h.shape and a_h.dtype == b_h.dtype and a_h.tobytes() == b_h.tobytes()
 
 
 def flag(value: int) -> np.ndarray:

@@ -16,7 +16,6 @@ TRIDENT_TEST_SEED=<seed>.
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Callable
 
 import numpy as np
@@ -34,50 +33,21 @@ from service.trainer.replay import ReplayBuffer  # noqa: E402
 from service.trainer.rollout import Transitions  # noqa: E402
 from service.trainer.trainer import ActMode, Trainer  # noqa: E402
 
+from .conftest import assert_close, dev, host, normal, same_bytes  # noqa: E402
+
 SIZES = (1, 7, 255, 1000, 4099)
 DIMS = (
     CudaDims(D=12, H=256, A=9, Z=51, K=3),  # the defaults: A·Z = 459 columns, more than a block
     CudaDims(D=5, H=37, A=5, Z=21, K=2),
 )
-TOL = 1e-5
 V_MIN, V_MAX = -10.0, 10.0
 
 
 # --------------------------------------------------------------------------- helpers
-@pytest.fixture
-def rng() -> np.random.Generator:
-    seed = int(os.environ.get("TRIDENT_TEST_SEED") or np.random.SeedSequence().entropy)
-    print(f"rng seed: {seed} (rerun with TRIDENT_TEST_SEED={seed})")
-    return np.random.default_rng(seed)
-
-
+# rng (fixture), normal, dev, host, assert_close, same_bytes and TOL: tests/gpu/conftest.py.
 @pytest.fixture(scope="module", params=DIMS, ids=lambda d: f"A{d.A}Z{d.Z}H{d.H}")
 def ops(request: pytest.FixtureRequest) -> HeadOps:
     return HeadOps(request.param)
-
-
-def normal(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
-    return (scale * rng.standard_normal(shape)).astype(np.float32)
-
-
-def dev(a: np.ndarray) -> cupy.ndarray:
-    return cupy.asarray(a)
-
-
-def host(a: cupy.ndarray) -> np.ndarray:
-    return cupy.asnumpy(a)
-
-
-def assert_close(got: cupy.ndarray, want: np.ndarray, scale: float | None = None) -> None:
-    """max |got - want| / scale < TOL (scale defaults to max |want|), same shape and dtype."""
-    got_h, want = host(got), np.asarray(want)
-    assert got_h.shape == want.shape, (got_h.shape, want.shape)
-    assert got_h.dtype == want.dtype, (got_h.dtype, want.dtype)
-    assert np.all(np.isfinite(got_h)), "non-finite output"
-    if scale is None:
-        scale = float(np.max(np.abs(want)))
-    err = float(np.max(np.abs(got_h.astype(np.float64) - want.astype(np.float64))))
-    assert err / max(scale, 1e-30) < TOL, f"error {err:.3g} on scale {scale:.3g}"
 
 
 def assert_mean_close(got: cupy.ndarray, want: np.ndarray, terms: np.ndarray) -> None:
@@ -90,11 +60,6 @@ def assert_exact(got: cupy.ndarray, want: np.ndarray) -> None:
     got_h, want = host(got), np.asarray(want)
     assert got_h.dtype == want.dtype, (got_h.dtype, want.dtype)
     np.testing.assert_array_equal(got_h, want)
-
-
-def same_bytes(a: object, b: object) -> bool:
-    a_h, b_h = host(a), host(b)
-    return a_h.shape == b_h.shape and a_h.dtype == b_h.dtype and a_h.tobytes() == b_h.tobytes()
 
 
 def distributions(rng: np.random.Generator, *shape: int) -> np.ndarray:

@@ -1,7 +1,8 @@
 """The CUDA backend: `kernels/*.cu` compiled by NVRTC through CuPy and wrapped as ops.
 
 `loader` finds, compiles, caches and loads kernels and needs CuPy only when it loads one;
-`core_ops.CoreOps` (and `head_ops.HeadOps`) import CuPy and hold the ops.
+`core_ops.CoreOps` (and `head_ops.HeadOps`) import CuPy and hold the ops; `validate` holds
+the argument checks they share.
 """
 
 from service.backend.cuda.loader import (

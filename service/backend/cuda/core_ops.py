@@ -21,6 +21,10 @@ import cupy
 import numpy as np
 
 from service.backend.cuda.loader import CudaDims, load_kernel
+from service.backend.cuda.validate import FLAG_DTYPES as _FLAG_DTYPES
+from service.backend.cuda.validate import array as _array
+from service.backend.cuda.validate import one as _one
+from service.backend.cuda.validate import scalar as _scalar
 
 __all__ = ["CoreOps", "CudaDims"]
 
@@ -34,49 +38,11 @@ REDUCE_CHUNK = 2048  # grad_norm_clip.cu: TRIDENT_REDUCE_CHUNK (threads x items)
 SINGLE_PASS_MAX_ROWS = 1024  # reduce_axis0: above this, fixed row chunks first
 CHUNK_ROWS = 256  # reduce_axis0_partials: rows summed per partial
 MAX_HEADS = 8  # grad_h_accumulate.cu: TRIDENT_MAX_HEADS
-_FLAG_DTYPES = (np.dtype(np.uint8), np.dtype(np.bool_))
 
 
 # --------------------------------------------------------------------------- validation
-def _array(
-    name: str,
-    a: object,
-    dtypes: Sequence[np.dtype] = (np.dtype(np.float32),),
-    shape: tuple[int, ...] | None = None,
-    ndim: int | None = None,
-) -> Array:
-    """`a` as a C-contiguous cupy array of one of `dtypes` (and `shape` / `ndim` if given)."""
-    if not isinstance(a, cupy.ndarray):
-        raise ValueError(f"{name}: expected a cupy.ndarray, got {type(a).__name__}")
-    if a.dtype not in dtypes:
-        allowed = " or ".join(str(d) for d in dtypes)
-        raise ValueError(f"{name}: expected dtype {allowed}, got {a.dtype}")
-    if ndim is not None and a.ndim != ndim:
-        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {list(a.shape)}")
-    if shape is not None and a.shape != shape:
-        raise ValueError(f"{name}: expected shape {list(shape)}, got {list(a.shape)}")
-    if not a.flags.c_contiguous:
-        raise ValueError(f"{name}: expected a C-contiguous array")
-    return a
-
-
-def _one(name: str, a: object, dtypes: Sequence[np.dtype]) -> Array:
-    """A one-element device array (shape [1] or []) of one of `dtypes`: a counter, flag, norm."""
-    arr = _array(name, a, dtypes)
-    if arr.size != 1 or arr.ndim > 1:
-        raise ValueError(f"{name}: expected shape [1], got {list(arr.shape)}")
-    return arr
-
-
-def _scalar(name: str, value: object) -> Array:
-    """A float64 device scalar: a one-element float64 cupy array as is, a number uploaded."""
-    if isinstance(value, cupy.ndarray):
-        return _one(name, value, (np.dtype(np.float64),))
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return cupy.asarray([float(value)], dtype=cupy.float64)
-    raise ValueError(f"{name}: expected a number or a float64 cupy array, got {value!r}")
-
-
+# _array, _one, _scalar and _FLAG_DTYPES are service/backend/cuda/validate.py's, shared with
+# head_ops.
 def _same(name: str, a: object, like: Array) -> Array:
     """`a` with `like`'s dtype and shape, C-contiguous."""
     return _array(name, a, (like.dtype,), shape=like.shape)

@@ -33,6 +33,11 @@ import numpy as np
 
 from service.backend import numpy_ops
 from service.backend.cuda.loader import CudaDims, load_kernel
+from service.backend.cuda.validate import F32 as _F32
+from service.backend.cuda.validate import FLAG_DTYPES as _FLAGS
+from service.backend.cuda.validate import array as _array
+from service.backend.cuda.validate import one as _one
+from service.backend.cuda.validate import scalar as _scalar
 
 __all__ = ["ACT_MODES", "REPLAY_FIELDS", "CudaDims", "HeadOps"]
 
@@ -50,32 +55,13 @@ ACT_MODES = {"sample": 0, "greedy_pi": 1, "greedy_q": 2, "epsilon_greedy": 3}
 # ReplayBuffer's storage fields, in replay.cu's argument order.
 REPLAY_FIELDS = ("obs", "actions", "rewards", "dones", "horizons", "next_obs")
 
-_F32 = (np.dtype(np.float32),)
 _I32 = (np.dtype(np.int32),)
-_FLAGS = (np.dtype(np.uint8), np.dtype(np.bool_))  # one byte, 0 / 1
 _INT32_MAX = 2**31 - 1
 
 
 # --------------------------------------------------------------------------- validation
-def _array(
-    name: str,
-    a: object,
-    dtypes: Sequence[np.dtype] = _F32,
-    shape: tuple[int, ...] | None = None,
-) -> Array:
-    """`a` as a C-contiguous cupy array of one of `dtypes` (and exactly `shape` if given)."""
-    if not isinstance(a, cupy.ndarray):
-        raise ValueError(f"{name}: expected a cupy.ndarray, got {type(a).__name__}")
-    if a.dtype not in dtypes:
-        allowed = " or ".join(str(d) for d in dtypes)
-        raise ValueError(f"{name}: expected dtype {allowed}, got {a.dtype}")
-    if shape is not None and a.shape != shape:
-        raise ValueError(f"{name}: expected shape {list(shape)}, got {list(a.shape)}")
-    if not a.flags.c_contiguous:
-        raise ValueError(f"{name}: expected a C-contiguous array")
-    return a
-
-
+# _array, _one, _scalar, _F32 and _FLAGS are service/backend/cuda/validate.py's, shared with
+# core_ops.
 def _batch(name: str, a: object, trailing: tuple[int, ...], dtypes: Sequence[np.dtype] = _F32):
     """`a` of shape [B, *trailing] with 1 <= B < 2^31; returns (array, B)."""
     if isinstance(a, cupy.ndarray) and a.ndim == 1 + len(trailing) and a.shape[1:] == trailing:
@@ -86,23 +72,6 @@ def _batch(name: str, a: object, trailing: tuple[int, ...], dtypes: Sequence[np.
     labels = ", ".join(["B", *(str(n) for n in trailing)])
     got = list(a.shape) if isinstance(a, cupy.ndarray) else type(a).__name__
     raise ValueError(f"{name}: expected a cupy.ndarray of shape [{labels}], got {got}")
-
-
-def _one(name: str, a: Array, dtypes: Sequence[np.dtype]) -> Array:
-    """A one-element device array (shape [1] or [])."""
-    arr = _array(name, a, dtypes)
-    if arr.size != 1 or arr.ndim > 1:
-        raise ValueError(f"{name}: expected shape [1], got {list(arr.shape)}")
-    return arr
-
-
-def _scalar(name: str, value: object) -> Array:
-    """A float64 device scalar: a one-element float64 cupy array as is, a number uploaded."""
-    if isinstance(value, cupy.ndarray):
-        return _one(name, value, (np.dtype(np.float64),))
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return cupy.asarray(np.array([float(value)], dtype=np.float64))
-    raise ValueError(f"{name}: expected a number or a float64 cupy array, got {value!r}")
 
 
 def _key(name: str, key: object) -> Array:
