@@ -7,20 +7,12 @@ import time
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from service.api.trident.v1 import trainer_pb2 as pb
 from service.checkpoint import CheckpointInfo
 from service.trainer.trainer import StepResult
 
 HEADS = ("q", "pi", "v", "bce", "aux", "total")
-METHODS = (
-    "Step",
-    "StreamStep",
-    "Act",
-    "Checkpoint",
-    "Restore",
-    "ListCheckpoints",
-    "GetStatus",
-    "UpdateHyperparams",
-)
+METHODS = tuple(m.name for m in pb.DESCRIPTOR.services_by_name["TrainerService"].methods)
 ERROR_CODES = tuple(code.name for code in grpc.StatusCode if code is not grpc.StatusCode.OK)
 
 
