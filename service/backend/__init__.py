@@ -7,10 +7,15 @@ other backend provides the same op names with the same signatures.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
+
+import numpy as np
 
 from service.backend import numpy_ops
+from service.backend.cuda.loader import CudaDims
 from service.backend.host_memory import retain_freed_memory
 from service.errors import BackendUnavailable
 
@@ -50,14 +55,16 @@ BACKEND_CHOICES = ("auto", "numpy", "cuda")
 
 @dataclass(frozen=True)
 class Backend:
-    """A named op-set implementation and the device it runs on."""
+    """A named op-set implementation, its array module and the device it runs on."""
 
     name: str
     device: str
-    ops: ModuleType
+    ops: Any  # numpy_ops, or an object with the same op names and signatures
+    xp: ModuleType  # numpy or cupy: arrays the ops take and return
+    to_host: Callable[[Any], np.ndarray]
 
 
-def check_op_set(module: ModuleType) -> None:
+def check_op_set(module: Any) -> None:
     """Fail unless `module` defines every op with the reference (NumPy) signature."""
     for name in OP_NAMES:
         op = getattr(module, name, None)
@@ -71,13 +78,46 @@ def check_op_set(module: ModuleType) -> None:
             )
 
 
-def select_backend(name: str) -> Backend:
-    """The backend for `train.backend`: 'numpy', or 'auto' (NumPy until a GPU backend lands)."""
-    if name in ("auto", "numpy"):
-        retain_freed_memory()
-        return Backend(name="numpy", device="cpu", ops=numpy_ops)
-    if name == "cuda":
-        raise BackendUnavailable(
-            "train.backend: 'cuda' is not available in this build yet; use 'numpy' or 'auto'"
-        )
+def cuda_available() -> bool:
+    """True when CuPy imports and sees at least one CUDA device."""
+    try:
+        import cupy
+    except ImportError:
+        return False
+    try:
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except cupy.cuda.runtime.CUDARuntimeError:
+        return False
+
+
+def _numpy_backend() -> Backend:
+    retain_freed_memory()
+    return Backend(name="numpy", device="cpu", ops=numpy_ops, xp=np, to_host=np.asarray)
+
+
+def _cuda_backend(dims: Mapping[str, int]) -> Backend:
+    import cupy
+
+    from service.backend.cuda.ops import CudaOps
+
+    ops = CudaOps(CudaDims(**dims))
+    check_op_set(ops)
+    device = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+    return Backend(name="cuda", device=device, ops=ops, xp=cupy, to_host=cupy.asnumpy)
+
+
+def select_backend(name: str, dims: Mapping[str, int]) -> Backend:
+    """The backend for `train.backend`: 'numpy', 'cuda', or 'auto' (cuda where CuPy sees a GPU).
+
+    `dims` (D, H, A, Z, K) are the model's sizes; the CUDA kernels are compiled for them.
+    """
+    if name == "numpy" or (name == "auto" and not cuda_available()):
+        return _numpy_backend()
+    if name in ("auto", "cuda"):
+        if not cuda_available():
+            raise BackendUnavailable(
+                "train.backend: 'cuda' needs CuPy (pip install 'trident[cuda]') and a CUDA "
+                "device it can see; none is visible here"
+            )
+        return _cuda_backend(dims)
     raise BackendUnavailable(f"train.backend: expected one of {BACKEND_CHOICES}, got {name!r}")

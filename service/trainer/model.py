@@ -30,6 +30,18 @@ def head_widths(config: Config) -> dict[str, int]:
     return {head: width for head, width in widths.items() if width > 0}
 
 
+def dims(config: Config) -> dict[str, int]:
+    """The sizes a compiled backend specialises its kernels for (D, H, A, Z, K)."""
+    model = config.model
+    return {
+        "D": model.obs_dim,
+        "H": model.hidden_dim,
+        "A": model.num_actions,
+        "Z": config.c51.num_atoms,
+        "K": model.aux_dim,
+    }
+
+
 def groups(config: Config) -> tuple[str, ...]:
     """Optimizer groups in their fixed order: the encoder, then each existing head."""
     return ("encoder", *head_widths(config))

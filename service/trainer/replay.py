@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import numpy as np
 
 from service.backend.philox import Stream, below, random_bits
@@ -18,15 +20,16 @@ class ReplayBuffer:
     memory beside the data on a GPU backend.
     """
 
-    def __init__(self, capacity: int, obs_dim: int, dtype: np.dtype) -> None:
+    def __init__(self, capacity: int, obs_dim: int, dtype: np.dtype, xp: ModuleType = np) -> None:
         self.capacity = capacity
+        self.xp = xp
         self.storage = {
-            "obs": np.zeros((capacity, obs_dim), dtype=dtype),
-            "actions": np.zeros(capacity, dtype=np.int32),
-            "rewards": np.zeros(capacity, dtype=dtype),
-            "dones": np.zeros(capacity, dtype=np.uint8),
-            "horizons": np.zeros(capacity, dtype=np.int32),
-            "next_obs": np.zeros((capacity, obs_dim), dtype=dtype),
+            "obs": xp.zeros((capacity, obs_dim), dtype=dtype),
+            "actions": xp.zeros(capacity, dtype=np.int32),
+            "rewards": xp.zeros(capacity, dtype=dtype),
+            "dones": xp.zeros(capacity, dtype=np.uint8),
+            "horizons": xp.zeros(capacity, dtype=np.int32),
+            "next_obs": xp.zeros((capacity, obs_dim), dtype=dtype),
         }
         self.position = np.zeros(1, dtype=np.int64)
         self.size = np.zeros(1, dtype=np.int64)
@@ -41,15 +44,16 @@ class ReplayBuffer:
             keep = slice(count - self.capacity, count)
             batch = Transitions(*(getattr(batch, name)[keep] for name in FIELDS))
             count = self.capacity
-        slots = (self.position[0] + np.arange(count)) % self.capacity
+        slots = self.xp.asarray((self.position[0] + np.arange(count)) % self.capacity)
         for name in FIELDS:
-            self.storage[name][slots] = getattr(batch, name)
+            self.storage[name][slots] = self.xp.asarray(getattr(batch, name))
         self.position[0] = (self.position[0] + count) % self.capacity
         self.size[0] = min(self.capacity, self.size[0] + count)
 
     def sample(self, key: tuple[int, int], sequence: int, count: int) -> Transitions:
         """`count` transitions drawn uniformly with replacement, slot = ⌊u · size / 2³²⌋."""
         slots = below(random_bits(key, Stream.REPLAY, sequence, count)[:, 0], self.size[0])
+        slots = self.xp.asarray(slots)
         return Transitions(*(self.storage[name][slots] for name in FIELDS))
 
     def state(self) -> dict[str, np.ndarray]:
@@ -64,7 +68,7 @@ class ReplayBuffer:
         if not 0 <= filled <= self.capacity:
             raise InvalidInput("replay/size", f"an integer in [0, {self.capacity}]", filled)
         for name in FIELDS:
-            self.storage[name][:filled] = state[name]
+            self.storage[name][:filled] = self.xp.asarray(state[name])
             self.storage[name][filled:] = 0
         self.position[:] = state["position"]
         self.size[:] = filled

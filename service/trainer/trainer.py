@@ -107,17 +107,19 @@ class Trainer:
 
     def __init__(self, config: Config, backend: Backend | None = None) -> None:
         self.config = config
-        self.backend = backend or select_backend(config.train.backend)
+        self.backend = backend or select_backend(config.train.backend, model.dims(config))
         self.ops = self.backend.ops
+        xp = self.xp = self.backend.xp
         self.dtype = np.dtype(config.model.dtype)
         self.key = seed_key(config.train.seed)
-        self.params = model.init_params(config)
+        self.params = {k: xp.asarray(v) for k, v in model.init_params(config).items()}
         self.target = {k: v.copy() for k, v in self.params.items() if self._in_target(k)}
-        self.exp_avg = {k: np.zeros_like(v) for k, v in self.params.items()}
-        self.exp_avg_sq = {k: np.zeros_like(v) for k, v in self.params.items()}
-        self.optim_steps = {g: np.zeros(1, dtype=np.int64) for g in model.groups(config)}
+        self.exp_avg = {k: xp.zeros_like(v) for k, v in self.params.items()}
+        self.exp_avg_sq = {k: xp.zeros_like(v) for k, v in self.params.items()}
+        self.optim_steps = {g: xp.zeros(1, dtype=np.int64) for g in model.groups(config)}
+        # Host counters: they pick the Philox sequence of each draw and the policy version.
         self.counters = {name: np.zeros(1, dtype=np.int64) for name in COUNTERS}
-        self.replay = ReplayBuffer(config.replay.capacity, config.model.obs_dim, self.dtype)
+        self.replay = ReplayBuffer(config.replay.capacity, config.model.obs_dim, self.dtype, xp)
         self.support = self.ops.c51_support(
             config.c51.v_min, config.c51.v_max, config.c51.num_atoms, self.dtype
         )
@@ -195,40 +197,45 @@ class Trainer:
     def _prepare(self, rollout: Rollout) -> tuple[_Batch, np.ndarray]:
         """Values of every observation, GAE, and the flat on-policy batch."""
         T, N, D = rollout.horizon, rollout.num_envs, self.config.model.obs_dim
+        xp, dev = self.xp, self._device
         next_obs = next_observations(rollout, self.dtype)
-        truncated = rollout.truncated.reshape(-1).astype(bool)
+        truncated = np.flatnonzero(rollout.truncated.reshape(-1))
         # One forward over obs[0..T] and the final observations of truncated steps.
         final = next_obs.reshape(T * N, D)[truncated]
-        stacked = np.concatenate([rollout.obs.astype(self.dtype).reshape(-1, D), final])
+        stacked = dev(np.concatenate([rollout.obs.astype(self.dtype).reshape(-1, D), final]))
         values = self._values(stacked)
         v_obs = values[: (T + 1) * N].reshape(T + 1, N)
         v_next = v_obs[1:].reshape(-1).copy()
-        v_next[truncated] = values[(T + 1) * N :]  # truncation bootstraps from V(final obs)
+        v_next[dev(truncated)] = values[(T + 1) * N :]  # truncation bootstraps from V(final)
         advantages, returns = self.ops.gae(
-            rollout.rewards.astype(self.dtype),
-            v_obs[:T],
+            dev(rollout.rewards.astype(self.dtype)),
+            xp.ascontiguousarray(v_obs[:T]),
             v_next.reshape(T, N),
-            rollout.terminated.astype(bool),
-            rollout.truncated.astype(bool),
+            dev(rollout.terminated.astype(np.uint8)),
+            dev(rollout.truncated.astype(np.uint8)),
             self.config.train.gamma,
             self.config.ppo.gae_lambda,
         )
         K = self.config.model.aux_dim
         batch = _Batch(
-            obs=rollout.obs[:T].astype(self.dtype).reshape(T * N, D),
-            actions=rollout.actions.astype(np.int64).reshape(-1),
-            behavior_log_probs=rollout.behavior_log_probs.astype(self.dtype).reshape(-1),
+            obs=dev(rollout.obs[:T].astype(self.dtype).reshape(T * N, D)),
+            actions=dev(rollout.actions.astype(np.int32).reshape(-1)),
+            behavior_log_probs=dev(rollout.behavior_log_probs.astype(self.dtype).reshape(-1)),
             advantages=advantages.reshape(-1),
             returns=returns.reshape(-1),
-            old_values=v_obs[:T].reshape(-1),
+            old_values=xp.ascontiguousarray(v_obs[:T]).reshape(-1),
             bce_labels=None
             if rollout.bce_labels is None
-            else rollout.bce_labels.astype(self.dtype).reshape(-1),
+            else dev(rollout.bce_labels.astype(self.dtype).reshape(-1)),
             aux_targets=None
             if rollout.aux_targets is None
-            else rollout.aux_targets.astype(self.dtype).reshape(T * N, K),
+            else dev(rollout.aux_targets.astype(self.dtype).reshape(T * N, K)),
         )
         return batch, next_obs
+
+    def _device(self, array: np.ndarray) -> np.ndarray:
+        """A host array on the backend's device (the same array on NumPy)."""
+        return self.xp.asarray(array)
 
     def _values(self, obs: np.ndarray) -> np.ndarray:
         depth = self.config.model.depth
@@ -247,8 +254,8 @@ class Trainer:
             chooser = model.q_distribution(ops, self.params, h_online, A, Z)
         else:
             chooser = target_probs
-        best = np.argmax(ops.c51_q_values(chooser, self.support), axis=1)
-        next_probs = target_probs[np.arange(best.shape[0]), best]
+        best = self.xp.argmax(ops.c51_q_values(chooser, self.support), axis=1)
+        next_probs = target_probs[self.xp.arange(best.shape[0]), best]
         args = (
             next_probs,
             replay.rewards,
@@ -274,10 +281,12 @@ class Trainer:
             sequence = int(self.counters["updates_attempted"][0])
             replay = self.replay.sample(self.key, sequence, cfg.replay.batch_size)
 
+        xp = self.xp
+        rows = self._device(rows)
         x = batch.obs[rows]
         on_policy = x.shape[0]
         if replay is not None:
-            x = np.concatenate([x, replay.obs])
+            x = xp.concatenate([x, replay.obs])
         activations = model.encoder_fwd(ops, params, x, depth)
         h = activations[-1]
         h_pol = h[:on_policy]
@@ -333,15 +342,15 @@ class Trainer:
             grad_h_q, grads["q/W"], grads["q/b"] = ops.c51_head_bwd(
                 h_q, params["q/W"], replay.actions, grad_taken, Z
             )
-            grad_h = np.concatenate([grad_h, ops.grad_h_accumulate([grad_h_q], [train.lambda_q])])
+            grad_h = xp.concatenate([grad_h, ops.grad_h_accumulate([grad_h_q], [train.lambda_q])])
         grads.update(model.encoder_bwd(ops, params, activations, grad_h, depth))
 
         names = [name for name in params if name in grads]  # fixed parameter order
         grad_list = [grads[name] for name in names]
         norm = ops.global_norm(grad_list)
-        ok = ops.all_finite([*(np.atleast_1d(v) for v in losses.values()), norm])
+        ok = ops.all_finite([*(xp.atleast_1d(v) for v in losses.values()), norm])
         if not ok[0]:
-            bad = [head for head, loss in losses.items() if not np.isfinite(loss)]
+            bad = [head for head, loss in losses.items() if not np.isfinite(float(loss))]
             where = f"loss of {', '.join(bad)}" if bad else "gradients"
             return {}, f"non-finite {where}; update not applied"
         self._apply(names, grads, norm, ok, use_q)
@@ -427,31 +436,34 @@ class Trainer:
         if not 0.0 <= epsilon <= 1.0:
             raise InvalidInput("epsilon", "a probability in [0, 1]", epsilon)
         ops, cfg = self.ops, self.config
-        h = model.encoder_fwd(ops, self.params, obs.astype(self.dtype), cfg.model.depth)[-1]
+        xp, x = self.xp, self._device(obs.astype(self.dtype))
+        h = model.encoder_fwd(ops, self.params, x, cfg.model.depth)[-1]
         logits = model.head_fwd(ops, self.params, "pi", h)
         log_pi = ops.log_softmax(logits)
         values = model.head_fwd(ops, self.params, "v", h)[:, 0]
-        rows = np.arange(obs.shape[0])
+        rows = xp.arange(obs.shape[0])
         sequence = int(self.counters["act_calls"][0])
         self.counters["act_calls"] += 1
 
         if mode is ActMode.SAMPLE:
             bits = random_bits(self.key, Stream.ACT_SAMPLE, sequence, rows.size)[:, 0]
-            actions = ops.sample_categorical(logits, uniform01(bits, self.dtype))
+            actions = ops.sample_categorical(logits, self._device(uniform01(bits, self.dtype)))
         elif mode is ActMode.GREEDY_PI:
-            actions = np.argmax(logits, axis=1)
+            actions = xp.argmax(logits, axis=1)
         else:
             probs = model.q_distribution(ops, self.params, h, A, cfg.c51.num_atoms)
-            actions = np.argmax(ops.c51_q_values(probs, self.support), axis=1)
+            actions = xp.argmax(ops.c51_q_values(probs, self.support), axis=1)
             if mode is ActMode.EPSILON_GREEDY:
                 bits = random_bits(self.key, Stream.ACT_EXPLORE, sequence, rows.size)
                 explore = uniform01(bits[:, 0], np.float64) < epsilon
-                actions = np.where(explore, below(bits[:, 1], A), actions)
+                random_actions = self._device(below(bits[:, 1], A))
+                actions = xp.where(self._device(explore), random_actions, actions)
         actions = actions.astype(np.int32)
+        host = self.backend.to_host
         return ActResult(
-            actions=actions,
-            log_probs=log_pi[rows, actions],
-            values=values,
+            actions=host(actions),
+            log_probs=host(log_pi[rows, actions]),
+            values=host(values),
             policy_version=self.global_step,
         )
 
@@ -470,6 +482,11 @@ class Trainer:
         """Every array that defines the trainer, by name `group/...` with groups params, target,
         optim, replay, counters and rng (the seed; with the counters it fixes every future draw).
         """
+        host = self.backend.to_host
+        return {name: host(array) for name, array in self._state_arrays().items()}
+
+    def _state_arrays(self) -> dict[str, np.ndarray]:
+        """`state_dict()`'s arrays where they live (on the device for a GPU backend)."""
         state: dict[str, np.ndarray] = {}
         state.update({f"params/{k}": v for k, v in self.params.items()})
         state.update({f"target/{k}": v for k, v in self.target.items()})
@@ -510,7 +527,7 @@ class Trainer:
         except ConfigError as error:
             raise InvalidInput("rng/seed", "a valid train.seed", str(error)) from None
         for name, array in self._state_targets().items():
-            np.copyto(array, state[name])
+            array[...] = state[name]
         self.config = config
         self.key = seed_key(seed)
         self.replay.load_state(
@@ -532,7 +549,7 @@ class Trainer:
         if unknown:
             raise InvalidInput("params", "exactly this model's tensors", f"unknown {unknown[:5]}")
         for name, array in self.params.items():
-            np.copyto(array, params[name])
+            array[...] = params[name]
 
     def memory_bytes(self) -> int:
         """Bytes the backend holds for this trainer: parameters, target, moments and replay."""
@@ -547,7 +564,8 @@ class Trainer:
 
     def _state_targets(self) -> dict[str, np.ndarray]:
         """The fixed-shape state arrays (all but the replay rows), to be overwritten in place."""
-        return {k: v for k, v in self.state_dict().items() if not k.startswith(("replay/", "rng/"))}
+        arrays = self._state_arrays().items()
+        return {k: v for k, v in arrays if not k.startswith(("replay/", "rng/"))}
 
     def param_digest(self) -> str:
         """sha256 over every parameter, target and optimizer tensor, in name order.
