@@ -17,6 +17,7 @@ from service.trainer.rollout import Rollout
 from service.trainer.trainer import Trainer
 
 SMALL = [
+    "train.backend=numpy",  # the CPU suite tests the NumPy backend, GPU or not
     "model.obs_dim=6",
     "model.hidden_dim=16",
     "replay.capacity=512",

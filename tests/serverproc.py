@@ -29,6 +29,7 @@ from service.trainer.rollout import Rollout
 
 # The tests' small model (see tests/test_trainer.py for the shape conventions).
 SMALL = (
+    "train.backend=numpy",  # the CPU suite tests the NumPy backend, GPU or not
     "model.obs_dim=6",
     "model.hidden_dim=16",
     "replay.min_size=16",

@@ -24,8 +24,8 @@ def trident(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def test_train_prints_progress_and_writes_a_checkpoint(tmp_path: Path) -> None:
     (tmp_path / "small.toml").write_text(
-        '[model]\nobs_dim = 12\nhidden_dim = 32\n[train]\nsteps = 6\nlog_every = 2\n'
-        "num_envs = 8\nrollout_len = 4\n[replay]\nmin_size = 16\nbatch_size = 16\n"
+        '[model]\nobs_dim = 12\nhidden_dim = 32\n[train]\nbackend = "numpy"\nsteps = 6\n'
+        "log_every = 2\nnum_envs = 8\nrollout_len = 4\n[replay]\nmin_size = 16\nbatch_size = 16\n"
     )
     done = trident(
         "train", "--config", "small.toml", "--set", "checkpoint.dir=ckpt", cwd=tmp_path

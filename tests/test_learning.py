@@ -24,6 +24,7 @@ def test_contextual_bandit_is_learned_within_budget() -> None:
         env={},
         overrides=[
             f"train.seed={seed}",
+            "train.backend=numpy",
             "model.obs_dim=16",
             "model.hidden_dim=64",
             "train.num_envs=32",

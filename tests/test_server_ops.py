@@ -137,6 +137,7 @@ def test_metrics_expose_every_series_and_move(server: ServerProcess, client: Tri
 def test_get_status(server: ServerProcess, client: TridentClient) -> None:
     status = client.status()
     assert status.backend == "numpy" and status.device == "cpu"
+    assert status.kernel_abi_version == 0  # no CUDA kernels on the NumPy backend
     assert not status.inference_only
     assert len(status.param_digest) == 64 and int(status.param_digest, 16) >= 0
     assert status.step_queue_depth == 0 and status.version

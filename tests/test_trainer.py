@@ -11,6 +11,7 @@ from service.trainer.rollout import Rollout
 from service.trainer.trainer import ActMode, Trainer
 
 SMALL = [
+    "train.backend=numpy",  # the CPU suite tests the NumPy backend, GPU or not
     "model.obs_dim=6",
     "model.hidden_dim=20",
     "replay.capacity=400",

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from service.backend import numpy_ops
-from service.backend.cuda.loader import CudaDims
+from service.backend.cuda.loader import KERNEL_ABI_VERSION, CudaDims
 from service.backend.host_memory import retain_freed_memory
 from service.errors import BackendUnavailable
 
@@ -62,6 +62,7 @@ class Backend:
     ops: Any  # numpy_ops, or an object with the same op names and signatures
     xp: ModuleType  # numpy or cupy: arrays the ops take and return
     to_host: Callable[[Any], np.ndarray]
+    kernel_abi_version: int = 0  # of the loaded CUDA kernels; 0 for NumPy
 
 
 def check_op_set(module: Any) -> None:
@@ -103,7 +104,14 @@ def _cuda_backend(dims: Mapping[str, int]) -> Backend:
     ops = CudaOps(CudaDims(**dims))
     check_op_set(ops)
     device = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
-    return Backend(name="cuda", device=device, ops=ops, xp=cupy, to_host=cupy.asnumpy)
+    return Backend(
+        name="cuda",
+        device=device,
+        ops=ops,
+        xp=cupy,
+        to_host=cupy.asnumpy,
+        kernel_abi_version=KERNEL_ABI_VERSION,
+    )
 
 
 def select_backend(name: str, dims: Mapping[str, int]) -> Backend:

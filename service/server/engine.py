@@ -54,6 +54,7 @@ class Status:
     step_queue_depth: int
     replay_size: int
     version: str
+    kernel_abi_version: int
 
 
 class Engine:
@@ -204,6 +205,7 @@ class Engine:
                 step_queue_depth=self._steps.depth,
                 replay_size=len(trainer.replay),
                 version=trident_version(),
+                kernel_abi_version=trainer.backend.kernel_abi_version,
             )
 
     # ------------------------------------------------------------------------ lifecycle

@@ -394,6 +394,7 @@ def trainer_for(dims: CudaDims, seed: int) -> Trainer:
         f"model.aux_dim={dims.K}",
         f"c51.num_atoms={dims.Z}",
         f"train.seed={seed}",
+        "train.backend=numpy",  # the host reference the kernels are compared with
     ]
     return Trainer(load_config(env={}, overrides=overrides))
 

@@ -204,7 +204,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("global_step", "backend", "device", "config_json", "param_digest", "inference_only", "step_queue_depth", "replay_size", "version")
+    __slots__ = ("global_step", "backend", "device", "config_json", "param_digest", "inference_only", "step_queue_depth", "replay_size", "version", "kernel_abi_version")
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
@@ -214,6 +214,7 @@ class GetStatusResponse(_message.Message):
     STEP_QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     REPLAY_SIZE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_ABI_VERSION_FIELD_NUMBER: _ClassVar[int]
     global_step: int
     backend: str
     device: str
@@ -223,7 +224,8 @@ class GetStatusResponse(_message.Message):
     step_queue_depth: int
     replay_size: int
     version: str
-    def __init__(self, global_step: _Optional[int] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., config_json: _Optional[str] = ..., param_digest: _Optional[str] = ..., inference_only: _Optional[bool] = ..., step_queue_depth: _Optional[int] = ..., replay_size: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
+    kernel_abi_version: int
+    def __init__(self, global_step: _Optional[int] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., config_json: _Optional[str] = ..., param_digest: _Optional[str] = ..., inference_only: _Optional[bool] = ..., step_queue_depth: _Optional[int] = ..., replay_size: _Optional[int] = ..., version: _Optional[str] = ..., kernel_abi_version: _Optional[int] = ...) -> None: ...
 
 class UpdateHyperparamsRequest(_message.Message):
     __slots__ = ("values",)
