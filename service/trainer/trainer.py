@@ -527,7 +527,7 @@ class Trainer:
         except ConfigError as error:
             raise InvalidInput("rng/seed", "a valid train.seed", str(error)) from None
         for name, array in self._state_targets().items():
-            array[...] = state[name]
+            self._assign(array, state[name])
         self.config = config
         self.key = seed_key(seed)
         self.replay.load_state(
@@ -549,7 +549,7 @@ class Trainer:
         if unknown:
             raise InvalidInput("params", "exactly this model's tensors", f"unknown {unknown[:5]}")
         for name, array in self.params.items():
-            array[...] = params[name]
+            self._assign(array, params[name])
 
     def memory_bytes(self) -> int:
         """Bytes the backend holds for this trainer: parameters, target, moments and replay."""
@@ -561,6 +561,10 @@ class Trainer:
             *self.replay.storage.values(),
         ]
         return sum(array.nbytes for array in arrays)
+
+    def _assign(self, target: np.ndarray, source: np.ndarray) -> None:
+        """Overwrite `target` (host counter or backend array) with the host array `source`."""
+        target[...] = source if isinstance(target, np.ndarray) else self.xp.asarray(source)
 
     def _state_targets(self) -> dict[str, np.ndarray]:
         """The fixed-shape state arrays (all but the replay rows), to be overwritten in place."""
