@@ -28,8 +28,8 @@ device-wide synchronise, wall clock / n) is recorded as a cross-check.
 
 The floor is the largest of: bytes moved (minimal, see `update_bytes`) / 4.3 TB/s, FLOPs
 (`update_flops`) / the fp32 GEMM rate measured here, and kernel launches per update x 0.9 us,
-the launches counted with the profiler on one replay of the torch graph (and, when the
-Trident column exists, on one of its updates).
+the launches counted with the profiler over replays of the torch graph (and, when the
+Trident column exists, over its updates too).
 
 Trident's captured-update interface (looked up by a guarded import of `TRIDENT_ENTRY`,
 "module:Name", default `service.trainer.gpu_update:CapturedUpdate`; --trident-entry overrides):
@@ -452,7 +452,7 @@ def check_graph_matches_eager(B: int, cfg, warmup: int, seed: int) -> dict:
     tu.update()  # eagerly, the function that was captured
     torch.cuda.synchronize()
     stats_eager = tu.out["stats"]
-    after = tu.state()
+    after = [t.detach() for t in tu.state()]
     state_diff = max(float((g - e).abs().max()) for g, e in zip(via_graph, after, strict=True))
     state_close = all(
         torch.allclose(g, e, rtol=1e-5, atol=1e-7) for g, e in zip(via_graph, after, strict=True)
@@ -809,6 +809,10 @@ def print_table(results: list[dict], ceilings: dict, trident_reason: str | None)
                 if k.endswith("_ms") and k != "floor_ms"
             )
             print(f"B={r['B']}: floor terms (ms): {terms}")
+    for r in results:
+        reason = r.get("trident", {}).get("reason")
+        if reason and reason != trident_reason:
+            print(f"B={r['B']}: trident: {reason}")
     if any(r.get("floor") and not r["floor"]["complete"] for r in results):
         print(
             "* a floor term is missing (no GEMM rate on the CPU, or no launch count): "
@@ -1059,6 +1063,7 @@ def add_floor(r: dict, ceilings: dict, args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    t0 = time.perf_counter()
     args = parse_args(argv)
     torch = setup_torch(args.device)
     import_service()
@@ -1078,7 +1083,7 @@ def main(argv: list[str] | None = None) -> int:
         "target accesses each), activations written once and read once, "
         "inputs read once; float32, indices counted as 4 bytes",
         "launch_note": "kernels + memsets + memcpys on the GPU per update, counted with "
-        "torch.profiler on one replay of the torch graph",
+        "torch.profiler over two replays of the torch graph (see graph_for_floor_method)",
     }
     ceilings: dict[str, Any] = {
         "bandwidth_tb_per_s_for_floor": args.bandwidth_tbs,
@@ -1108,7 +1113,6 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
     record["ceilings"] = ceilings
-    t0 = time.perf_counter()
     results = run_sizes(args, trident_cls, trident_reason, ceilings, record)
     record["results"] = results
     record["runtime_s"] = round(time.perf_counter() - t0, 1)
