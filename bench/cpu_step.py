@@ -21,6 +21,7 @@ import datetime as dt
 import functools
 import io
 import json
+import math
 import os
 import platform
 import pstats
@@ -143,126 +144,36 @@ def numpy_update_fn(B: int, args: argparse.Namespace) -> Callable[[], None]:
 
 # ------------------------------------------------------------------------------- torch twin
 def torch_update_fn(B: int, args: argparse.Namespace) -> Callable[[], None]:
-    """The same update written plainly in eager PyTorch, on the same data."""
+    """The same update written plainly in eager PyTorch (bench/torch_update.py), on the same
+    data: the NumPy trainer's rollout batch, replay storage and minibatch rows."""
     import torch
-    import torch.nn.functional as F  # noqa: N812
-    from torch import nn
+    from torch_update import make_torch_update
 
     torch.set_num_threads(os.cpu_count() or 1)
-    torch.manual_seed(args.seed)
     trainer, batch, rows_np, _ = numpy_setup(B, args)  # same config, data and replay
-    cfg = trainer.config
-    train, ppo, c51, optim = cfg.train, cfg.ppo, cfg.c51, cfg.optim
-
-    class Net(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.encoder = nn.Sequential(nn.Linear(D, H), nn.ReLU(), nn.Linear(H, H), nn.ReLU())
-            self.q = nn.Linear(H, A * Z)
-            self.pi = nn.Linear(H, A)
-            self.v = nn.Linear(H, 1)
-            self.bce = nn.Linear(H, 1)
-            self.aux = nn.Linear(H, K)
-
-    net = Net()
-    target = nn.ModuleDict({"encoder": Net().encoder, "q": nn.Linear(H, A * Z)})
-    target.load_state_dict(
-        {k: v for k, v in net.state_dict().items() if k.startswith(("encoder.", "q."))}
-    )
-    target.requires_grad_(False)
-    online_t = [*net.encoder.parameters(), *net.q.parameters()]
-    target_t = [*target["encoder"].parameters(), *target["q"].parameters()]
-    decay = [p for n, p in net.named_parameters() if n.endswith("weight")]
-    no_decay = [p for n, p in net.named_parameters() if n.endswith("bias")]
-    opt = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": optim.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ],
-        lr=optim.lr,
-        betas=(optim.beta1, optim.beta2),
-        eps=optim.eps,
-    )
-
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
-    obs, actions, old_logp = t(batch.obs), t(batch.actions), t(batch.behavior_log_probs)
-    adv_all, returns, bce_y, aux_y = (
-        t(batch.advantages),
-        t(batch.returns),
-        t(batch.bce_labels),
-        t(batch.aux_targets),
-    )
-    store = {k: t(v[: len(trainer.replay)]) for k, v in trainer.replay.storage.items()}
-    store["actions"] = store["actions"].long()
     size = len(trainer.replay)
-    rows = t(rows_np)
-    support = torch.linspace(c51.v_min, c51.v_max, Z)
-    delta_z = (c51.v_max - c51.v_min) / (Z - 1)
-    offset = (torch.arange(B) * Z)[:, None]
-
-    def project(p, r, d, k):
-        disc = (train.gamma ** k.float()) * (1 - d.float())
-        tz = (r[:, None] + disc[:, None] * support[None, :]).clamp(c51.v_min, c51.v_max)
-        b = ((tz - c51.v_min) / delta_z).clamp(0, Z - 1)
-        lo, up = b.floor().long(), b.ceil().long()
-        lo[(up > 0) & (lo == up)] -= 1
-        up[(lo < Z - 1) & (lo == up)] += 1
-        m = torch.zeros(B * Z)
-        m.index_add_(0, (lo + offset).view(-1), (p * (up.float() - b)).view(-1))
-        m.index_add_(0, (up + offset).view(-1), (p * (b - lo.float())).view(-1))
-        return m.view(B, Z)
+    data = {
+        "rollout": {
+            "obs": t(batch.obs),
+            "actions": t(batch.actions),
+            "old_logp": t(batch.behavior_log_probs),
+            "advantages": t(batch.advantages),
+            "returns": t(batch.returns),
+            "bce_y": t(batch.bce_labels),
+            "aux_y": t(batch.aux_targets),
+            "rows": t(rows_np),
+        },
+        "store": {k: t(v[:size]) for k, v in trainer.replay.storage.items()},
+    }
+    tu = make_torch_update(B, trainer.config, "cpu", capturable=False, seed=args.seed, data=data)
 
     def update() -> None:
-        # replay sample (uniform with replacement) and minibatch gather
-        idx = torch.randint(0, size, (B,))
-        r_obs, r_act, r_rew = store["obs"][idx], store["actions"][idx], store["rewards"][idx]
-        r_done, r_k, r_next = store["dones"][idx], store["horizons"][idx], store["next_obs"][idx]
-        x = torch.cat([obs[rows], r_obs])
-        h = net.encoder(x)
-        h_pol, h_q = h[:B], h[B:]
-        a = actions[rows]
-        adv = adv_all[rows]
-        adv = (adv - adv.mean()) / (adv.std(unbiased=False) + 1e-8)
-        # PPO clipped surrogate + entropy
-        log_p = F.log_softmax(net.pi(h_pol), -1)
-        log_ratio = log_p.gather(1, a[:, None])[:, 0] - old_logp[rows]
-        ratio = log_ratio.exp()
-        pg = -torch.min(ratio * adv, ratio.clamp(1 - ppo.clip_eps, 1 + ppo.clip_eps) * adv)
-        entropy = -(log_p.exp() * log_p).sum(-1).mean()
-        loss_pi = pg.mean() - ppo.ent_coef * entropy
-        loss_v = 0.5 * (net.v(h_pol)[:, 0] - returns[rows]).pow(2).mean()
-        loss_bce = F.binary_cross_entropy_with_logits(net.bce(h_pol)[:, 0], bce_y[rows])
-        loss_aux = F.mse_loss(net.aux(h_pol), aux_y[rows])
-        # C51 on the replay rows: target net forward, projection, cross-entropy
-        with torch.no_grad():
-            hn = target["encoder"](r_next)
-            probs = target["q"](hn).view(B, A, Z).softmax(-1)
-            best = (probs @ support).argmax(1)
-            m = project(probs[torch.arange(B), best], r_rew, r_done, r_k)
-        q_logits = net.q(h_q).view(B, A, Z)[torch.arange(B), r_act]
-        loss_q = -(m * F.log_softmax(q_logits, -1)).sum(-1).mean()
-        total = (
-            train.lambda_pi * loss_pi
-            + train.lambda_v * loss_v
-            + train.lambda_bce * loss_bce
-            + train.lambda_aux * loss_aux
-            + train.lambda_q * loss_q
-        )
-        opt.zero_grad(set_to_none=True)
-        total.backward()
-        norm = nn.utils.clip_grad_norm_(net.parameters(), optim.max_grad_norm)
-        if not torch.isfinite(norm):
+        tu.update()
+        # the statistics the NumPy path also reports, read as host floats; the norm checked
+        stats = tu.out["stats"].tolist()
+        if not math.isfinite(stats[3]):
             raise RuntimeError("non-finite gradient")
-        opt.step()
-        with torch.no_grad():
-            for dst, src in zip(target_t, online_t, strict=True):
-                dst.lerp_(src, c51.target_tau)
-            # statistics the NumPy path also reports (host floats)
-            _ = (
-                float(total),
-                float((ratio - 1 - log_ratio).mean()),
-                float(((ratio - 1).abs() > ppo.clip_eps).float().mean()),
-            )
 
     return update
 

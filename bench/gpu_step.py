@@ -15,8 +15,8 @@ TF32 off.
 Columns
     trident   Trident's captured update (see `TRIDENT_ENTRY` below). Until it exists the
               column reads "not available: ..." and no number is printed or recorded.
-    eager     the update written plainly in PyTorch eager mode (the formulas of the torch
-              twin in bench/cpu_step.py), default `torch.optim.AdamW` (foreach).
+    eager     the update written plainly in PyTorch eager mode (bench/torch_update.py, shared
+              with bench/cpu_step.py's torch twin), default `torch.optim.AdamW` (foreach).
     graph     the same code captured whole in one `torch.cuda.CUDAGraph`: forward, backward,
               clip_grad_norm_, AdamW(capturable=True), target refresh; static inputs, the
               replay rows drawn by `torch.randint` inside the graph.
@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from torch_update import TorchUpdate, make_torch_update
 
 D, H, DEPTH, A, Z, K = 40, 256, 2, 9, 51, 3
 DEFAULT_SIZES = (256, 1024, 4096, 16384)
@@ -247,168 +248,8 @@ def make_config(B: int, args: argparse.Namespace):
 
 
 # ------------------------------------------------------------------------------- torch twin
-@dataclass
-class TorchUpdate:
-    """One B's eager-PyTorch update on a device, and what the graph check needs of it."""
-
-    update: Callable[[], None]
-    net: Any
-    target_params: list
-    opt: Any
-    out: dict  # "stats": [total loss, approx KL, clip fraction, grad norm] of the last update
-
-    def state(self) -> list:
-        """Every tensor the update changes: parameters, target, AdamW moments and steps."""
-        tensors = [*self.net.parameters(), *self.target_params]
-        for st in self.opt.state.values():
-            tensors += [v for v in st.values() if hasattr(v, "copy_")]
-        return tensors
-
-
-def make_torch_update(
-    B: int, cfg, device: str, *, capturable: bool, seed: int, fixed_replay_rows: bool = False
-) -> TorchUpdate:
-    """The update of bench/cpu_step.py's torch twin, on `device`, with no host synchronisation.
-
-    Same modules, losses, clip, AdamW groups and lerp_ refresh as the twin; differences, all
-    needed for graph capture and none changing the work: the data are random tensors made on
-    the device (the twin takes the NumPy trainer's), the projection's edge fix uses
-    torch.where (boolean-mask assignment synchronises), the finiteness check of the norm and
-    the host reads of the statistics are dropped (the statistics stay on the device in
-    `out["stats"]`). With `fixed_replay_rows` the replay rows are a fixed set instead of a
-    fresh `torch.randint` draw, so two runs of one update see the same rows.
-    """
-    import torch
-    import torch.nn.functional as F  # noqa: N812
-    from torch import nn
-
-    train, ppo, c51, optim = cfg.train, cfg.ppo, cfg.c51, cfg.optim
-    dev = torch.device(device)
-    torch.manual_seed(seed)
-
-    class Net(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.encoder = nn.Sequential(nn.Linear(D, H), nn.ReLU(), nn.Linear(H, H), nn.ReLU())
-            self.q = nn.Linear(H, A * Z)
-            self.pi = nn.Linear(H, A)
-            self.v = nn.Linear(H, 1)
-            self.bce = nn.Linear(H, 1)
-            self.aux = nn.Linear(H, K)
-
-    net = Net().to(dev)
-    target = nn.ModuleDict({"encoder": Net().encoder, "q": nn.Linear(H, A * Z)}).to(dev)
-    target.load_state_dict(
-        {k: v for k, v in net.state_dict().items() if k.startswith(("encoder.", "q."))}
-    )
-    target.requires_grad_(False)
-    online_t = [*net.encoder.parameters(), *net.q.parameters()]
-    target_t = [*target["encoder"].parameters(), *target["q"].parameters()]
-    decay = [p for n, p in net.named_parameters() if n.endswith("weight")]
-    no_decay = [p for n, p in net.named_parameters() if n.endswith("bias")]
-    opt = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": optim.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ],
-        lr=optim.lr,
-        betas=(optim.beta1, optim.beta2),
-        eps=optim.eps,
-        capturable=capturable,
-    )
-
-    # The rollout minibatch (B rows) and the replay (cfg.replay.capacity rows), on the device.
-    size = cfg.replay.capacity
-    logits = torch.randn(B, A, device=dev)
-    actions = torch.randint(0, A, (B,), device=dev)
-    old_logp = F.log_softmax(logits, -1).gather(1, actions[:, None])[:, 0]
-    obs = torch.randn(B, D, device=dev)
-    adv_all = torch.randn(B, device=dev)
-    returns = torch.randn(B, device=dev)
-    bce_y = (torch.rand(B, device=dev) < 0.5).float()
-    aux_y = torch.randn(B, K, device=dev)
-    rows = torch.randperm(B, device=dev)
-    store = {
-        "obs": torch.randn(size, D, device=dev),
-        "actions": torch.randint(0, A, (size,), device=dev),
-        "rewards": torch.randn(size, device=dev),
-        "dones": (torch.rand(size, device=dev) < 0.02).to(torch.uint8),
-        "horizons": torch.ones(size, dtype=torch.int32, device=dev),
-        "next_obs": torch.randn(size, D, device=dev),
-    }
-    fixed_idx = torch.randint(0, size, (B,), device=dev) if fixed_replay_rows else None
-    support = torch.linspace(c51.v_min, c51.v_max, Z, device=dev)
-    delta_z = (c51.v_max - c51.v_min) / (Z - 1)
-    arange = torch.arange(B, device=dev)
-    offset = (arange * Z)[:, None]
-    out: dict = {}
-
-    def project(p, r, d, k):
-        disc = (train.gamma ** k.float()) * (1 - d.float())
-        tz = (r[:, None] + disc[:, None] * support[None, :]).clamp(c51.v_min, c51.v_max)
-        b = ((tz - c51.v_min) / delta_z).clamp(0, Z - 1)
-        lo, up = b.floor().long(), b.ceil().long()
-        lo = torch.where((up > 0) & (lo == up), lo - 1, lo)
-        up = torch.where((lo < Z - 1) & (lo == up), up + 1, up)
-        m = torch.zeros(B * Z, device=dev)
-        m.index_add_(0, (lo + offset).view(-1), (p * (up.float() - b)).view(-1))
-        m.index_add_(0, (up + offset).view(-1), (p * (b - lo.float())).view(-1))
-        return m.view(B, Z)
-
-    def update() -> None:
-        # replay sample (uniform with replacement) and minibatch gather
-        idx = fixed_idx if fixed_idx is not None else torch.randint(0, size, (B,), device=dev)
-        r_obs, r_act, r_rew = store["obs"][idx], store["actions"][idx], store["rewards"][idx]
-        r_done, r_k, r_next = store["dones"][idx], store["horizons"][idx], store["next_obs"][idx]
-        x = torch.cat([obs[rows], r_obs])
-        h = net.encoder(x)
-        h_pol, h_q = h[:B], h[B:]
-        a = actions[rows]
-        adv = adv_all[rows]
-        adv = (adv - adv.mean()) / (adv.std(unbiased=False) + 1e-8)
-        # PPO clipped surrogate + entropy
-        log_p = F.log_softmax(net.pi(h_pol), -1)
-        log_ratio = log_p.gather(1, a[:, None])[:, 0] - old_logp[rows]
-        ratio = log_ratio.exp()
-        pg = -torch.min(ratio * adv, ratio.clamp(1 - ppo.clip_eps, 1 + ppo.clip_eps) * adv)
-        entropy = -(log_p.exp() * log_p).sum(-1).mean()
-        loss_pi = pg.mean() - ppo.ent_coef * entropy
-        loss_v = 0.5 * (net.v(h_pol)[:, 0] - returns[rows]).pow(2).mean()
-        loss_bce = F.binary_cross_entropy_with_logits(net.bce(h_pol)[:, 0], bce_y[rows])
-        loss_aux = F.mse_loss(net.aux(h_pol), aux_y[rows])
-        # C51 on the replay rows: target net forward, projection, cross-entropy
-        with torch.no_grad():
-            hn = target["encoder"](r_next)
-            probs = target["q"](hn).view(B, A, Z).softmax(-1)
-            best = (probs @ support).argmax(1)
-            m = project(probs[arange, best], r_rew, r_done, r_k)
-        q_logits = net.q(h_q).view(B, A, Z)[arange, r_act]
-        loss_q = -(m * F.log_softmax(q_logits, -1)).sum(-1).mean()
-        total = (
-            train.lambda_pi * loss_pi
-            + train.lambda_v * loss_v
-            + train.lambda_bce * loss_bce
-            + train.lambda_aux * loss_aux
-            + train.lambda_q * loss_q
-        )
-        opt.zero_grad(set_to_none=True)
-        total.backward()
-        norm = nn.utils.clip_grad_norm_(net.parameters(), optim.max_grad_norm)
-        opt.step()
-        with torch.no_grad():
-            for dst, src in zip(target_t, online_t, strict=True):
-                dst.lerp_(src, c51.target_tau)
-            # the statistics the NumPy path reports, left on the device
-            out["stats"] = torch.stack(
-                [
-                    total.detach(),
-                    (ratio - 1 - log_ratio).mean(),
-                    ((ratio - 1).abs() > ppo.clip_eps).float().mean(),
-                    norm,
-                ]
-            )
-
-    return TorchUpdate(update=update, net=net, target_params=target_t, opt=opt, out=out)
+# The eager update (`make_torch_update`, `TorchUpdate`) lives in bench/torch_update.py, shared
+# with bench/cpu_step.py's torch column; its data here are random tensors made on the device.
 
 
 def capture(tu: TorchUpdate, warmup: int):
