@@ -64,16 +64,20 @@ extern "C" __global__ void clip_coefficient(const double* __restrict__ norm,
     }
 }
 
+__device__ __forceinline__ bool trident_finite(float x) { return trident_finite_f32(x); }
+__device__ __forceinline__ bool trident_finite(double x) { return trident_finite_f64(x); }
+
 // flags[k] = 1 when every element of chunk k of x is finite, else 0 (__syncthreads_and is a
 // block-wide vote, not an atomic). grid = ceil(n / TRIDENT_REDUCE_CHUNK) exactly.
-extern "C" __global__ void finite_partials_f32(const float* __restrict__ x, long long n,
-                                               unsigned char* __restrict__ flags) {
+template <typename T>
+__device__ __forceinline__ void finite_partials(const T* __restrict__ x, long long n,
+                                                unsigned char* __restrict__ flags) {
     const long long base = (long long)blockIdx.x * TRIDENT_REDUCE_CHUNK + threadIdx.x;
     int ok = 1;
 #pragma unroll
     for (int k = 0; k < TRIDENT_REDUCE_ITEMS; ++k) {
         const long long i = base + (long long)k * TRIDENT_REDUCE_THREADS;
-        if (i < n && !trident_finite_f32(x[i])) {
+        if (i < n && !trident_finite(x[i])) {
             ok = 0;
         }
     }
@@ -83,21 +87,14 @@ extern "C" __global__ void finite_partials_f32(const float* __restrict__ x, long
     }
 }
 
+extern "C" __global__ void finite_partials_f32(const float* __restrict__ x, long long n,
+                                               unsigned char* __restrict__ flags) {
+    finite_partials(x, n, flags);
+}
+
 extern "C" __global__ void finite_partials_f64(const double* __restrict__ x, long long n,
                                                unsigned char* __restrict__ flags) {
-    const long long base = (long long)blockIdx.x * TRIDENT_REDUCE_CHUNK + threadIdx.x;
-    int ok = 1;
-#pragma unroll
-    for (int k = 0; k < TRIDENT_REDUCE_ITEMS; ++k) {
-        const long long i = base + (long long)k * TRIDENT_REDUCE_THREADS;
-        if (i < n && !trident_finite_f64(x[i])) {
-            ok = 0;
-        }
-    }
-    ok = __syncthreads_and(ok);
-    if (threadIdx.x == 0) {
-        flags[blockIdx.x] = (unsigned char)(ok != 0);
-    }
+    finite_partials(x, n, flags);
 }
 
 // ok[0] = 1 when every flag is 1 (count may be 0: nothing to check is all finite). One block.
