@@ -9,9 +9,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.checkpoint import CheckpointInfo
+from service.trainer.model import HEADS
 from service.trainer.trainer import StepResult
 
-HEADS = ("q", "pi", "v", "bce", "aux", "total")
+LOSS_LABELS = (*HEADS, "total")  # `total`: the λ-weighted sum
 METHODS = tuple(m.name for m in pb.DESCRIPTOR.services_by_name["TrainerService"].methods)
 ERROR_CODES = tuple(code.name for code in grpc.StatusCode if code is not grpc.StatusCode.OK)
 
@@ -82,7 +83,7 @@ class Metrics:
         )
         self.global_step = Gauge("global_step", "Applied Steps (the policy version).", **ns)
         self.step_queue_depth = Gauge("step_queue_depth", "Steps waiting to be applied.", **ns)
-        for head in HEADS:
+        for head in LOSS_LABELS:
             self.loss.labels(head=head)
         for method in METHODS:
             for code in ERROR_CODES:
