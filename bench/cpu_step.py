@@ -38,7 +38,7 @@ import numpy as np
 
 from service.config import load_config
 from service.trainer.rollout import Rollout, Transitions
-from service.trainer.trainer import Trainer
+from service.trainer.trainer import APPLIED, STATS_SIZE, Trainer
 
 D, H, DEPTH, A, Z, K = 40, 256, 2, 9, 51, 3
 ENV_VARS = (
@@ -124,15 +124,18 @@ def numpy_setup(B: int, args: argparse.Namespace):
 
 
 def make_update(trainer: Trainer, batch, rows: np.ndarray) -> Callable[[], None]:
+    totals = np.zeros(STATS_SIZE)
+
     def update() -> None:
         # Trainer._update is private: it is exactly one optimizer update (replay sample,
         # encoder fwd on [B minibatch; B replay], every head's loss and backward, target-net
         # forward + projection, global norm, AdamW on every group, target refresh), i.e. the
-        # body of Step's minibatch loop, without GAE/_prepare and the replay insert.
-        _, reason = trainer._update(batch, rows)
-        if reason:
-            raise RuntimeError(reason)
-        trainer.counters["updates_attempted"] += 1  # as Step does: a fresh replay sample
+        # body of Step's minibatch loop, without GAE/_prepare and the replay insert. It
+        # advances the replay draw's sequence itself, as in a Step.
+        applied = totals[APPLIED]
+        trainer._update(batch, rows, True, totals)
+        if totals[APPLIED] != applied + 1:
+            raise RuntimeError("a benchmarked update was not applied (non-finite values)")
 
     return update
 
@@ -343,21 +346,19 @@ def profile_numpy(B: int, args: argparse.Namespace) -> str:
     saved = {name: getattr(model, name) for name in ("encoder_fwd", "encoder_bwd")}
     for name in saved:
         setattr(model, name, timed(f"model.{name}", saved[name]))
-    trainer.replay.sample = timed("replay.sample", trainer.replay.sample)
     trainer._q_target = timed("Trainer._q_target", trainer._q_target)
     trainer._apply = timed("Trainer._apply", trainer._apply)
     trainer._update = timed("Trainer._update", trainer._update)
     try:
         for _ in range(args.warmup):
-            trainer._update(batch, rows)
+            update()
         for table in (inclusive, own, calls):
             table.clear()
         busy0, own0 = busy_seconds(), time.process_time()
         faults0 = resource.getrusage(resource.RUSAGE_SELF)
         start = time.perf_counter()
         for _ in range(n):
-            trainer._update(batch, rows)
-            trainer.counters["updates_attempted"] += 1
+            update()
         wall = time.perf_counter() - start
         busy1, own1 = busy_seconds(), time.process_time()
         faults1 = resource.getrusage(resource.RUSAGE_SELF)

@@ -104,6 +104,7 @@ class TrainConfig(_Section):
 
     seed: int = _f(0, ge=0, lt=2**63)  # RNG seed for init, sampling and shuffling
     backend: str = _f("auto", choices=("auto", "numpy", "cuda"))  # compute backend
+    cuda_graphs: bool = True  # cuda backend: replay each Step / Act shape as a captured graph
     gamma: float = _f(0.99, ge=0, le=1)  # discount factor per env step
     lambda_q: float = _f(1.0, ge=0)  # encoder-gradient weight of the C51 Q head
     lambda_pi: float = _f(1.0, ge=0)  # encoder-gradient weight of the policy head

@@ -313,6 +313,7 @@ def kernel_define(file: str, name: str) -> int:
 
 
 CORE_OPS = (
+    "matmul",
     "linear_fwd",
     "linear_bwd",
     "linear_bwd_params",

@@ -20,6 +20,7 @@ from service.backend.host_memory import retain_freed_memory
 from service.errors import BackendUnavailable
 
 OP_NAMES: tuple[str, ...] = (
+    "matmul",
     "linear_fwd",
     "linear_bwd",
     "linear_bwd_params",
@@ -48,6 +49,9 @@ OP_NAMES: tuple[str, ...] = (
     "adamw_step",
     "target_refresh",
     "sample_categorical",
+    "act_select",
+    "replay_sample_indices",
+    "replay_gather",
 )
 
 BACKEND_CHOICES = ("auto", "numpy", "cuda")

@@ -10,14 +10,22 @@ No op loops in Python over the batch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from service.backend.philox import Stream, below, random_bits, uniform01
+
 Array = np.ndarray
+ACT_MODES = ("sample", "greedy_pi", "greedy_q", "epsilon_greedy")  # kernels/act.cu's order
 
 
 # --------------------------------------------------------------------------- linear layers
+def matmul(a: Array, b: Array) -> Array:
+    """a @ b for a [M, K], b [K, N]."""
+    return a @ b
+
+
 def linear_fwd(x: Array, W: Array, b: Array) -> Array:
     """y = x W + b for x [B, I], W [I, O], b [O]."""
     return x @ W + b
@@ -433,3 +441,56 @@ def sample_categorical(logits: Array, uniforms: Array) -> Array:
     threshold = uniforms * cdf[:, -1]
     picks = np.sum(cdf <= threshold[:, None], axis=-1)
     return np.minimum(picks, logits.shape[-1] - 1).astype(np.int32)
+
+
+def act_select(
+    logits: Array,
+    q_values: Array | None,
+    mode: object,
+    epsilon: float,
+    key: Array,
+    sequence: Array,
+) -> tuple[Array, Array]:
+    """Trainer.act's action choice: (actions int32 [N], log π(a|s) of each returned action).
+
+    mode (an ActMode or its value): 'sample' draws from π with u = uniform01(word 0) of
+    Philox counter (i, sequence, ACT_SAMPLE); 'greedy_pi' is the first argmax of the logits;
+    'greedy_q' the first argmax of q_values [N, A] (E[Z(s, a)]); 'epsilon_greedy' is
+    greedy-Q except where uniform01(word 0, float64) of counter (i, sequence, ACT_EXPLORE)
+    is below ε: then below(word 1, A). key: uint32 [2] (seed low, high words); sequence:
+    int64 [1], the act_calls counter of this call.
+    """
+    name = getattr(mode, "value", mode)
+    if name not in ACT_MODES:
+        raise ValueError(f"mode: expected one of {list(ACT_MODES)}, got {mode!r}")
+    N, A = logits.shape
+    words = (int(key[0]), int(key[1]))
+    if name == "sample":
+        bits = random_bits(words, Stream.ACT_SAMPLE, int(sequence[0]), N)[:, 0]
+        actions = sample_categorical(logits, uniform01(bits, logits.dtype))
+    elif name == "greedy_pi":
+        actions = np.argmax(logits, axis=1)
+    else:
+        if q_values is None:
+            raise ValueError(f"q_values: required by mode {name!r}, got None")
+        actions = np.argmax(q_values, axis=1)
+        if name == "epsilon_greedy":
+            bits = random_bits(words, Stream.ACT_EXPLORE, int(sequence[0]), N)
+            explore = uniform01(bits[:, 0], np.float64) < epsilon
+            actions = np.where(explore, below(bits[:, 1], A), actions)
+    actions = actions.astype(np.int32)
+    return actions, log_softmax(logits)[np.arange(N), actions]
+
+
+# --------------------------------------------------------------------------- replay
+def replay_sample_indices(size: Array, key: Array, sequence: Array, count: int) -> Array:
+    """`count` ring slots drawn uniformly with replacement: slot_i = below(word 0 of Philox
+    counter (i, sequence, REPLAY), size) -> int32 [count]. size, sequence: int64 [1]."""
+    words = (int(key[0]), int(key[1]))
+    bits = random_bits(words, Stream.REPLAY, int(sequence[0]), count)[:, 0]
+    return below(bits, int(size[0])).astype(np.int32)
+
+
+def replay_gather(storage: Mapping[str, Array], slots: Array) -> dict[str, Array]:
+    """The ring's rows at `slots`, one array per field."""
+    return {name: array[slots] for name, array in storage.items()}

@@ -86,7 +86,7 @@ def encoder_fwd(ops: ModuleType, params: Params, x: np.ndarray, depth: int) -> l
     """Activations [x, h1, ..., h_depth] with h_{l+1} = relu(h_l W_l + b_l)."""
     activations = [x]
     for layer in range(depth):
-        z = activations[-1] @ params[f"encoder/W{layer}"]
+        z = ops.matmul(activations[-1], params[f"encoder/W{layer}"])
         activations.append(ops.bias_relu_fwd(z, params[f"encoder/b{layer}"]))
     return activations
 

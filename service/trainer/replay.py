@@ -6,7 +6,6 @@ from types import ModuleType
 
 import numpy as np
 
-from service.backend.philox import Stream, below, random_bits
 from service.errors import InvalidInput
 from service.trainer.rollout import Transitions
 
@@ -16,8 +15,8 @@ FIELDS = ("obs", "actions", "rewards", "dones", "horizons", "next_obs")
 class ReplayBuffer:
     """Fixed-capacity FIFO ring; the oldest transitions are overwritten first.
 
-    `position` (next slot to write) and `size` are one-element arrays so they sit in device
-    memory beside the data on a GPU backend.
+    `position` (next slot to write) and `size` are host counters; `size_on_device` mirrors
+    `size` in the backend's memory, where the sampler (`replay_sample_indices`) reads it.
     """
 
     def __init__(self, capacity: int, obs_dim: int, dtype: np.dtype, xp: ModuleType = np) -> None:
@@ -33,6 +32,7 @@ class ReplayBuffer:
         }
         self.position = np.zeros(1, dtype=np.int64)
         self.size = np.zeros(1, dtype=np.int64)
+        self.size_on_device = xp.zeros(1, dtype=np.int64)
 
     def __len__(self) -> int:
         return int(self.size[0])
@@ -49,12 +49,7 @@ class ReplayBuffer:
             self.storage[name][slots] = self.xp.asarray(getattr(batch, name))
         self.position[0] = (self.position[0] + count) % self.capacity
         self.size[0] = min(self.capacity, self.size[0] + count)
-
-    def sample(self, key: tuple[int, int], sequence: int, count: int) -> Transitions:
-        """`count` transitions drawn uniformly with replacement, slot = ⌊u · size / 2³²⌋."""
-        slots = below(random_bits(key, Stream.REPLAY, sequence, count)[:, 0], self.size[0])
-        slots = self.xp.asarray(slots)
-        return Transitions(*(self.storage[name][slots] for name in FIELDS))
+        self.size_on_device.fill(int(self.size[0]))
 
     def state(self) -> dict[str, np.ndarray]:
         """The stored rows [0, size) of each field, plus position and size."""
@@ -72,3 +67,4 @@ class ReplayBuffer:
             self.storage[name][filled:] = 0
         self.position[:] = state["position"]
         self.size[:] = filled
+        self.size_on_device.fill(filled)

@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
 from enum import Enum
+from types import ModuleType
 
 import numpy as np
 
 from service.backend import Backend, select_backend
-from service.backend.philox import Stream, below, random_bits, seed_key, uniform01
+from service.backend.philox import Stream, random_bits, seed_key
 from service.config import Config, ConfigError, with_overrides
 from service.errors import InvalidInput
 from service.trainer import model
+from service.trainer.hyper import HOT_KEYS, ZERO, Hyperparams
 from service.trainer.replay import ReplayBuffer
 from service.trainer.rollout import (
     Rollout,
@@ -32,26 +35,24 @@ from service.trainer.rollout import (
     validate_rollout,
 )
 
-# Settings UpdateHyperparams may change between Steps (a GPU backend keeps them in a device
-# vector, so changing them never re-captures the step).
-HOT_KEYS = (
-    "optim.lr",
-    "optim.weight_decay",
-    "optim.max_grad_norm",
-    "train.gamma",
-    "train.lambda_q",
-    "train.lambda_pi",
-    "train.lambda_v",
-    "train.lambda_bce",
-    "train.lambda_aux",
-    "ppo.gae_lambda",
-    "ppo.clip_eps",
-    "ppo.ent_coef",
-    "ppo.value_clip_eps",
-    "c51.target_tau",
-)
+__all__ = ["HOT_KEYS", "ActMode", "ActResult", "StepResult", "Trainer"]
 
 COUNTERS = ("global_step", "updates_attempted", "act_calls")
+
+# The statistics vector a Step accumulates on the device and reads back once: sums over the
+# applied updates of each loss and statistic, then the applied and skipped update counts,
+# then one flag per head loss: non-finite in some update.
+LOSS_HEADS = ("q", "pi", "v", "bce", "aux")
+STATS = (
+    *(f"loss_{h}" for h in LOSS_HEADS),
+    "grad_norm",
+    "entropy",
+    "approx_kl",
+    "clip_fraction",
+    "c51_support_clip_ratio",
+)
+APPLIED, SKIPPED, BAD = len(STATS), len(STATS) + 1, len(STATS) + 2
+STATS_SIZE = BAD + len(LOSS_HEADS)
 
 
 class ActMode(Enum):
@@ -89,7 +90,7 @@ class StepResult:
 
 
 @dataclass(frozen=True)
-class _Batch:
+class Batch:
     """The on-policy arrays of a Step, flattened to [T·N] rows."""
 
     obs: np.ndarray
@@ -102,8 +103,39 @@ class _Batch:
     aux_targets: np.ndarray | None
 
 
+def batch_arrays(batch: Batch) -> tuple:
+    """The batch's arrays in field order (None for absent labels)."""
+    return tuple(getattr(batch, f.name) for f in fields(batch))
+
+
+def _present(batch: Batch, use_q: bool) -> dict[str, bool]:
+    """Which head losses an update of this batch computes."""
+    return {
+        "q": use_q,
+        "pi": True,
+        "v": True,
+        "bce": batch.bce_labels is not None,
+        "aux": batch.aux_targets is not None,
+    }
+
+
+def _stack_rows(xp: ModuleType, top: np.ndarray, bottom: np.ndarray) -> np.ndarray:
+    """[top; bottom] by two copies (CuPy's concatenate may upload pointers: not in a graph)."""
+    out = xp.empty((top.shape[0] + bottom.shape[0], *top.shape[1:]), dtype=top.dtype)
+    out[: top.shape[0]] = top
+    out[top.shape[0] :] = bottom
+    return out
+
+
 class Trainer:
-    """Encoder, C51 / policy / value / perception heads, target network, replay and optimizers."""
+    """Encoder, C51 / policy / value / perception heads, target network, replay and optimizers.
+
+    On a CUDA backend every device call runs on the trainer's own stream and, with
+    `train.cuda_graphs`, each Step shape and each Act shape becomes a CUDA graph (see
+    `service/backend/cuda/capture.py`): hyper-parameters, Philox key and sequences, replay
+    size and minibatch rows are device data the graph reads, so nothing on the host changes
+    inside it, and the non-finite guard is the `ok` flag the optimizer kernels take.
+    """
 
     def __init__(self, config: Config, backend: Backend | None = None) -> None:
         self.config = config
@@ -123,6 +155,20 @@ class Trainer:
         self.support = self.ops.c51_support(
             config.c51.v_min, config.c51.v_max, config.c51.num_atoms, self.dtype
         )
+        self.hp = Hyperparams(config, xp)
+        # What the device reads of the host's Philox state: the key, and the sequence of the
+        # next update / Act call (filled from the counters before each launch; the update
+        # advances its own between the updates of one Step).
+        self.key_on_device = xp.asarray(np.array(self.key, dtype=np.uint32))
+        self.sequences = {name: xp.zeros(1, dtype=np.int64) for name in COUNTERS[1:]}
+        self._always = xp.ones(1, dtype=np.uint8)
+        self.stream = None if xp is np else xp.cuda.Stream(non_blocking=True)
+        self.graphs = None
+        if self.stream is not None and config.train.cuda_graphs:
+            from service.backend.cuda.capture import CapturedCalls
+
+            self.graphs = CapturedCalls(self.stream)
+        self._static: dict[tuple, tuple] = {}  # per graph key: the buffers its graph reads
 
     @staticmethod
     def _in_target(name: str) -> bool:
@@ -132,6 +178,20 @@ class Trainer:
     def global_step(self) -> int:
         """Applied Steps so far; also the policy version Act reports."""
         return int(self.counters["global_step"][0])
+
+    @contextmanager
+    def _on_device(self) -> Iterator[None]:
+        """Run the block's device work on the trainer's stream (nothing to do on NumPy)."""
+        if self.stream is None:
+            yield
+            return
+        with self.stream:
+            yield
+
+    def synchronize(self) -> None:
+        """Wait for every queued device call (a no-op on NumPy)."""
+        if self.stream is not None:
+            self.stream.synchronize()
 
     # ------------------------------------------------------------------------------ Step
     def step(self, rollout: Rollout) -> StepResult:
@@ -146,7 +206,7 @@ class Trainer:
                 result.skip_reason = f"non-finite values in {name}; Step not applied"
                 return result
 
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"), self._on_device():
             return self._apply_step(rollout, result)  # the guard reports non-finite values
 
     def _apply_step(self, rollout: Rollout, result: StepResult) -> StepResult:
@@ -156,33 +216,11 @@ class Trainer:
         self.replay.insert(nstep_transitions(rollout, next_obs, c51.n_step, gamma, self.dtype))
         prepared = time.perf_counter()  # "prepare": values, GAE and the replay insert
 
-        totals: dict[str, float] = {}
-        rows = batch.actions.shape[0]
-        ppo = self.config.ppo
-        for _epoch in range(ppo.epochs):
-            sequence = int(self.counters["updates_attempted"][0])
-            keys = random_bits(self.key, Stream.MINIBATCH, sequence, rows)[:, 0]
-            order = np.argsort(keys, kind="stable")  # a seeded permutation of the rows
-            for minibatch in np.array_split(order, min(ppo.num_minibatches, rows)):
-                stats, reason = self._update(batch, minibatch)
-                self.counters["updates_attempted"] += 1
-                if reason:
-                    result.updates_skipped += 1
-                    result.skip_reason = result.skip_reason or reason
-                    continue
-                result.updates_applied += 1
-                for name, value in stats.items():
-                    totals[name] = totals.get(name, 0.0) + value
-
-        applied = max(result.updates_applied, 1)
-        means = {name: value / applied for name, value in totals.items()}
-        result.losses = {k.removeprefix("loss_"): v for k, v in means.items() if "loss_" in k}
-        result.grad_norm = means.get("grad_norm", 0.0)
-        result.entropy = means.get("entropy", 0.0)
-        result.approx_kl = means.get("approx_kl", 0.0)
-        result.clip_fraction = means.get("clip_fraction", 0.0)
-        result.c51_support_clip_ratio = means.get("c51_support_clip_ratio", 0.0)
-        result.skipped = result.updates_skipped > 0
+        order, bounds = self._minibatch_plan(batch.actions.shape[0])
+        use_q = len(self.replay) >= self.config.replay.min_size
+        totals = self.backend.to_host(self._run_updates(batch, order, bounds, use_q))
+        self.counters["updates_attempted"] += len(bounds)
+        self._summarize(totals, batch, use_q, result)
         if result.updates_applied:
             self.counters["global_step"] += 1
         result.global_step = self.global_step
@@ -194,7 +232,88 @@ class Trainer:
         }
         return result
 
-    def _prepare(self, rollout: Rollout) -> tuple[_Batch, np.ndarray]:
+    def _minibatch_plan(self, rows: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        """The Step's minibatches: each epoch's seeded permutation of the rows, concatenated
+        (int32 [epochs · rows]), and each update's [start, stop) in it."""
+        ppo = self.config.ppo
+        first = int(self.counters["updates_attempted"][0])
+        orders, bounds = [], []
+        for epoch in range(ppo.epochs):
+            sequence = first + len(bounds)  # the updates_attempted count at the epoch start
+            keys = random_bits(self.key, Stream.MINIBATCH, sequence, rows)[:, 0]
+            orders.append(np.argsort(keys, kind="stable").astype(np.int32))
+            parts = np.array_split(np.arange(rows), min(ppo.num_minibatches, rows))
+            bounds += [(epoch * rows + p[0], epoch * rows + p[-1] + 1) for p in parts]
+        return np.concatenate(orders), [(int(a), int(b)) for a, b in bounds]
+
+    def _run_updates(
+        self, batch: Batch, order: np.ndarray, bounds: list[tuple[int, int]], use_q: bool
+    ) -> np.ndarray:
+        """Queue the Step's updates; returns the device statistics vector (STATS_SIZE)."""
+        xp = self.xp
+        self.sequences["updates_attempted"].fill(int(self.counters["updates_attempted"][0]))
+        if self.graphs is None:
+            totals = xp.zeros(STATS_SIZE, dtype=np.float64)
+            self._updates(batch, xp.asarray(order), bounds, use_q, totals)
+            return totals
+        key = self._step_key(order, bounds, batch, use_q)
+        if key not in self._static:  # the buffers this shape's graph reads
+            static = Batch(*(None if a is None else xp.empty_like(a) for a in batch_arrays(batch)))
+            self._static[key] = (static, xp.empty_like(xp.asarray(order)), xp.empty(STATS_SIZE))
+        static, static_order, totals = self._static[key]
+        for dst, src in zip(batch_arrays(static), batch_arrays(batch), strict=True):
+            if dst is not None:
+                dst[...] = src
+        static_order.set(order)
+        self.graphs.run(key, lambda: self._updates(static, static_order, bounds, use_q, totals))
+        return totals
+
+    @staticmethod
+    def _step_key(
+        order: np.ndarray, bounds: list[tuple[int, int]], batch: Batch, use_q: bool
+    ) -> tuple:
+        """What fixes a Step graph's shape: rows, minibatches, and the heads it trains."""
+        return ("step", order.size, tuple(bounds), *_present(batch, use_q).values())
+
+    def _updates(
+        self,
+        batch: Batch,
+        order: np.ndarray,
+        bounds: list[tuple[int, int]],
+        use_q: bool,
+        totals: np.ndarray,
+    ) -> None:
+        """The device work of a Step's updates: what a CUDA graph captures."""
+        totals[...] = 0
+        for start, stop in bounds:
+            self._update(batch, order[start:stop], use_q, totals)
+
+    def _summarize(self, totals: np.ndarray, batch: Batch, use_q: bool, result: StepResult) -> None:
+        """Fill `result` from the read-back statistics vector."""
+        train = self.config.train
+        result.updates_applied = int(totals[APPLIED])
+        result.updates_skipped = int(totals[SKIPPED])
+        result.skipped = result.updates_skipped > 0
+        present = _present(batch, use_q)
+        heads = [h for h in LOSS_HEADS if present[h]]
+        if result.skipped:
+            bad = [h for h in heads if totals[BAD + LOSS_HEADS.index(h)] > 0]
+            where = f"loss of {', '.join(bad)}" if bad else "gradients"
+            result.skip_reason = f"non-finite {where}; update not applied"
+        if not result.updates_applied:
+            return
+        means = dict(zip(STATS, totals[: len(STATS)] / result.updates_applied, strict=True))
+        result.losses = {h: float(means[f"loss_{h}"]) for h in heads}
+        result.losses["total"] = sum(
+            getattr(train, f"lambda_{h}") * result.losses[h] for h in heads
+        )
+        result.grad_norm = float(means["grad_norm"])
+        result.entropy = float(means["entropy"])
+        result.approx_kl = float(means["approx_kl"])
+        result.clip_fraction = float(means["clip_fraction"])
+        result.c51_support_clip_ratio = float(means["c51_support_clip_ratio"]) if use_q else 0.0
+
+    def _prepare(self, rollout: Rollout) -> tuple[Batch, np.ndarray]:
         """Values of every observation, GAE, and the flat on-policy batch."""
         T, N, D = rollout.horizon, rollout.num_envs, self.config.model.obs_dim
         xp, dev = self.xp, self._device
@@ -213,11 +332,11 @@ class Trainer:
             v_next.reshape(T, N),
             dev(rollout.terminated.astype(np.uint8)),
             dev(rollout.truncated.astype(np.uint8)),
-            self.config.train.gamma,
-            self.config.ppo.gae_lambda,
+            self.hp["train.gamma"],
+            self.hp["ppo.gae_lambda"],
         )
         K = self.config.model.aux_dim
-        batch = _Batch(
+        batch = Batch(
             obs=dev(rollout.obs[:T].astype(self.dtype).reshape(T * N, D)),
             actions=dev(rollout.actions.astype(np.int32).reshape(-1)),
             behavior_log_probs=dev(rollout.behavior_log_probs.astype(self.dtype).reshape(-1)),
@@ -242,10 +361,10 @@ class Trainer:
         h = model.encoder_fwd(self.ops, self.params, obs, depth)[-1]
         return model.head_fwd(self.ops, self.params, "v", h)[:, 0]
 
-    def _q_target(self, replay: Transitions) -> tuple[np.ndarray, float]:
+    def _q_target(self, replay: Transitions) -> tuple[np.ndarray, np.ndarray]:
         """The projected C51 target m [Bq, Z] for a replay batch, from the target network, and
-        the share of its mass clipped at the ends of the support."""
-        cfg, ops = self.config, self.ops
+        the share of its mass clipped at the ends of the support (a device scalar)."""
+        cfg, ops, hp = self.config, self.ops, self.hp
         A, Z, depth = cfg.model.num_actions, cfg.c51.num_atoms, cfg.model.depth
         h_next = model.encoder_fwd(ops, self.target, replay.next_obs, depth)[-1]
         target_probs = model.q_distribution(ops, self.target, h_next, A, Z)
@@ -255,38 +374,38 @@ class Trainer:
         else:
             chooser = target_probs
         best = self.xp.argmax(ops.c51_q_values(chooser, self.support), axis=1)
-        next_probs = target_probs[self.xp.arange(best.shape[0]), best]
+        rows = self.xp.arange(best.shape[0]) * A + best  # one index array: a plain gather
+        next_probs = target_probs.reshape(-1, Z)[rows]
         args = (
             next_probs,
             replay.rewards,
             replay.dones,
             replay.horizons,
-            cfg.train.gamma,
-            cfg.c51.v_min,
-            cfg.c51.v_max,
+            hp["train.gamma"],
+            hp["c51.v_min"],
+            hp["c51.v_max"],
         )
-        return ops.categorical_projection(*args), float(ops.c51_support_clip_ratio(*args))
+        return ops.categorical_projection(*args), ops.c51_support_clip_ratio(*args)
 
-    def _update(self, batch: _Batch, rows: np.ndarray) -> tuple[dict[str, float], str]:
-        """One optimizer update on rollout rows `rows` (+ a replay batch once it is warm).
-
-        Returns (statistics, skip reason); the reason is empty when the update was applied.
-        """
-        cfg, ops, params = self.config, self.ops, self.params
-        train, ppo = cfg.train, cfg.ppo
+    def _update(self, batch: Batch, rows: np.ndarray, use_q: bool, totals: np.ndarray) -> None:
+        """One optimizer update on rollout rows `rows` (+ a replay batch when `use_q`), its
+        statistics added to `totals`. Device work only: no host reads, no uploads."""
+        cfg, ops, params, hp = self.config, self.ops, self.params, self.hp
+        ppo = cfg.ppo
         depth, A, Z = cfg.model.depth, cfg.model.num_actions, cfg.c51.num_atoms
-        use_q = len(self.replay) >= cfg.replay.min_size
+        sequence = self.sequences["updates_attempted"]
         replay = None
         if use_q:
-            sequence = int(self.counters["updates_attempted"][0])
-            replay = self.replay.sample(self.key, sequence, cfg.replay.batch_size)
+            slots = ops.replay_sample_indices(
+                self.replay.size_on_device, self.key_on_device, sequence, cfg.replay.batch_size
+            )
+            replay = Transitions(**ops.replay_gather(self.replay.storage, slots))
 
         xp = self.xp
-        rows = self._device(rows)
         x = batch.obs[rows]
         on_policy = x.shape[0]
         if replay is not None:
-            x = xp.concatenate([x, replay.obs])
+            x = _stack_rows(xp, x, replay.obs)
         activations = model.encoder_fwd(ops, params, x, depth)
         h = activations[-1]
         h_pol = h[:on_policy]
@@ -294,7 +413,6 @@ class Trainer:
         grads: dict[str, np.ndarray] = {}
         losses: dict[str, np.ndarray] = {}
         grad_h_heads: list[np.ndarray] = []
-        weights: list[float] = []
 
         # Policy head: PPO clipped surrogate + entropy bonus.
         advantages = batch.advantages[rows]
@@ -305,33 +423,35 @@ class Trainer:
             batch.actions[rows],
             batch.behavior_log_probs[rows],
             advantages,
-            ppo.clip_eps,
-            ppo.ent_coef,
+            hp["ppo.clip_eps"],
+            hp["ppo.ent_coef"],
         )
         losses["pi"] = pi_stats["loss"]
-        self._head_bwd("pi", h_pol, grad_logits, grads, grad_h_heads, weights)
+        self._head_bwd("pi", h_pol, grad_logits, grads, grad_h_heads)
 
         # Value head: 0.5 (v - R)², optionally clipped around the rollout-time value.
         v_loss, grad_v = ops.value_fwd_bwd(
             model.head_fwd(ops, params, "v", h_pol)[:, 0],
             batch.returns[rows],
             batch.old_values[rows],
-            ppo.value_clip_eps if ppo.clip_value_loss else None,
+            hp["ppo.value_clip_eps"] if ppo.clip_value_loss else None,
         )
         losses["v"] = v_loss
-        self._head_bwd("v", h_pol, grad_v[:, None], grads, grad_h_heads, weights)
+        self._head_bwd("v", h_pol, grad_v[:, None], grads, grad_h_heads)
 
         # Perception heads, when the rollout carries their labels.
         if batch.bce_labels is not None:
             u = model.head_fwd(ops, params, "bce", h_pol)[:, 0]
             losses["bce"], grad_u = ops.bce_fwd_bwd(u, batch.bce_labels[rows])
-            self._head_bwd("bce", h_pol, grad_u[:, None], grads, grad_h_heads, weights)
+            self._head_bwd("bce", h_pol, grad_u[:, None], grads, grad_h_heads)
         if batch.aux_targets is not None:
             pred = model.head_fwd(ops, params, "aux", h_pol)
             losses["aux"], grad_pred = ops.aux_mse_fwd_bwd(pred, batch.aux_targets[rows])
-            self._head_bwd("aux", h_pol, grad_pred, grads, grad_h_heads, weights)
+            self._head_bwd("aux", h_pol, grad_pred, grads, grad_h_heads)
 
-        grad_h = ops.grad_h_accumulate(grad_h_heads, weights)
+        lambdas = hp.weights([f"train.lambda_{head}" for head in losses])
+        grad_h = ops.grad_h_accumulate(grad_h_heads, lambdas)
+        support_clip = None
         if replay is not None:
             h_q = h[on_policy:]
             q_logits = model.head_fwd(ops, params, "q", h_q).reshape(-1, A, Z)
@@ -342,28 +462,34 @@ class Trainer:
             grad_h_q, grads["q/W"], grads["q/b"] = ops.c51_head_bwd(
                 h_q, params["q/W"], replay.actions, grad_taken, Z
             )
-            grad_h = xp.concatenate([grad_h, ops.grad_h_accumulate([grad_h_q], [train.lambda_q])])
+            lambda_q = hp.weights(["train.lambda_q"])
+            grad_h = _stack_rows(xp, grad_h, ops.grad_h_accumulate([grad_h_q], lambda_q))
         grads.update(model.encoder_bwd(ops, params, activations, grad_h, depth))
 
         names = [name for name in params if name in grads]  # fixed parameter order
-        grad_list = [grads[name] for name in names]
-        norm = ops.global_norm(grad_list)
+        norm = ops.global_norm([grads[name] for name in names])
         ok = ops.all_finite([*(xp.atleast_1d(v) for v in losses.values()), norm])
-        if not ok[0]:
-            bad = [head for head, loss in losses.items() if not np.isfinite(float(loss))]
-            where = f"loss of {', '.join(bad)}" if bad else "gradients"
-            return {}, f"non-finite {where}; update not applied"
         self._apply(names, grads, norm, ok, use_q)
+        ops.advance_counter(sequence, self._always)  # the next update's replay draw
+        statistics = {f"loss_{head}": loss for head, loss in losses.items()}
+        statistics.update(grad_norm=norm, c51_support_clip_ratio=support_clip)
+        statistics.update({k: pi_stats[k] for k in ("entropy", "approx_kl", "clip_fraction")})
+        self._accumulate(totals, statistics, ok)
 
-        stats = {f"loss_{head}": float(loss) for head, loss in losses.items()}
-        lambdas = {head: getattr(train, f"lambda_{head}") for head in losses}
-        stats["loss_total"] = float(sum(lambdas[h] * float(v) for h, v in losses.items()))
-        stats["grad_norm"] = float(norm[0])
-        for name in ("entropy", "approx_kl", "clip_fraction"):
-            stats[name] = float(pi_stats[name])
-        if replay is not None:
-            stats["c51_support_clip_ratio"] = support_clip
-        return stats, ""
+    def _accumulate(self, totals: np.ndarray, statistics: dict, ok: np.ndarray) -> None:
+        """totals[STATS] += statistics where ok; count the update applied or skipped; flag
+        each non-finite head loss. Absent statistics count as 0."""
+        xp = self.xp
+        values = xp.zeros(len(STATS), dtype=np.float64)  # filled by copies: nothing uploaded
+        for i, name in enumerate(STATS):
+            if statistics.get(name) is not None:
+                values[i : i + 1] = statistics[name]
+        applied = ok.astype(bool)
+        totals[: len(STATS)] += xp.where(applied, values, 0.0)
+        totals[APPLIED : APPLIED + 1] += applied
+        totals[SKIPPED : SKIPPED + 1] += ~applied
+        heads = slice(BAD, STATS_SIZE)
+        totals[heads] = xp.maximum(totals[heads], ~xp.isfinite(values[: len(LOSS_HEADS)]))
 
     def _head_bwd(
         self,
@@ -372,14 +498,12 @@ class Trainer:
         grad_out: np.ndarray,
         grads: dict[str, np.ndarray],
         grad_h_heads: list[np.ndarray],
-        weights: list[float],
     ) -> None:
-        """Backward through a linear head; queue its λ-weighted share of the encoder gradient."""
+        """Backward through a linear head; queue its share of the encoder gradient."""
         grad_h, grads[f"{head}/W"], grads[f"{head}/b"] = self.ops.linear_bwd(
             h, self.params[f"{head}/W"], grad_out
         )
         grad_h_heads.append(grad_h)
-        weights.append(getattr(self.config.train, f"lambda_{head}"))
 
     def _apply(
         self,
@@ -390,8 +514,8 @@ class Trainer:
         use_q: bool,
     ) -> None:
         """Clip by the global norm, step each group's AdamW, refresh the target network."""
-        ops, optim, c51 = self.ops, self.config.optim, self.config.c51
-        coefficient = ops.clip_coefficient(norm, optim.max_grad_norm)
+        ops, hp = self.ops, self.hp
+        coefficient = ops.clip_coefficient(norm, hp["optim.max_grad_norm"])
         for group in {model.group_of(name): None for name in names}:
             ops.advance_counter(self.optim_steps[group], ok)
         for name in names:
@@ -401,11 +525,11 @@ class Trainer:
                 self.exp_avg[name],
                 self.exp_avg_sq[name],
                 self.optim_steps[model.group_of(name)],
-                optim.lr,
-                optim.beta1,
-                optim.beta2,
-                optim.eps,
-                optim.weight_decay if model.is_weight_matrix(name) else 0.0,
+                hp["optim.lr"],
+                hp["optim.beta1"],
+                hp["optim.beta2"],
+                hp["optim.eps"],
+                hp["optim.weight_decay"] if model.is_weight_matrix(name) else hp[ZERO],
                 coefficient,
                 ok,
             )
@@ -415,8 +539,8 @@ class Trainer:
                 [self.target[name] for name in target_names],
                 [self.params[name] for name in target_names],
                 self.optim_steps["q"],
-                c51.target_update_period,
-                c51.target_tau,
+                self.config.c51.target_update_period,
+                hp["c51.target_tau"],
                 ok,
             )
 
@@ -425,7 +549,7 @@ class Trainer:
         self, obs: np.ndarray, mode: ActMode = ActMode.SAMPLE, epsilon: float = 0.0
     ) -> ActResult:
         """Actions for observations [N, D]; each call draws fresh Philox counters."""
-        D, A = self.config.model.obs_dim, self.config.model.num_actions
+        D = self.config.model.obs_dim
         if not isinstance(obs, np.ndarray) or obs.ndim != 2 or obs.shape[1] != D:
             got = list(obs.shape) if isinstance(obs, np.ndarray) else type(obs).__name__
             raise InvalidInput("obs", f"an array of shape [N, {D}]", got)
@@ -435,37 +559,45 @@ class Trainer:
             raise InvalidInput("mode", f"one of {[m.name for m in ActMode]}", mode)
         if not 0.0 <= epsilon <= 1.0:
             raise InvalidInput("epsilon", "a probability in [0, 1]", epsilon)
-        ops, cfg = self.ops, self.config
-        xp, x = self.xp, self._device(obs.astype(self.dtype))
-        h = model.encoder_fwd(ops, self.params, x, cfg.model.depth)[-1]
-        logits = model.head_fwd(ops, self.params, "pi", h)
-        log_pi = ops.log_softmax(logits)
-        values = model.head_fwd(ops, self.params, "v", h)[:, 0]
-        rows = xp.arange(obs.shape[0])
-        sequence = int(self.counters["act_calls"][0])
+        with self._on_device():
+            self.sequences["act_calls"].fill(int(self.counters["act_calls"][0]))
+            x = obs.astype(self.dtype)
+            if self.graphs is None:
+                outputs = self._act_device(self._device(x), mode, epsilon)
+            else:
+                key = ("act", obs.shape[0], mode)
+                if key not in self._static:
+                    self._static[key] = (self.xp.empty(x.shape, self.dtype), self.xp.empty(1))
+                static_obs, static_epsilon = self._static[key]
+                static_obs.set(x)
+                static_epsilon.fill(float(epsilon))
+                outputs = self.graphs.run(
+                    key, lambda: self._act_device(static_obs, mode, static_epsilon)
+                )
+            actions, log_probs, values = (self.backend.to_host(a) for a in outputs)
         self.counters["act_calls"] += 1
-
-        if mode is ActMode.SAMPLE:
-            bits = random_bits(self.key, Stream.ACT_SAMPLE, sequence, rows.size)[:, 0]
-            actions = ops.sample_categorical(logits, self._device(uniform01(bits, self.dtype)))
-        elif mode is ActMode.GREEDY_PI:
-            actions = xp.argmax(logits, axis=1)
-        else:
-            probs = model.q_distribution(ops, self.params, h, A, cfg.c51.num_atoms)
-            actions = xp.argmax(ops.c51_q_values(probs, self.support), axis=1)
-            if mode is ActMode.EPSILON_GREEDY:
-                bits = random_bits(self.key, Stream.ACT_EXPLORE, sequence, rows.size)
-                explore = uniform01(bits[:, 0], np.float64) < epsilon
-                random_actions = self._device(below(bits[:, 1], A))
-                actions = xp.where(self._device(explore), random_actions, actions)
-        actions = actions.astype(np.int32)
-        host = self.backend.to_host
         return ActResult(
-            actions=host(actions),
-            log_probs=host(log_pi[rows, actions]),
-            values=host(values),
+            actions=actions,
+            log_probs=log_probs,
+            values=values,
             policy_version=self.global_step,
         )
+
+    def _act_device(self, x: np.ndarray, mode: ActMode, epsilon) -> tuple:
+        """Act's device work: forwards and the action choice (what an Act graph captures)."""
+        ops, cfg = self.ops, self.config
+        h = model.encoder_fwd(ops, self.params, x, cfg.model.depth)[-1]
+        logits = model.head_fwd(ops, self.params, "pi", h)
+        values = model.head_fwd(ops, self.params, "v", h)[:, 0]
+        q_values = None
+        if mode in (ActMode.GREEDY_Q, ActMode.EPSILON_GREEDY):
+            A, Z = cfg.model.num_actions, cfg.c51.num_atoms
+            probs = model.q_distribution(ops, self.params, h, A, Z)
+            q_values = ops.c51_q_values(probs, self.support)
+        actions, log_probs = ops.act_select(
+            logits, q_values, mode, epsilon, self.key_on_device, self.sequences["act_calls"]
+        )
+        return actions, log_probs, values
 
     # ------------------------------------------------------------------------------ state
     def update_hyperparams(self, updates: Mapping[str, float]) -> None:
@@ -477,13 +609,17 @@ class Trainer:
             self.config = with_overrides(self.config, [f"{k}={v!r}" for k, v in updates.items()])
         except ConfigError as error:
             raise InvalidInput("hyperparams", "values the config allows", str(error)) from None
+        with self._on_device():
+            self.hp.refresh(self.config)  # in place: a captured graph reads the new values
+        self.synchronize()
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Every array that defines the trainer, by name `group/...` with groups params, target,
         optim, replay, counters and rng (the seed; with the counters it fixes every future draw).
         """
         host = self.backend.to_host
-        return {name: host(array) for name, array in self._state_arrays().items()}
+        with self._on_device():
+            return {name: host(array) for name, array in self._state_arrays().items()}
 
     def _state_arrays(self) -> dict[str, np.ndarray]:
         """`state_dict()`'s arrays where they live (on the device for a GPU backend)."""
@@ -526,13 +662,16 @@ class Trainer:
             config = with_overrides(self.config, [f"train.seed={seed}"])
         except ConfigError as error:
             raise InvalidInput("rng/seed", "a valid train.seed", str(error)) from None
-        for name, array in self._state_targets().items():
-            self._assign(array, state[name])
         self.config = config
         self.key = seed_key(seed)
-        self.replay.load_state(
-            {k.removeprefix("replay/"): v for k, v in state.items() if k.startswith("replay/")}
-        )
+        with self._on_device():
+            for name, array in self._state_targets().items():
+                self._assign(array, state[name])
+            self._assign(self.key_on_device, np.array(self.key, dtype=np.uint32))
+            self.replay.load_state(
+                {k.removeprefix("replay/"): v for k, v in state.items() if k.startswith("replay/")}
+            )
+        self.synchronize()
 
     def load_params(self, params: Mapping[str, np.ndarray]) -> None:
         """Replace the online parameters only (an inference-only server's restore)."""
@@ -548,8 +687,10 @@ class Trainer:
         unknown = sorted(set(params) - set(self.params))
         if unknown:
             raise InvalidInput("params", "exactly this model's tensors", f"unknown {unknown[:5]}")
-        for name, array in self.params.items():
-            self._assign(array, params[name])
+        with self._on_device():
+            for name, array in self.params.items():
+                self._assign(array, params[name])
+        self.synchronize()
 
     def memory_bytes(self) -> int:
         """Bytes the backend holds for this trainer: parameters, target, moments and replay."""

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import cupy
 import numpy as np
 
+from service.backend.cuda.gemm import gemm
 from service.backend.cuda.loader import CudaDims, load_kernel
 from service.backend.cuda.validate import FLAG_DTYPES as _FLAG_DTYPES
 from service.backend.cuda.validate import array as _array
@@ -80,14 +81,22 @@ class CoreOps:
         return load_kernel(file, name, self._defines)
 
     # ----------------------------------------------------------------------- linear layers
+    def matmul(self, a: Array, b: Array) -> Array:
+        """a @ b for a [M, K], b [K, N] (cuBLAS SGEMM, capturable: see gemm.py)."""
+        a = _array("a", a, ndim=2)
+        b = _array("b", b, ndim=2)
+        if b.shape[0] != a.shape[1]:
+            raise ValueError(f"b: expected shape [{a.shape[1]}, N], got {list(b.shape)}")
+        return gemm(a, b)
+
     def linear_fwd(self, x: Array, W: Array, b: Array) -> Array:
-        """y = x W + b for x [B, I], W [I, O], b [O] (cuBLAS GEMM, then the bias add)."""
+        """y = x W + b for x [B, I], W [I, O], b [O] (cuBLAS SGEMM, then the bias add)."""
         x = _array("x", x, ndim=2)
         W = _array("W", W, ndim=2)
         if W.shape[0] != x.shape[1]:
             raise ValueError(f"W: expected shape [{x.shape[1]}, O], got {list(W.shape)}")
         b = _array("b", b, shape=(W.shape[1],))
-        y = cupy.matmul(x, W)
+        y = gemm(x, W)
         y += b
         return y
 
@@ -98,7 +107,7 @@ class CoreOps:
         if grad_y.shape[1] != W.shape[1]:
             raise ValueError(f"grad_y: expected shape [B, {W.shape[1]}], got {list(grad_y.shape)}")
         grad_W, grad_b = self.linear_bwd_params(x, grad_y)
-        return cupy.matmul(grad_y, W.T), grad_W, grad_b
+        return gemm(grad_y, W, trans_b=True), grad_W, grad_b
 
     def linear_bwd_params(self, x: Array, grad_y: Array) -> tuple[Array, Array]:
         """(grad_W = xᵀ g, grad_b = Σ_b g): the parameter half of `linear_bwd`."""
@@ -106,7 +115,7 @@ class CoreOps:
         grad_y = _array("grad_y", grad_y, ndim=2)
         if grad_y.shape[0] != x.shape[0]:
             raise ValueError(f"grad_y: expected {x.shape[0]} rows, got {list(grad_y.shape)}")
-        return cupy.matmul(x.T, grad_y), self.reduce_axis0(grad_y)
+        return gemm(x, grad_y, trans_a=True), self.reduce_axis0(grad_y)
 
     # ----------------------------------------------------------------------- encoder epilogue
     def bias_relu_fwd(self, z: Array, b: Array) -> Array:

@@ -1,0 +1,107 @@
+"""Row-major float32 GEMM through cuBLAS, callable while a stream captures a CUDA graph.
+
+CuPy refuses every cuBLAS call during stream capture (cupy_backends' `cublas.setStream`
+raises NotImplementedError), although cuBLAS itself supports capture once the handle has a
+user workspace: then it allocates nothing (cuBLAS docs, "CUDA Graphs Support"). So this
+module calls the cuBLAS library CuPy already loaded through ctypes, with its own handle and
+one fixed workspace per stream, re-attached after every `cublasSetStream` (which resets it).
+
+The same handle, workspace size and call serve eager launches and captures, so cuBLAS picks
+the same algorithm for both and a replayed graph gives the eager bytes. Pointer mode is host:
+α = 1 and β = 0 are fixed at the call (and in a captured graph). Math mode stays the default:
+IEEE fp32, no TF32.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import cupy
+
+__all__ = ["gemm"]
+
+WORKSPACE_BYTES = 32 << 20  # cuBLAS's recommendation for Hopper is 32 MiB
+_OP_N, _OP_T = 0, 1
+_Ptr, _Int = ctypes.c_void_p, ctypes.c_int
+
+
+def _loaded_cublas() -> ctypes.CDLL:
+    """The libcublas CuPy loaded (found in this process's memory map)."""
+    cupy.cuda.device.get_cublas_handle()  # makes CuPy load cuBLAS
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+        if Path(path).name.startswith("libcublas.so"):
+            return ctypes.CDLL(path)
+    return ctypes.CDLL("libcublas.so.13")
+
+
+class _Cublas:
+    """One cuBLAS handle of the current device, with one workspace per stream."""
+
+    def __init__(self) -> None:
+        lib = self._lib = _loaded_cublas()
+        lib.cublasCreate_v2.argtypes = [ctypes.POINTER(_Ptr)]
+        lib.cublasSetStream_v2.argtypes = [_Ptr, _Ptr]
+        lib.cublasSetWorkspace_v2.argtypes = [_Ptr, _Ptr, ctypes.c_size_t]
+        lib.cublasSgemm_v2.argtypes = [_Ptr, _Int, _Int, _Int, _Int, _Int, _Ptr, _Ptr, _Int,
+                                       _Ptr, _Int, _Ptr, _Ptr, _Int]  # fmt: skip
+        self._handle = _Ptr()
+        _check(lib.cublasCreate_v2(ctypes.byref(self._handle)), "cublasCreate")
+        self._one, self._zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        self._workspaces: dict[int, cupy.ndarray] = {}
+
+    def sgemm(self, a: cupy.ndarray, b: cupy.ndarray, trans_a: bool, trans_b: bool):
+        M = a.shape[1] if trans_a else a.shape[0]
+        K = a.shape[0] if trans_a else a.shape[1]
+        N = b.shape[0] if trans_b else b.shape[1]
+        c = cupy.empty((M, N), dtype=cupy.float32)
+        if c.size == 0:
+            return c
+        if K == 0:
+            c.fill(0)
+            return c
+        stream = cupy.cuda.get_current_stream().ptr
+        workspace = self._workspaces.get(stream)
+        if workspace is None:
+            workspace = self._workspaces[stream] = cupy.empty(WORKSPACE_BYTES, dtype=cupy.uint8)
+        lib, handle = self._lib, self._handle
+        _check(lib.cublasSetStream_v2(handle, stream), "cublasSetStream")
+        _check(lib.cublasSetWorkspace_v2(handle, workspace.data.ptr, WORKSPACE_BYTES), "workspace")
+        # Row-major C = op(A) op(B) is column-major Cᵀ = op(B)ᵀ op(A)ᵀ: swap the operands.
+        status = lib.cublasSgemm_v2(
+            handle,
+            _OP_T if trans_b else _OP_N,
+            _OP_T if trans_a else _OP_N,
+            N,
+            M,
+            K,
+            ctypes.byref(self._one),
+            b.data.ptr,
+            b.shape[1],
+            a.data.ptr,
+            a.shape[1],
+            ctypes.byref(self._zero),
+            c.data.ptr,
+            N,
+        )
+        _check(status, "cublasSgemm")
+        return c
+
+
+def _check(status: int, call: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"{call} failed with cuBLAS status {status}")
+
+
+@functools.cache
+def _cublas(device: int) -> _Cublas:
+    return _Cublas()
+
+
+def gemm(
+    a: cupy.ndarray, b: cupy.ndarray, trans_a: bool = False, trans_b: bool = False
+) -> cupy.ndarray:
+    """op(a) @ op(b) for C-contiguous float32 matrices, op = transpose where asked."""
+    return _cublas(cupy.cuda.Device().id).sgemm(a, b, trans_a, trans_b)
