@@ -102,3 +102,29 @@ __device__ __forceinline__ double trident_block_strided_sum(const T* x, long lon
     for (long long i = threadIdx.x; i < n; i += THREADS) acc += (double)x[i * stride];
     return trident_block_tree_sum<THREADS>(acc, shared);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Multi-tensor launches (adamw_multi, sumsq_partials_multi, target_refresh_multi): one launch
+// covers up to TRIDENT_MAX_TENSORS tensors, each cut into chunks of `chunk` elements with one
+// block per chunk, tensor after tensor. block_offsets [count + 1] (int64) holds each tensor's
+// first block; a block finds its tensor by a scan (count <= 16) and its element range from
+// sizes [count]. Tensor addresses come in uint64 tables (tensor_table.cu, or uploaded once for
+// arrays that never move).
+#define TRIDENT_MAX_TENSORS 16
+
+struct TridentChunk {
+    int tensor;        // which tensor this block works on
+    long long begin;   // first element of the chunk
+    long long end;     // one past the last element
+};
+
+__device__ __forceinline__ TridentChunk trident_block_chunk(const long long* block_offsets,
+                                                           const long long* sizes, int count,
+                                                           long long chunk)
+{
+    int t = 0;
+    while (t + 1 < count && block_offsets[t + 1] <= (long long)blockIdx.x) ++t;
+    const long long begin = ((long long)blockIdx.x - block_offsets[t]) * chunk;
+    const long long end = begin + chunk < sizes[t] ? begin + chunk : sizes[t];
+    return TridentChunk{t, begin, end};
+}

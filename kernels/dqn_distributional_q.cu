@@ -12,11 +12,11 @@
 //   actions        [B] int32   the replayed action a_b
 //   target         [B, Z]      projected target distribution m (categorical_projection.cu)
 //   grad_taken     [B, Z]      dL/dlogits[b, a_b, :]; every other action's slice is zero
-//   h [B, H], W [H, A·Z], grad_W [H, A·Z], grad_b [A·Z], grad_h [B, H]
+//   grad_logits    [B, A·Z]    grad_taken spread over the head's columns (c51_taken_to_dense)
 //
 // Determinism: no atomics; each output has one writing thread and every sum runs in a fixed
-// order (atoms in index order, batch rows in index order, or the fixed 256-wide tree of
-// c51_loss_mean). The loader compiles with --fmad=false and IEEE division, so each float32
+// order (atoms in index order, a fixed warp butterfly in c51_softmax, or the fixed 256-wide
+// tree of c51_loss_mean). The loader compiles with --fmad=false and IEEE division, so each float32
 // operation written here rounds where the twin's does; long sums accumulate in double.
 //
 // An action outside [0, A) cannot index the logits; its row gets a NaN loss (the trainer's
@@ -41,24 +41,42 @@ static __device__ __forceinline__ long long c51_thread_index()
 }
 
 // ---------------------------------------------------------------------------------------------
-// p = softmax_z(logits) per (b, a) row; rows = B·A. One thread per row, atoms in index order:
+// p = softmax_z(logits) per (b, a) row; rows = B·A. One warp per row (8 rows per 256-thread
+// block): lane l holds atoms l, l + 32, ... (coalesced loads and stores). Each lane's max and
+// sum run over its atoms in index order, then a fixed xor-butterfly combines the lanes (every
+// lane ends with the same value: a + b == b + a exactly), so the result is fixed bit for bit:
 //   p_z = exp(l_z - max_z l) / Σ_z exp(l_z - max_z l)
+#define C51_LANE_ATOMS ((TRIDENT_Z + 31) / 32)
+
 extern "C" __global__ void c51_softmax(const float* __restrict__ logits,
                                        float* __restrict__ probs, int rows)
 {
-    const long long row = c51_thread_index();
+    const long long row = c51_thread_index() >> 5;  // the same for the whole warp
+    const int lane = threadIdx.x & 31;
     if (row >= rows) return;
     const float* x = logits + row * TRIDENT_Z;
     float* p = probs + row * TRIDENT_Z;
-    float m = x[0];
-    for (int z = 1; z < TRIDENT_Z; ++z) m = c51_nanmax(m, x[z]);
-    float sum = 0.0f;
-    for (int z = 0; z < TRIDENT_Z; ++z) {
-        const float e = expf(x[z] - m);
-        p[z] = e;  // e_z, normalised below by this same thread
-        sum += e;
+    float e[C51_LANE_ATOMS];
+    const float minus_inf = __int_as_float(0xff800000);
+    float m = minus_inf;  // NaN wins every c51_nanmax, as in np.max
+    for (int k = 0; k < C51_LANE_ATOMS; ++k) {
+        const int z = lane + 32 * k;
+        e[k] = z < TRIDENT_Z ? x[z] : minus_inf;
+        m = c51_nanmax(m, e[k]);
     }
-    for (int z = 0; z < TRIDENT_Z; ++z) p[z] = p[z] / sum;
+    for (int offset = 16; offset > 0; offset >>= 1)
+        m = c51_nanmax(m, __shfl_xor_sync(0xffffffffu, m, offset));
+    float sum = 0.0f;
+    for (int k = 0; k < C51_LANE_ATOMS; ++k) {
+        e[k] = lane + 32 * k < TRIDENT_Z ? expf(e[k] - m) : 0.0f;
+        sum += e[k];
+    }
+    for (int offset = 16; offset > 0; offset >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    for (int k = 0; k < C51_LANE_ATOMS; ++k) {
+        const int z = lane + 32 * k;
+        if (z < TRIDENT_Z) p[z] = e[k] / sum;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -132,87 +150,20 @@ extern "C" __global__ void c51_loss_mean(const float* __restrict__ loss_per_row,
 
 // ---------------------------------------------------------------------------------------------
 // Backward of logits = h W + b when only the taken action's Z-slice of each row has a gradient
-// (twin: c51_head_bwd). Three launches, no [B, A·Z] dense gradient and no O(B·H·A·Z) scratch:
-//
-// 1. c51_head_bwd_rows: one thread per action a lists the rows that took it, in index order:
-//      row_lists[a·B + k] = k-th row b with actions[b] = a,   row_counts[a] = how many.
-//    (scratch [A·B] + [A] int32; rows with an out-of-range action are in no list.)
-// 2. c51_head_bwd_w_b: one thread per output, looping over its action's rows in index order
-//    (double accumulation):
-//      grad_W[h, a·Z + z] = Σ_{b: a_b = a} h[b, h] g[b, z]      (H·A·Z threads)
-//      grad_b[a·Z + z]    = Σ_{b: a_b = a} g[b, z]              (A·Z threads after those)
-// 3. c51_head_bwd_h: one thread per (b, h), atoms in index order:
-//      grad_h[b, h] = Σ_z g[b, z] W[h, a_b·Z + z]
-//
-// Cost and large B: step 2 does B·H·Z multiply-adds in all (each row feeds only its action's
-// columns) over H·A·Z + A·Z threads (~118k at H = 256, A·Z = 459) of about B/A iterations each
-// (~1800 at B = 16384, A = 9): enough parallelism that per-block partials (chunks of B summed
-// in order, then the chunks in order) are not needed up to B ~ 10^5. Step 1 is A threads each
-// scanning all B actions serially: latency-bound, on the order of 0.1 ms at B = 16384; if it
-// shows in profiles, replace it by one block per action with a fixed-order ballot/prefix scan
-// (same lists, same order, so the same bits).
-extern "C" __global__ void c51_head_bwd_rows(const int* __restrict__ actions,
-                                             int* __restrict__ row_lists,
-                                             int* __restrict__ row_counts, int B)
-{
-    const long long a = c51_thread_index();
-    if (a >= TRIDENT_A) return;
-    int* list = row_lists + a * B;
-    int count = 0;
-    for (int b = 0; b < B; ++b) {
-        if (actions[b] == a) list[count++] = b;
-    }
-    row_counts[a] = count;
-}
-
-extern "C" __global__ void c51_head_bwd_w_b(const float* __restrict__ h,
-                                            const float* __restrict__ grad_taken,
-                                            const int* __restrict__ row_lists,
-                                            const int* __restrict__ row_counts,
-                                            float* __restrict__ grad_W,
-                                            float* __restrict__ grad_b, int B)
+// (twin: c51_head_bwd). c51_taken_to_dense spreads grad_taken into the dense gradient
+// grad_logits [B, A·Z] (zero outside each row's taken slice; a row whose action is outside
+// [0, A) is all zero), one thread per element; the wrapper then runs two cuBLAS GEMMs and
+// reduce_axis0 (grad_W = hᵀ G, grad_h = G Wᵀ, grad_b = Σ_b G): O(B·A·Z) scratch, no
+// O(B·H·A·Z), and GEMM speed (measured on the H200, bench/gpu_profile.py: the three
+// one-thread-per-output kernels this replaced took 352 µs of a 1.14 ms update at B = 4096).
+extern "C" __global__ void c51_taken_to_dense(const float* __restrict__ grad_taken,
+                                              const int* __restrict__ actions,
+                                              float* __restrict__ grad_logits, int B)
 {
     const long long idx = c51_thread_index();
-    const long long weights = (long long)TRIDENT_H * C51_WIDTH;
-    if (idx >= weights + C51_WIDTH) return;
-    const bool is_bias = idx >= weights;
-    const int col = (int)(is_bias ? idx - weights : idx % C51_WIDTH);  // a·Z + z
-    const int hid = is_bias ? 0 : (int)(idx / C51_WIDTH);
-    const int a = col / TRIDENT_Z;
-    const int z = col % TRIDENT_Z;
-    const int* list = row_lists + (long long)a * B;
-    const int count = row_counts[a];
-    double acc = 0.0;
-    if (is_bias) {
-        for (int k = 0; k < count; ++k)
-            acc += (double)grad_taken[(long long)list[k] * TRIDENT_Z + z];
-        grad_b[col] = (float)acc;
-    } else {
-        for (int k = 0; k < count; ++k) {
-            const long long b = list[k];
-            acc += (double)h[b * TRIDENT_H + hid] * (double)grad_taken[b * TRIDENT_Z + z];
-        }
-        grad_W[idx] = (float)acc;
-    }
-}
-
-extern "C" __global__ void c51_head_bwd_h(const float* __restrict__ W,
-                                          const int* __restrict__ actions,
-                                          const float* __restrict__ grad_taken,
-                                          float* __restrict__ grad_h, int B)
-{
-    const long long idx = c51_thread_index();
-    if (idx >= (long long)B * TRIDENT_H) return;
-    const long long b = idx / TRIDENT_H;
-    const int hid = (int)(idx % TRIDENT_H);
-    const int a = actions[b];
-    if (a < 0 || a >= TRIDENT_A) {  // its loss row is NaN already; no weight column to read
-        grad_h[idx] = 0.0f;
-        return;
-    }
-    const float* g = grad_taken + b * TRIDENT_Z;
-    const float* w = W + (long long)hid * C51_WIDTH + a * TRIDENT_Z;
-    double acc = 0.0;
-    for (int z = 0; z < TRIDENT_Z; ++z) acc += (double)g[z] * (double)w[z];
-    grad_h[idx] = (float)acc;
+    if (idx >= (long long)B * C51_WIDTH) return;
+    const long long b = idx / C51_WIDTH;
+    const int col = (int)(idx % C51_WIDTH);  // a·Z + z
+    const bool taken = col / TRIDENT_Z == actions[b];
+    grad_logits[idx] = taken ? grad_taken[b * TRIDENT_Z + col % TRIDENT_Z] : 0.0f;
 }

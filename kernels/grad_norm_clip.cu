@@ -21,11 +21,11 @@ __device__ __forceinline__ bool trident_finite_f64(double x) {
     return (__double_as_longlong(x) & 0x7ff0000000000000LL) != 0x7ff0000000000000LL;
 }
 
-// partials[k] = Σ_{i in chunk k} (double)x[i]²; grid = ceil(n / TRIDENT_REDUCE_CHUNK) exactly.
-extern "C" __global__ void sumsq_partials(const float* __restrict__ x, long long n,
-                                          double* __restrict__ partials) {
-    __shared__ double s[TRIDENT_REDUCE_THREADS];
-    const long long base = (long long)blockIdx.x * TRIDENT_REDUCE_CHUNK + threadIdx.x;
+// Σ (double)x[i]² over chunk `chunk_index` of x (n elements): fixed per-thread order, then the
+// fixed-shape tree s[t] += s[t + half], half = 128, 64, ... Called by every thread of a block.
+static __device__ __forceinline__ double sumsq_chunk(const float* __restrict__ x, long long n,
+                                                     long long chunk_index, double* s) {
+    const long long base = chunk_index * TRIDENT_REDUCE_CHUNK + threadIdx.x;
     double acc = 0.0;
 #pragma unroll
     for (int k = 0; k < TRIDENT_REDUCE_ITEMS; ++k) {
@@ -35,8 +35,31 @@ extern "C" __global__ void sumsq_partials(const float* __restrict__ x, long long
             acc += v * v;
         }
     }
-    // Fixed-shape tree over s[0..TRIDENT_REDUCE_THREADS): s[t] += s[t + half], half = 128, 64, ...
-    const double total = trident_block_tree_sum<TRIDENT_REDUCE_THREADS>(acc, s);
+    return trident_block_tree_sum<TRIDENT_REDUCE_THREADS>(acc, s);
+}
+
+// partials[k] = Σ_{i in chunk k} (double)x[i]²; grid = ceil(n / TRIDENT_REDUCE_CHUNK) exactly.
+extern "C" __global__ void sumsq_partials(const float* __restrict__ x, long long n,
+                                          double* __restrict__ partials) {
+    __shared__ double s[TRIDENT_REDUCE_THREADS];
+    const double total = sumsq_chunk(x, n, blockIdx.x, s);
+    if (threadIdx.x == 0) {
+        partials[blockIdx.x] = total;
+    }
+}
+
+// sumsq_partials for `count` tensors in one launch (address table, uint64 [count]): block b
+// writes partials[b], tensor after tensor — the layout of per-tensor launches, so the same bits.
+// Grid = block_offsets[count] (common.cuh's layout; chunk must be TRIDENT_REDUCE_CHUNK).
+extern "C" __global__ void sumsq_partials_multi(const unsigned long long* __restrict__ tensors,
+                                                const long long* __restrict__ block_offsets,
+                                                const long long* __restrict__ sizes, int count,
+                                                long long chunk, double* __restrict__ partials) {
+    __shared__ double s[TRIDENT_REDUCE_THREADS];
+    const TridentChunk part = trident_block_chunk(block_offsets, sizes, count, chunk);
+    const float* x = reinterpret_cast<const float*>(tensors[part.tensor]);
+    const double total =
+        sumsq_chunk(x, sizes[part.tensor], part.begin / TRIDENT_REDUCE_CHUNK, s);
     if (threadIdx.x == 0) {
         partials[blockIdx.x] = total;
     }

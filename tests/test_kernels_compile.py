@@ -326,7 +326,9 @@ CORE_OPS = (
     "global_norm",
     "clip_coefficient",
     "advance_counter",
+    "advance_counters",
     "adamw_step",
+    "adamw_steps",
     "target_refresh",
 )
 

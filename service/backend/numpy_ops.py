@@ -406,6 +406,32 @@ def adamw_step(
     param -= dtype(lr / bias1) * exp_avg / denom
 
 
+def advance_counters(counters: Sequence[Array], ok: Array) -> None:
+    """advance_counter for each counter."""
+    for counter in counters:
+        advance_counter(counter, ok)
+
+
+def adamw_steps(
+    params: Sequence[Array],
+    grads: Sequence[Array],
+    exp_avgs: Sequence[Array],
+    exp_avg_sqs: Sequence[Array],
+    steps: Sequence[Array],
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decays: Sequence[float],
+    grad_scale: Array,
+    ok: Array,
+) -> None:
+    """adamw_step for each tensor i, with its own step counter and weight decay."""
+    roles = (params, grads, exp_avgs, exp_avg_sqs, steps, weight_decays)
+    for p, g, m, v, step, wd in zip(*roles, strict=True):
+        adamw_step(p, g, m, v, step, lr, beta1, beta2, eps, wd, grad_scale, ok)
+
+
 def target_refresh(
     target: Sequence[Array],
     online: Sequence[Array],

@@ -516,23 +516,22 @@ class Trainer:
         """Clip by the global norm, step each group's AdamW, refresh the target network."""
         ops, hp = self.ops, self.hp
         coefficient = ops.clip_coefficient(norm, hp["optim.max_grad_norm"])
-        for group in {model.group_of(name): None for name in names}:
-            ops.advance_counter(self.optim_steps[group], ok)
-        for name in names:
-            ops.adamw_step(
-                self.params[name],
-                grads[name],
-                self.exp_avg[name],
-                self.exp_avg_sq[name],
-                self.optim_steps[model.group_of(name)],
-                hp["optim.lr"],
-                hp["optim.beta1"],
-                hp["optim.beta2"],
-                hp["optim.eps"],
-                hp["optim.weight_decay"] if model.is_weight_matrix(name) else hp[ZERO],
-                coefficient,
-                ok,
-            )
+        groups = {model.group_of(name): None for name in names}
+        ops.advance_counters([self.optim_steps[group] for group in groups], ok)
+        ops.adamw_steps(
+            [self.params[name] for name in names],
+            [grads[name] for name in names],
+            [self.exp_avg[name] for name in names],
+            [self.exp_avg_sq[name] for name in names],
+            [self.optim_steps[model.group_of(name)] for name in names],
+            hp["optim.lr"],
+            hp["optim.beta1"],
+            hp["optim.beta2"],
+            hp["optim.eps"],
+            [hp["optim.weight_decay"] if model.is_weight_matrix(n) else hp[ZERO] for n in names],
+            coefficient,
+            ok,
+        )
         if use_q:  # the target tracks the Q head's updates
             target_names = list(self.target)
             ops.target_refresh(

@@ -222,6 +222,49 @@ def test_adamw_device_hyperparameters(core: CoreOps, rng: np.random.Generator) -
         assert same_bytes(a, b)
 
 
+@pytest.mark.parametrize("count", (1, 14, 21))  # 21: two launches of at most 16 tensors
+def test_adamw_steps_equal_one_launch_per_tensor(
+    core: CoreOps, rng: np.random.Generator, count: int
+) -> None:
+    """adamw_steps / advance_counters (one launch per 16 tensors, per-tensor step counters and
+    weight decays) write the bytes of adamw_step / advance_counter tensor by tensor, eagerly
+    and inside a captured graph (where the gradients' address table is written on the device)."""
+    from service.backend.cuda.capture import CapturedCalls
+
+    sizes = [int(rng.integers(1, 5000)) for _ in range(count)]
+    sizes[0] = 0 if count > 1 else sizes[0]  # an empty tensor is skipped
+    start = [[normal(rng, n), normal(rng, n), np.abs(normal(rng, n))] for n in sizes]
+    grads = [dev(normal(rng, n)) for n in sizes]
+    decays = [cupy.asarray(np.array([rng.uniform(0, 0.1)])) for _ in sizes]
+    scale, ok = dev(np.array([0.7])), dev(flag(1))
+    hp = {k: cupy.asarray(np.array([v])) for k, v in HP.items() if k != "weight_decay"}
+    one = [[dev(a) for a in s] for s in start]
+    many = [[dev(a) for a in s] for s in start]
+    steps_one = [dev(np.array([i % 3])) for i in range(count)]
+    steps_many = [dev(np.array([i % 3])) for i in range(count)]
+    stream = cupy.cuda.Stream(non_blocking=True)
+    calls = CapturedCalls(stream)
+
+    def fused() -> None:
+        core.advance_counters(steps_many, ok)
+        core.adamw_steps(
+            [t[0] for t in many], grads, [t[1] for t in many], [t[2] for t in many],
+            steps_many, weight_decays=decays, grad_scale=scale, ok=ok, **hp,
+        )  # fmt: skip
+
+    with stream:
+        for _ in range(3):  # eager, captured, replayed
+            for (p, m, v), g, step, wd in zip(one, grads, steps_one, decays, strict=True):
+                core.advance_counter(step, ok)
+                core.adamw_step(p, g, m, v, step, weight_decay=wd, grad_scale=scale, ok=ok, **hp)
+            calls.run("adamw", fused)
+            for a, b in zip(steps_one, steps_many, strict=True):
+                assert same_bytes(a, b)
+            for a, b in zip(one, many, strict=True):
+                assert all(same_bytes(x, y) for x, y in zip(a, b, strict=True))
+    assert calls.captures == 1
+
+
 def test_ok_zero_leaves_every_byte(core: CoreOps, rng: np.random.Generator) -> None:
     """The non-finite guard as data: ok = 0 changes nothing, whatever the inputs."""
     param, m, v = normal(rng, 4099), normal(rng, 4099), np.abs(normal(rng, 4099))
@@ -251,6 +294,8 @@ def test_global_norm(core: CoreOps, rng: np.random.Generator) -> None:
     grads = [normal(rng, n) * np.float32(rng.uniform(0.01, 10)) for n in NORM_SIZES]
     norm = core.global_norm([dev(g) for g in grads])
     assert_close(norm, npo.global_norm(grads))
+    many = grads * 3  # 24 tensors: two multi-tensor launches into one partials buffer
+    assert_close(core.global_norm([dev(g) for g in many]), npo.global_norm(many))
     assert_close(core.global_norm([dev(grads[3])]), npo.global_norm([grads[3]]))
     assert same_bytes(core.global_norm([]), npo.global_norm([]))
 
@@ -281,8 +326,9 @@ def test_all_finite(core: CoreOps, rng: np.random.Generator, bad: float) -> None
 # --------------------------------------------------------------------------- target refresh
 @pytest.mark.parametrize(("tau", "updates"), [(0.005, 3), (0.0, 8), (0.0, 9)])
 def test_target_refresh(core: CoreOps, rng: np.random.Generator, tau: float, updates: int) -> None:
-    target = [normal(rng, n) for n in (1, 4099, 256 * 37)]
-    online = [normal(rng, n) for n in (1, 4099, 256 * 37)]
+    sizes = (1, 4099, 256 * 37, *rng.integers(0, 3000, 17))  # 20 tensors: two launches
+    target = [normal(rng, n) for n in sizes]
+    online = [normal(rng, n) for n in sizes]
     d_target = [dev(t) for t in target]
     count, ok = np.array([updates]), flag(1)
     core.target_refresh(d_target, [dev(o) for o in online], dev(count), 4, tau, dev(ok))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import cupy
 import numpy as np
@@ -37,8 +38,10 @@ MAX_BLOCKS = 1 << 20  # grid cap for grid-stride kernels
 REDUCE_THREADS = 256  # grad_norm_clip.cu: TRIDENT_REDUCE_THREADS
 REDUCE_CHUNK = 2048  # grad_norm_clip.cu: TRIDENT_REDUCE_CHUNK (threads x items)
 SINGLE_PASS_MAX_ROWS = 1024  # reduce_axis0: above this, fixed row chunks first
-CHUNK_ROWS = 256  # reduce_axis0_partials: rows summed per partial
+CHUNK_ROWS = 64  # reduce_axis0_partials: rows summed per partial
 MAX_HEADS = 8  # grad_h_accumulate.cu: TRIDENT_MAX_HEADS
+MAX_TENSORS = 16  # common.cuh: TRIDENT_MAX_TENSORS, tensors per multi-tensor launch
+MULTI_CHUNK = 4 * BLOCK  # elements per block of adamw_multi and target_refresh_multi
 
 
 # --------------------------------------------------------------------------- validation
@@ -65,6 +68,19 @@ def _int32(name: str, value: int, minimum: int = 0) -> np.int32:
     return np.int32(value)
 
 
+def _groups(items: list) -> list[list]:
+    """`items` in runs of at most MAX_TENSORS (one multi-tensor launch each)."""
+    return [items[i : i + MAX_TENSORS] for i in range(0, len(items), MAX_TENSORS)]
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """A multi-tensor launch's grid size and its (block_offsets, sizes, count, chunk) args."""
+
+    blocks: int
+    args: tuple
+
+
 def _blocks(n: int, per_block: int = BLOCK) -> tuple[int]:
     return (max(1, min(-(-n // per_block), MAX_BLOCKS)),)
 
@@ -76,6 +92,8 @@ class CoreOps:
         self.dims = dims
         self.__name__ = f"{type(self).__module__}.CoreOps"  # check_op_set's messages use it
         self._defines = dims.defines()
+        self._tables: dict[tuple[int, ...], Array] = {}
+        self._layouts: dict[tuple, _Layout] = {}
 
     def _kernel(self, file: str, name: str) -> cupy.RawKernel:
         return load_kernel(file, name, self._defines)
@@ -246,12 +264,15 @@ class CoreOps:
         counts = [-(-g.size // REDUCE_CHUNK) for g in checked]
         partials = cupy.empty(max(1, sum(counts)), dtype=cupy.float64)
         offset = 0
-        for g, count in zip(checked, counts, strict=True):
-            if count:
-                self._kernel("grad_norm_clip.cu", "sumsq_partials")(
-                    (count,), (REDUCE_THREADS,), (g, np.int64(g.size), partials[offset:])
-                )
-            offset += count
+        kernel = self._kernel("grad_norm_clip.cu", "sumsq_partials_multi")
+        for group in _groups([g for g in checked if g.size]):  # one launch per 16 tensors
+            layout = self._layout([g.size for g in group], REDUCE_CHUNK)
+            kernel(
+                (layout.blocks,),
+                (REDUCE_THREADS,),
+                (self._table(group, persistent=False), *layout.args, partials[offset:]),
+            )
+            offset += layout.blocks
         norm = cupy.empty(1, dtype=cupy.float64)
         self._kernel("grad_norm_clip.cu", "sumsq_finalize")(
             (1,), (REDUCE_THREADS,), (partials, np.int64(offset), norm)
@@ -271,6 +292,106 @@ class CoreOps:
         """counter += 1 in place when ok[0] (int64 [1], uint8 [1])."""
         counter = _counter("counter", counter)
         self._kernel("adamw_step.cu", "advance_counter")((1,), (1,), (counter, _flag("ok", ok)))
+
+    def advance_counters(self, counters: Sequence[Array], ok: Array) -> None:
+        """advance_counter for each counter, in one launch (up to 16 per launch)."""
+        checked = [_counter(f"counters[{i}]", c) for i, c in enumerate(counters)]
+        kernel = self._kernel("adamw_step.cu", "advance_counters")
+        for group in _groups(checked):
+            kernel((1,), (1,), (self._table(group), np.int32(len(group)), _flag("ok", ok)))
+
+    def adamw_steps(
+        self,
+        params: Sequence[Array],
+        grads: Sequence[Array],
+        exp_avgs: Sequence[Array],
+        exp_avg_sqs: Sequence[Array],
+        steps: Sequence[Array],
+        lr: Scalar,
+        beta1: Scalar,
+        beta2: Scalar,
+        eps: Scalar,
+        weight_decays: Sequence[Scalar],
+        grad_scale: Array,
+        ok: Array,
+    ) -> None:
+        """adamw_step for each tensor i (its own step counter and weight decay), one launch per
+        16 tensors (adamw_step.cu's adamw_multi: the same arithmetic, so the same bits)."""
+        tensors = []
+        roles = (params, grads, exp_avgs, exp_avg_sqs, steps, weight_decays)
+        if len({len(role) for role in roles}) != 1:
+            raise ValueError(f"adamw_steps: expected sequences of one length, got {roles!r}")
+        for i, (p, g, m, v, step, wd) in enumerate(zip(*roles, strict=True)):
+            p = _array(f"params[{i}]", p)
+            tensors.append(
+                (
+                    p,
+                    _same(f"grads[{i}]", g, p),
+                    _same(f"exp_avgs[{i}]", m, p),
+                    _same(f"exp_avg_sqs[{i}]", v, p),
+                    _counter(f"steps[{i}]", step),
+                    _scalar(f"weight_decays[{i}]", wd),
+                )
+            )
+        scalars = (
+            _scalar("lr", lr),
+            _scalar("beta1", beta1),
+            _scalar("beta2", beta2),
+            _scalar("eps", eps),
+            _scalar("grad_scale", grad_scale),
+            _flag("ok", ok),
+        )
+        # Gradients are fresh every update, and numbers given as weight decays are uploaded
+        # per call: their tables are written on the device, the others reused.
+        fresh = {1} | (set() if all(isinstance(w, cupy.ndarray) for w in weight_decays) else {5})
+        kernel = self._kernel("adamw_step.cu", "adamw_multi")
+        for group in _groups([t for t in tensors if t[0].size]):
+            layout = self._layout([t[0].size for t in group], MULTI_CHUNK)
+            tables = [
+                self._table([t[role] for t in group], persistent=role not in fresh)
+                for role in range(6)
+            ]
+            kernel((layout.blocks,), (BLOCK,), (*tables, *layout.args, *scalars))
+
+    # ----------------------------------------------------------------------- multi-tensor
+    def _table(self, arrays: Sequence[Array], persistent: bool = True) -> Array:
+        """uint64 [len(arrays)] addresses on the device.
+
+        `persistent`: the arrays live as long as the trainer and never move (parameters,
+        moments, counters, hyper-parameter slices): their table is uploaded once and reused.
+        Otherwise (gradients, fresh every update) tensor_table.cu writes the table on the
+        device, so it works inside a captured graph, where nothing may be uploaded.
+        """
+        addresses = tuple(a.data.ptr for a in arrays)
+        table = self._tables.get(addresses) if persistent else None
+        if table is not None:
+            return table
+        if persistent and not cupy.cuda.get_current_stream().is_capturing():
+            table = self._tables[addresses] = cupy.asarray(np.array(addresses, np.uint64))
+            return table
+        table = cupy.empty(len(addresses), dtype=cupy.uint64)
+        padded = [np.uint64(a) for a in addresses] + [np.uint64(0)] * (MAX_TENSORS - len(arrays))
+        self._kernel("tensor_table.cu", "tensor_table")(
+            (1,), (1,), (table, np.int32(len(arrays)), *padded)
+        )
+        return table
+
+    def _layout(self, sizes: Sequence[int], chunk: int) -> _Layout:
+        """common.cuh's multi-tensor block layout for tensors of `sizes` (uploaded once)."""
+        key = (tuple(sizes), chunk)
+        layout = self._layouts.get(key)
+        if layout is None:
+            if cupy.cuda.get_current_stream().is_capturing():
+                raise RuntimeError("a new multi-tensor layout while capturing: run eagerly first")
+            blocks = np.cumsum([0] + [-(-n // chunk) for n in sizes]).astype(np.int64)
+            args = (
+                cupy.asarray(blocks),
+                cupy.asarray(np.array(sizes, dtype=np.int64)),
+                np.int32(len(sizes)),
+                np.int64(chunk),
+            )
+            layout = self._layouts[key] = _Layout(int(blocks[-1]), args)
+        return layout
 
     def adamw_step(
         self,
@@ -336,10 +457,11 @@ class CoreOps:
             _scalar("tau", tau),
             _flag("ok", ok),
         )
-        kernel = self._kernel("target_refresh.cu", "target_refresh")
-        for dst, src in pairs:
-            if dst.size:
-                kernel(_blocks(dst.size), (BLOCK,), (dst, src, *args, np.int64(dst.size)))
+        kernel = self._kernel("target_refresh.cu", "target_refresh_multi")
+        for group in _groups([pair for pair in pairs if pair[0].size]):
+            layout = self._layout([dst.size for dst, _ in group], MULTI_CHUNK)
+            tables = (self._table([d for d, _ in group]), self._table([s for _, s in group]))
+            kernel((layout.blocks,), (BLOCK,), (*tables, *layout.args, *args))
 
     # ----------------------------------------------------------------------- advantages
     def gae(

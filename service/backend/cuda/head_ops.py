@@ -32,6 +32,8 @@ import cupy
 import numpy as np
 
 from service.backend import numpy_ops
+from service.backend.cuda.core_ops import CoreOps
+from service.backend.cuda.gemm import gemm
 from service.backend.cuda.loader import CudaDims, load_kernel
 from service.backend.cuda.validate import F32 as _F32
 from service.backend.cuda.validate import FLAG_DTYPES as _FLAGS
@@ -126,6 +128,7 @@ class HeadOps:
         self.__name__ = f"{type(self).__module__}.HeadOps"  # check_op_set's messages use it
         self._defines = dims.defines()
         self._unused: Array | None = None
+        self._core = CoreOps(dims)  # reduce_axis0 for the C51 head's bias gradient
 
     def _unused_scalar(self) -> Array:
         """A float64 [1] device array for a scalar argument the kernel will not read."""
@@ -153,8 +156,9 @@ class HeadOps:
         logits, B = _batch("logits", logits, (A, Z))
         probs = cupy.empty_like(logits)
         rows = _count("B·A", B * A)
+        threads = _count("32·B·A", 32 * rows)  # one warp per row
         self._launch(
-            "dqn_distributional_q.cu", "c51_softmax", rows, (logits, probs, np.int32(rows))
+            "dqn_distributional_q.cu", "c51_softmax", threads, (logits, probs, np.int32(rows))
         )
         return probs
 
@@ -265,7 +269,8 @@ class HeadOps:
         self, h: Array, W: Array, actions: Array, grad_taken: Array, num_atoms: int
     ) -> tuple[Array, Array, Array]:
         """(grad_h [B, H], grad_W [H, A·Z], grad_b [A·Z]) of logits = h W + b when only each
-        row's taken action has a gradient; no dense [B, A·Z] gradient is formed."""
+        row's taken action has a gradient: that gradient spread densely over [B, A·Z], then
+        two GEMMs and a fixed-order column sum (dqn_distributional_q.cu explains why)."""
         H, A, Z = self.dims.H, self.dims.A, self.dims.Z
         if num_atoms != Z:
             raise ValueError(f"num_atoms: expected {Z} (the compiled Z), got {num_atoms!r}")
@@ -273,26 +278,16 @@ class HeadOps:
         W = _array("W", W, shape=(H, A * Z))
         actions = _array("actions", actions, _I32, shape=(B,))
         grad_taken = _array("grad_taken", grad_taken, shape=(B, Z))
-        _count("A·B", A * B)
-        row_lists = cupy.empty((A, B), dtype=cupy.int32)  # rows of each action, in order
-        row_counts = cupy.empty(A, dtype=cupy.int32)
-        grad_h = cupy.empty((B, H), dtype=cupy.float32)
-        grad_W = cupy.empty((H, A * Z), dtype=cupy.float32)
-        grad_b = cupy.empty(A * Z, dtype=cupy.float32)
-        file = "dqn_distributional_q.cu"
-        self._launch(file, "c51_head_bwd_rows", A, (actions, row_lists, row_counts, np.int32(B)))
+        dense = cupy.empty((B, A * Z), dtype=cupy.float32)  # G: grad_taken spread over A·Z
         self._launch(
-            file,
-            "c51_head_bwd_w_b",
-            _count("(H + 1)·A·Z", (H + 1) * A * Z),
-            (h, grad_taken, row_lists, row_counts, grad_W, grad_b, np.int32(B)),
+            "dqn_distributional_q.cu",
+            "c51_taken_to_dense",
+            _count("B·A·Z", B * A * Z),
+            (grad_taken, actions, dense, np.int32(B)),
         )
-        self._launch(
-            file,
-            "c51_head_bwd_h",
-            _count("B·H", B * H),
-            (W, actions, grad_taken, grad_h, np.int32(B)),
-        )
+        grad_W = gemm(h, dense, trans_a=True)
+        grad_h = gemm(dense, W, trans_b=True)
+        grad_b = self._core.reduce_axis0(dense)
         return grad_h, grad_W, grad_b
 
     # ----------------------------------------------------------------------- PPO policy head
