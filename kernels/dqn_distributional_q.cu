@@ -95,46 +95,61 @@ extern "C" __global__ void c51_q_values(const float* __restrict__ probs,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Cross-entropy of the taken action, one thread per batch row b (a = actions[b]):
+// Cross-entropy of the taken action, one warp per batch row b (a = actions[b]); launch 32·B
+// threads. Lane l holds atoms l, l + 32, ...; lanes combine by the fixed xor butterfly (as in
+// c51_softmax), so every lane holds the same max, sums and loss:
 //   log p_z = (l_z - max l) - log Σ exp(l - max l)          l = logits[b, a, :]
-//   loss_per_row[b] = -Σ_z m_z log p_z                       (atoms in index order)
+//   loss_per_row[b] = -Σ_z m_z log p_z                       (lane partials in double)
 //   grad_taken[b, z] = (p_z Σm - m_z) / B                    (Σm = 1 for a projected target)
 // The batch loss Σ_b loss_per_row[b] / B is c51_loss_mean's.
+static __device__ __forceinline__ double c51_warp_sum(double v)
+{
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
 extern "C" __global__ void c51_cross_entropy_fwd_bwd(const float* __restrict__ logits,
                                                      const int* __restrict__ actions,
                                                      const float* __restrict__ target,
                                                      float* __restrict__ loss_per_row,
                                                      float* __restrict__ grad_taken, int B)
 {
-    const long long b = c51_thread_index();
+    const long long b = c51_thread_index() >> 5;  // the same for the whole warp
+    const int lane = threadIdx.x & 31;
     if (b >= B) return;
     const int a = actions[b];
     const float* m = target + b * TRIDENT_Z;
     float* g = grad_taken + b * TRIDENT_Z;
     if (a < 0 || a >= TRIDENT_A) {  // no logits to read: NaN loss, zero gradient
-        loss_per_row[b] = c51_nan();
-        for (int z = 0; z < TRIDENT_Z; ++z) g[z] = 0.0f;
+        for (int z = lane; z < TRIDENT_Z; z += 32) g[z] = 0.0f;
+        if (lane == 0) loss_per_row[b] = c51_nan();
         return;
     }
     const float* x = logits + (b * TRIDENT_A + a) * TRIDENT_Z;
-    float mx = x[0];
-    for (int z = 1; z < TRIDENT_Z; ++z) mx = c51_nanmax(mx, x[z]);
+    float mx = __int_as_float(0xff800000);  // -inf: NaN wins every c51_nanmax
+    for (int z = lane; z < TRIDENT_Z; z += 32) mx = c51_nanmax(mx, x[z]);
+    for (int offset = 16; offset > 0; offset >>= 1)
+        mx = c51_nanmax(mx, __shfl_xor_sync(0xffffffffu, mx, offset));
     float sum = 0.0f;
     double mass = 0.0;
-    for (int z = 0; z < TRIDENT_Z; ++z) {
+    for (int z = lane; z < TRIDENT_Z; z += 32) {
         sum += expf(x[z] - mx);
         mass += (double)m[z];
     }
+    for (int offset = 16; offset > 0; offset >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    mass = c51_warp_sum(mass);
     const float log_norm = logf(sum);
     const float mass_f = (float)mass;  // Σ_z m_z
     const float batch = (float)B;
     double ce = 0.0;
-    for (int z = 0; z < TRIDENT_Z; ++z) {
+    for (int z = lane; z < TRIDENT_Z; z += 32) {
         const float log_p = (x[z] - mx) - log_norm;
         ce += (double)(m[z] * log_p);
         g[z] = (expf(log_p) * mass_f - m[z]) / batch;
     }
-    loss_per_row[b] = (float)(-ce);
+    ce = c51_warp_sum(ce);
+    if (lane == 0) loss_per_row[b] = (float)(-ce);
 }
 
 // loss[0] = Σ_b loss_per_row[b] / B. One block of C51_REDUCE_THREADS threads: thread t adds rows

@@ -316,6 +316,7 @@ CORE_OPS = (
     "matmul",
     "linear_fwd",
     "linear_bwd",
+    "linear_bwd_input",
     "linear_bwd_params",
     "bias_relu_fwd",
     "bias_relu_bwd",
@@ -330,6 +331,7 @@ CORE_OPS = (
     "adamw_step",
     "adamw_steps",
     "target_refresh",
+    "step_stats_accumulate",
 )
 
 

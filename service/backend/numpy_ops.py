@@ -32,13 +32,17 @@ def linear_fwd(x: Array, W: Array, b: Array) -> Array:
 
 
 def linear_bwd(x: Array, W: Array, grad_y: Array) -> tuple[Array, Array, Array]:
-    """Gradients of y = x W + b: (grad_x = g Wᵀ, grad_W = xᵀ g, grad_b = Σ_b g).
+    """Gradients of y = x W + b: (grad_x = g Wᵀ, grad_W = xᵀ g, grad_b = Σ_b g)."""
+    return (linear_bwd_input(W, grad_y), *linear_bwd_params(x, grad_y))
+
+
+def linear_bwd_input(W: Array, grad_y: Array) -> Array:
+    """grad_x = g Wᵀ: the input half of `linear_bwd`.
 
     With one output column g Wᵀ is an outer product: one multiply per element either way, but
     broadcasting is several times faster than OpenBLAS's GEMM at K = 1.
     """
-    grad_x = grad_y * W.T if W.shape[1] == 1 else grad_y @ W.T
-    return (grad_x, *linear_bwd_params(x, grad_y))
+    return grad_y * W.T if W.shape[1] == 1 else grad_y @ W.T
 
 
 def linear_bwd_params(x: Array, grad_y: Array) -> tuple[Array, Array]:
@@ -506,6 +510,31 @@ def act_select(
             actions = np.where(explore, below(bits[:, 1], A), actions)
     actions = actions.astype(np.int32)
     return actions, log_softmax(logits)[np.arange(N), actions]
+
+
+# --------------------------------------------------------------------------- Step statistics
+STEP_STATS, STEP_HEADS, STEP_NORM = 10, 5, 5  # kernels/step_stats.cu's layout
+
+
+def step_stats_accumulate(totals: Array, values: Sequence[Array | None], ok: Array) -> None:
+    """Add one update's statistics to a Step's float64 totals, in place.
+
+    values: STEP_STATS one-element statistics (None = absent, counted as 0), the first
+    STEP_HEADS of them head losses. totals[i] += value_i where ok; totals[STEP_STATS] counts
+    applied updates, totals[STEP_STATS + 1] skipped ones; totals[STEP_STATS + 2 + h] becomes 1
+    once head loss h is non-finite.
+    """
+    if len(values) != STEP_STATS:
+        raise ValueError(f"values: expected {STEP_STATS} statistics, got {len(values)}")
+    applied = bool(ok[0])
+    for i, value in enumerate(values):
+        v = 0.0 if value is None else float(np.asarray(value).reshape(-1)[0])
+        if applied:
+            totals[i] += v
+        if i < STEP_HEADS and not np.isfinite(v):
+            totals[STEP_STATS + 2 + i] = 1.0
+    totals[STEP_STATS] += 1.0 if applied else 0.0
+    totals[STEP_STATS + 1] += 0.0 if applied else 1.0
 
 
 # --------------------------------------------------------------------------- replay

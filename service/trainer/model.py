@@ -6,13 +6,16 @@ The group is what owns an AdamW state; the order is the order of every fixed-ord
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
+from typing import TypeVar
 
 import numpy as np
 
 from service.config import Config
 
 Params = dict[str, np.ndarray]
+T = TypeVar("T")
 
 HEADS = ("q", "pi", "v", "bce", "aux")
 
@@ -97,18 +100,23 @@ def encoder_bwd(
     activations: list[np.ndarray],
     grad_h: np.ndarray,
     depth: int,
+    beside: Callable[[Callable[[], T]], T] | None = None,
 ) -> Params:
-    """Encoder parameter gradients from grad_h = dL/dh_depth, back through every layer."""
+    """Encoder parameter gradients from grad_h = dL/dh_depth, back through every layer.
+
+    `beside(fn)`, if given, runs fn's device work next to the chain and returns its result (the
+    caller joins it before reading the gradients): each layer's weight and bias gradients do
+    not feed the next layer's, so they may overlap it.
+    """
     grads: Params = {}
     grad = grad_h
     for layer in range(depth - 1, -1, -1):
         grad_z = ops.bias_relu_bwd(activations[layer + 1], grad)
-        if layer:
-            grad, grad_W, grad_b = ops.linear_bwd(
-                activations[layer], params[f"encoder/W{layer}"], grad_z
-            )
-        else:  # the observations need no gradient
-            grad_W, grad_b = ops.linear_bwd_params(activations[0], grad_z)
+        x = activations[layer]
+        parameter_grads = lambda x=x, grad_z=grad_z: ops.linear_bwd_params(x, grad_z)  # noqa: E731
+        grad_W, grad_b = parameter_grads() if beside is None else beside(parameter_grads)
+        if layer:  # the observations need no gradient
+            grad = ops.linear_bwd_input(params[f"encoder/W{layer}"], grad_z)
         grads[f"encoder/W{layer}"] = grad_W
         grads[f"encoder/b{layer}"] = grad_b
     return grads

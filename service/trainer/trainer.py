@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from types import ModuleType
+from typing import TypeVar
 
 import numpy as np
 
@@ -34,6 +35,8 @@ from service.trainer.rollout import (
     nstep_transitions,
     validate_rollout,
 )
+
+T = TypeVar("T")
 
 __all__ = ["HOT_KEYS", "ActMode", "ActResult", "StepResult", "Trainer"]
 
@@ -163,6 +166,9 @@ class Trainer:
         self.sequences = {name: xp.zeros(1, dtype=np.int64) for name in COUNTERS[1:]}
         self._always = xp.ones(1, dtype=np.uint8)
         self.stream = None if xp is np else xp.cuda.Stream(non_blocking=True)
+        # Side streams for independent work inside an update (the target network, the
+        # on-policy heads), joined back by events: in a captured graph, parallel branches.
+        self._side_streams = [] if xp is np else [xp.cuda.Stream(non_blocking=True) for _ in "ab"]
         self.graphs = None
         if self.stream is not None and config.train.cuda_graphs:
             from service.backend.cuda.capture import CapturedCalls
@@ -187,6 +193,22 @@ class Trainer:
             return
         with self.stream:
             yield
+
+    def _fork(self, fn: Callable[[], T], lane: int = 0) -> tuple[T, object]:
+        """fn's device work on side stream `lane`, after everything queued so far on the
+        current one; returns fn's result and the token `_join` waits for (NumPy: fn())."""
+        if not self._side_streams:
+            return fn(), None
+        side = self._side_streams[lane]
+        side.wait_event(self.xp.cuda.get_current_stream().record())
+        with side:
+            result = fn()
+        return result, side.record()
+
+    def _join(self, token: object) -> None:
+        """Make the current stream wait for a `_fork`'s work."""
+        if token is not None:
+            self.xp.cuda.get_current_stream().wait_event(token)
 
     def synchronize(self) -> None:
         """Wait for every queued device call (a no-op on NumPy)."""
@@ -391,15 +413,16 @@ class Trainer:
         """One optimizer update on rollout rows `rows` (+ a replay batch when `use_q`), its
         statistics added to `totals`. Device work only: no host reads, no uploads."""
         cfg, ops, params, hp = self.config, self.ops, self.params, self.hp
-        ppo = cfg.ppo
         depth, A, Z = cfg.model.depth, cfg.model.num_actions, cfg.c51.num_atoms
         sequence = self.sequences["updates_attempted"]
-        replay = None
+        replay = support_clip = None
         if use_q:
             slots = ops.replay_sample_indices(
                 self.replay.size_on_device, self.key_on_device, sequence, cfg.replay.batch_size
             )
             replay = Transitions(**ops.replay_gather(self.replay.storage, slots))
+            # The target network's forward and projection overlap the online network's work.
+            (target, support_clip), target_ready = self._fork(lambda: self._q_target(replay))
 
         xp = self.xp
         x = batch.obs[rows]
@@ -408,10 +431,66 @@ class Trainer:
             x = _stack_rows(xp, x, replay.obs)
         activations = model.encoder_fwd(ops, params, x, depth)
         h = activations[-1]
-        h_pol = h[:on_policy]
 
         grads: dict[str, np.ndarray] = {}
         losses: dict[str, np.ndarray] = {}
+        # The on-policy heads overlap the Q head (both read h, neither writes what the other
+        # reads); their encoder gradient is joined before the encoder's backward.
+        (grad_h, pi_stats), policy_ready = self._fork(
+            lambda: self._on_policy_heads(batch, rows, h[:on_policy], grads, losses), lane=1
+        )
+        grad_h_q = None
+        if replay is not None:
+            h_q = h[on_policy:]
+            q_logits = model.head_fwd(ops, params, "q", h_q).reshape(-1, A, Z)
+            self._join(target_ready)
+            losses["q"], grad_taken = ops.c51_cross_entropy_fwd_bwd(
+                q_logits, replay.actions, target
+            )
+            grad_h_taken, grads["q/W"], grads["q/b"] = ops.c51_head_bwd(
+                h_q, params["q/W"], replay.actions, grad_taken, Z
+            )
+            lambda_q = hp.weights(["train.lambda_q"])
+            grad_h_q = ops.grad_h_accumulate([grad_h_taken], lambda_q)
+        self._join(policy_ready)
+        if grad_h_q is not None:
+            grad_h = _stack_rows(xp, grad_h, grad_h_q)
+        # Each layer's weight gradients overlap the rest of the backward chain. Their functions
+        # (holding the arrays they read) stay referenced until joined: a freed input could
+        # otherwise be reused by the chain while they still read it.
+        aside: list[tuple[object, Callable]] = []
+
+        def beside(fn: Callable[[], T]) -> T:
+            result, token = self._fork(fn)
+            aside.append((token, fn))
+            return result
+
+        grads.update(model.encoder_bwd(ops, params, activations, grad_h, depth, beside))
+        for token, _fn in aside:
+            self._join(token)
+
+        names = [name for name in params if name in grads]  # fixed parameter order
+        norm = ops.global_norm([grads[name] for name in names])
+        ok = ops.all_finite([*(xp.atleast_1d(v) for v in losses.values()), norm])
+        self._apply(names, grads, norm, ok, use_q)
+        ops.advance_counter(sequence, self._always)  # the next update's replay draw
+        statistics = {f"loss_{head}": loss for head, loss in losses.items()}
+        statistics.update(grad_norm=norm, c51_support_clip_ratio=support_clip)
+        statistics.update({k: pi_stats[k] for k in ("entropy", "approx_kl", "clip_fraction")})
+        ops.step_stats_accumulate(totals, [statistics.get(name) for name in STATS], ok)
+
+    def _on_policy_heads(
+        self,
+        batch: Batch,
+        rows: np.ndarray,
+        h_pol: np.ndarray,
+        grads: dict[str, np.ndarray],
+        losses: dict[str, np.ndarray],
+    ) -> tuple[np.ndarray, dict]:
+        """Policy, value and perception heads on the rollout rows: their losses and parameter
+        gradients into `losses` / `grads`; returns (their λ-weighted encoder gradient, the PPO
+        statistics)."""
+        ops, params, hp, ppo = self.ops, self.params, self.hp, self.config.ppo
         grad_h_heads: list[np.ndarray] = []
 
         # Policy head: PPO clipped surrogate + entropy bonus.
@@ -450,46 +529,7 @@ class Trainer:
             self._head_bwd("aux", h_pol, grad_pred, grads, grad_h_heads)
 
         lambdas = hp.weights([f"train.lambda_{head}" for head in losses])
-        grad_h = ops.grad_h_accumulate(grad_h_heads, lambdas)
-        support_clip = None
-        if replay is not None:
-            h_q = h[on_policy:]
-            q_logits = model.head_fwd(ops, params, "q", h_q).reshape(-1, A, Z)
-            target, support_clip = self._q_target(replay)
-            losses["q"], grad_taken = ops.c51_cross_entropy_fwd_bwd(
-                q_logits, replay.actions, target
-            )
-            grad_h_q, grads["q/W"], grads["q/b"] = ops.c51_head_bwd(
-                h_q, params["q/W"], replay.actions, grad_taken, Z
-            )
-            lambda_q = hp.weights(["train.lambda_q"])
-            grad_h = _stack_rows(xp, grad_h, ops.grad_h_accumulate([grad_h_q], lambda_q))
-        grads.update(model.encoder_bwd(ops, params, activations, grad_h, depth))
-
-        names = [name for name in params if name in grads]  # fixed parameter order
-        norm = ops.global_norm([grads[name] for name in names])
-        ok = ops.all_finite([*(xp.atleast_1d(v) for v in losses.values()), norm])
-        self._apply(names, grads, norm, ok, use_q)
-        ops.advance_counter(sequence, self._always)  # the next update's replay draw
-        statistics = {f"loss_{head}": loss for head, loss in losses.items()}
-        statistics.update(grad_norm=norm, c51_support_clip_ratio=support_clip)
-        statistics.update({k: pi_stats[k] for k in ("entropy", "approx_kl", "clip_fraction")})
-        self._accumulate(totals, statistics, ok)
-
-    def _accumulate(self, totals: np.ndarray, statistics: dict, ok: np.ndarray) -> None:
-        """totals[STATS] += statistics where ok; count the update applied or skipped; flag
-        each non-finite head loss. Absent statistics count as 0."""
-        xp = self.xp
-        values = xp.zeros(len(STATS), dtype=np.float64)  # filled by copies: nothing uploaded
-        for i, name in enumerate(STATS):
-            if statistics.get(name) is not None:
-                values[i : i + 1] = statistics[name]
-        applied = ok.astype(bool)
-        totals[: len(STATS)] += xp.where(applied, values, 0.0)
-        totals[APPLIED : APPLIED + 1] += applied
-        totals[SKIPPED : SKIPPED + 1] += ~applied
-        heads = slice(BAD, STATS_SIZE)
-        totals[heads] = xp.maximum(totals[heads], ~xp.isfinite(values[: len(LOSS_HEADS)]))
+        return ops.grad_h_accumulate(grad_h_heads, lambdas), pi_stats
 
     def _head_bwd(
         self,

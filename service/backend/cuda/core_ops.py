@@ -42,6 +42,7 @@ CHUNK_ROWS = 64  # reduce_axis0_partials: rows summed per partial
 MAX_HEADS = 8  # grad_h_accumulate.cu: TRIDENT_MAX_HEADS
 MAX_TENSORS = 16  # common.cuh: TRIDENT_MAX_TENSORS, tensors per multi-tensor launch
 MULTI_CHUNK = 4 * BLOCK  # elements per block of adamw_multi and target_refresh_multi
+STEP_STATS, STEP_NORM = 10, 5  # step_stats.cu: statistics per update, the float64 one
 
 
 # --------------------------------------------------------------------------- validation
@@ -120,12 +121,16 @@ class CoreOps:
 
     def linear_bwd(self, x: Array, W: Array, grad_y: Array) -> tuple[Array, Array, Array]:
         """(grad_x = g Wᵀ, grad_W = xᵀ g, grad_b = Σ_b g) of y = x W + b."""
+        grad_x = self.linear_bwd_input(W, grad_y)
+        return (grad_x, *self.linear_bwd_params(x, grad_y))
+
+    def linear_bwd_input(self, W: Array, grad_y: Array) -> Array:
+        """grad_x = g Wᵀ (cuBLAS SGEMM): the input half of `linear_bwd`."""
         W = _array("W", W, ndim=2)
         grad_y = _array("grad_y", grad_y, ndim=2)
         if grad_y.shape[1] != W.shape[1]:
             raise ValueError(f"grad_y: expected shape [B, {W.shape[1]}], got {list(grad_y.shape)}")
-        grad_W, grad_b = self.linear_bwd_params(x, grad_y)
-        return gemm(grad_y, W, trans_b=True), grad_W, grad_b
+        return gemm(grad_y, W, trans_b=True)
 
     def linear_bwd_params(self, x: Array, grad_y: Array) -> tuple[Array, Array]:
         """(grad_W = xᵀ g, grad_b = Σ_b g): the parameter half of `linear_bwd`."""
@@ -462,6 +467,24 @@ class CoreOps:
             layout = self._layout([dst.size for dst, _ in group], MULTI_CHUNK)
             tables = (self._table([d for d, _ in group]), self._table([s for _, s in group]))
             kernel((layout.blocks,), (BLOCK,), (*tables, *layout.args, *args))
+
+    # ----------------------------------------------------------------------- statistics
+    def step_stats_accumulate(
+        self, totals: Array, values: Sequence[Array | None], ok: Array
+    ) -> None:
+        """One update's statistics into a Step's totals, in place (step_stats.cu)."""
+        totals = _array("totals", totals, (np.dtype(np.float64),), shape=(STEP_STATS + 7,))
+        if len(values) != STEP_STATS:
+            raise ValueError(f"values: expected {STEP_STATS} statistics, got {len(values)}")
+        addresses = []
+        for i, value in enumerate(values):
+            dtypes = (np.dtype(np.float64),) if i == STEP_NORM else (np.dtype(np.float32),)
+            addresses.append(
+                np.uint64(0 if value is None else _one(f"values[{i}]", value, dtypes).data.ptr)
+            )
+        self._kernel("step_stats.cu", "step_stats_accumulate")(
+            (1,), (1,), (totals, _flag("ok", ok), *addresses)
+        )
 
     # ----------------------------------------------------------------------- advantages
     def gae(

@@ -259,7 +259,7 @@ class HeadOps:
         self._launch(
             file,
             "c51_cross_entropy_fwd_bwd",
-            B,
+            _count("32·B", 32 * B),  # one warp per row
             (logits, actions, target, per_row, grad, np.int32(B)),
         )
         self._reduce(file, "c51_loss_mean", (per_row, loss, np.int32(B)))
