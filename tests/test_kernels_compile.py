@@ -13,6 +13,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -282,6 +284,30 @@ def test_kernel_dir_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv(loader.KERNEL_DIR_ENV, str(tmp_path))
     with pytest.raises(loader.KernelSourceMissing, match=loader.KERNEL_DIR_ENV):
         loader.kernel_dir()
+    # Installed from a wheel: no checkout beside the package, the sources under sys.prefix.
+    monkeypatch.delenv(loader.KERNEL_DIR_ENV)
+    monkeypatch.setattr(loader, "KERNEL_DIR", tmp_path / "no-checkout")
+    monkeypatch.setattr(loader.sys, "prefix", str(tmp_path / "venv"))
+    with pytest.raises(loader.KernelSourceMissing, match="share/trident/kernels"):
+        loader.kernel_dir()
+    installed = tmp_path / "venv" / "share" / "trident" / "kernels"
+    installed.mkdir(parents=True)
+    (installed / "common.cuh").write_text("// test\n")
+    assert loader.kernel_dir() == installed
+
+
+def test_wheel_ships_every_kernel_source(tmp_path: Path) -> None:
+    """A wheel built from this tree carries kernels/*.cu and *.cuh as data files."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path), str(KERNELS.parent)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    (wheel,) = tmp_path.glob("trident-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = {Path(n).name for n in archive.namelist() if "/share/trident/kernels/" in n}
+    want = {p.name for p in KERNELS.iterdir() if p.suffix in (".cu", ".cuh")}
+    assert shipped == want
 
 
 def test_cache_files_round_trip_and_verify(tmp_path: Path) -> None:

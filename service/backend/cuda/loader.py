@@ -1,9 +1,9 @@
 """Compile `kernels/*.cu` with NVRTC (through CuPy) and cache the cubins on disk by content.
 
 Where the sources are: `$TRIDENT_KERNEL_DIR` when set, else the repository's `kernels/`
-(`KERNEL_DIR`, three levels above this package: a source checkout or an editable install).
-A wheel does not ship the kernels yet; a missing directory raises `KernelSourceMissing`
-naming the path and the variable to set.
+(`KERNEL_DIR`, three levels above this package: a source checkout or an editable install),
+else `<sys.prefix>/share/trident/kernels`, where a wheel installs them (pyproject's
+data-files). None found raises `KernelSourceMissing` naming the paths and the variable.
 
 Compile options (`COMPILE_OPTIONS`): C++17, IEEE division and square root, no flush-to-zero,
 no fast-math, and `--fmad=false`: no multiply-add is contracted, so every float operation
@@ -22,6 +22,7 @@ import hashlib
 import logging
 import os
 import re
+import sys
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -74,15 +75,25 @@ class CudaDims(NamedTuple):
 
 
 def kernel_dir() -> Path:
-    """The directory holding `*.cu` and `common.cuh`; KernelSourceMissing when absent."""
+    """The directory holding `*.cu` and `common.cuh`; KernelSourceMissing when absent.
+
+    `$TRIDENT_KERNEL_DIR` if set; else the checkout's `kernels/` (source tree or editable
+    install); else `<prefix>/share/trident/kernels`, where a wheel installs them.
+    """
     override = os.environ.get(KERNEL_DIR_ENV)
-    path = Path(override) if override else KERNEL_DIR
-    if not (path / "common.cuh").is_file():
-        raise KernelSourceMissing(
-            f"kernel sources not found at {path} (no common.cuh); run from a source checkout "
-            f"or an editable install, or set {KERNEL_DIR_ENV} to the repository's kernels/"
-        )
-    return path
+    candidates = [Path(override)] if override else [KERNEL_DIR, installed_kernel_dir()]
+    for path in candidates:
+        if (path / "common.cuh").is_file():
+            return path
+    raise KernelSourceMissing(
+        f"kernel sources not found at {' or '.join(map(str, candidates))} (no common.cuh); "
+        f"reinstall trident or set {KERNEL_DIR_ENV} to a directory holding kernels/*.cu"
+    )
+
+
+def installed_kernel_dir() -> Path:
+    """Where `pip install` puts the kernel sources (pyproject's data-files)."""
+    return Path(sys.prefix) / "share" / "trident" / "kernels"
 
 
 def cache_dir() -> Path:
