@@ -197,6 +197,32 @@ class ServerConfig(_Section):
 
 
 @dataclass(frozen=True, slots=True)
+class LobsimConfig(_Section):
+    """LobSim markets (service/lobsim): book, background flow, agent, reward."""
+
+    price_levels: int = _f(64, ge=24)  # ticks in each book's price window
+    visible_levels: int = _f(10, ge=1)  # levels per side in the observation
+    events_per_step: int = _f(13, ge=1)  # background events between two agent decisions
+    horizon: int = _f(400, ge=2)  # agent steps per episode; ends with liquidation
+    max_inventory: int = _f(20, ge=1)  # |inventory| at which market orders are masked
+    quote_size: int = _f(1, ge=1)  # lots per agent quote
+    market_size: int = _f(1, ge=1)  # lots per agent market order (actions 7, 8)
+    latency_events: int = _f(2, ge=0)  # background events before the agent's messages land
+    random_latency: bool = False  # latency uniform in [0, latency_events] instead of fixed
+    limit_weight: int = _f(100, ge=1)  # background limit-order weight at the touch
+    limit_decay_pct: int = _f(70, ge=1, le=100)  # weight kept per extra tick from the touch
+    cancel_weight: int = _f(3, ge=0)  # background cancel weight per resting lot
+    market_weight: int = _f(30, ge=0)  # background market-order weight
+    max_order_lots: int = _f(4, ge=1)  # background order sizes are uniform in 1..this
+    randomize_pct: int = _f(30, ge=0, le=90)  # per-env flow weights scaled by 1 ± this %
+    initial_depth: int = _f(8, ge=1)  # levels per side filled at reset
+    taker_fee: float = _f(0.1, ge=0)  # ticks per lot the agent pays when it takes
+    maker_rebate: float = _f(0.05, ge=0)  # ticks per lot the agent earns when it is filled
+    damping: float = _f(0.5, ge=0)  # eta: penalty on max(0, inventory x mid change)
+    inventory_penalty: float = _f(0.01, ge=0)  # phi: penalty on inventory squared per step
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole configuration: one frozen dataclass per section."""
 
@@ -208,6 +234,7 @@ class Config:
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    lobsim: LobsimConfig = field(default_factory=LobsimConfig)
 
     def __post_init__(self) -> None:
         for f in fields(self):

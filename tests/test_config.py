@@ -14,7 +14,7 @@ from service.config import (
     with_overrides,
 )
 
-SECTIONS = ["model", "train", "ppo", "c51", "optim", "replay", "checkpoint", "server"]
+SECTIONS = ["model", "train", "ppo", "c51", "optim", "replay", "checkpoint", "server", "lobsim"]
 
 
 def write_toml(tmp_path: Path, text: str) -> Path:

@@ -28,6 +28,9 @@ class Stream(IntEnum):
     REPLAY = 2  # replay sample indices, one per Q-batch row
     ACT_SAMPLE = 3  # categorical sampling in Act, one per observation
     ACT_EXPLORE = 4  # epsilon coin and random action in Act
+    LOB_RESET = 5  # LobSim: initial books and per-env flow weights, one per env
+    LOB_FLOW = 6  # LobSim: background events, one per env
+    LOB_LATENCY = 7  # LobSim: the agent's random latency, one per env
 
 
 def philox4x32(counter: np.ndarray, key: tuple[int, int]) -> np.ndarray:

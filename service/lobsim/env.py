@@ -1,0 +1,337 @@
+"""LobSim: N market-making environments on the vectorised books (NumPy).
+
+One `step(actions)` is one agent decision per env followed by `events_per_step` background
+events (`flow.py`); the agent's messages land after `latency_events` of them (or a uniform
+random number in [0, latency_events] per env and step). Every random draw is Philox, keyed by
+the seed, with the env index as the counter's element: one seed gives one trajectory.
+
+Actions (the agent's orders are `quote_size` lots; market orders `market_size` lots):
+  0 HOLD          resting quotes stay, with their queue priority
+  1 CANCEL_ALL    cancel both quotes
+  2 QUOTE(0, 0)   bid at the best bid, ask at the best ask
+  3 QUOTE(1, 1)   one tick behind each touch
+  4 QUOTE(3, 3)   three ticks behind each touch
+  5 QUOTE(0, 2)   bid at the touch, ask two ticks behind
+  6 QUOTE(2, 0)   bid two ticks behind, ask at the touch
+  7 MARKET_BUY    masked (becomes HOLD) at inventory >= max_inventory
+  8 MARKET_SELL   masked at inventory <= -max_inventory
+A quote's prices come from the book the agent observed; a side whose price is unchanged is
+not re-sent, so it keeps its place in the queue.
+
+Reward per step (ticks): Δ(cash + inventory·mid) − taker_fee·(lots the agent took)
++ maker_rebate·(lots of its resting orders filled) − damping·max(0, inventory·Δmid)
+− inventory_penalty·inventory². After `horizon` steps the inventory is liquidated at the far
+touch (a long sells at the best bid, a short buys at the best ask), the episode terminates and
+the env resets; `step` then returns the new episode's first observation and puts the final one
+in `info["final_obs"]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.backend.philox import Stream, random_bits, seed_key
+from service.config import LobsimConfig
+from service.lobsim.book import (
+    AGENT,
+    ASK,
+    BID,
+    BUY,
+    CANCEL,
+    LIMIT,
+    MARKET,
+    SELL,
+    Books,
+    Messages,
+)
+from service.lobsim.flow import background_messages, limit_weights, scaled
+
+NUM_ACTIONS = 9
+QUOTES = {2: (0, 0), 3: (1, 1), 4: (3, 3), 5: (0, 2), 6: (2, 0)}  # action: (bid, ask) ticks
+BASE_PRICE = 10_000  # ticks of the window's centre at reset
+LABEL_DIM = 3  # aux targets: next spread, next L1 imbalance, realised volatility
+
+
+def observation_dim(cfg: LobsimConfig) -> int:
+    """Levels (offset, size) per side, then 13 scalars (see `LobSim._observe`)."""
+    return 4 * cfg.visible_levels + 13
+
+
+@dataclass
+class StepOutput:
+    obs: np.ndarray  # [N, obs_dim] float32
+    reward: np.ndarray  # [N] float32
+    terminated: np.ndarray  # [N] bool: the episode ended (and the env was reset)
+    truncated: np.ndarray  # [N] bool: always False (episodes end by liquidation)
+    info: dict
+
+
+class LobSim:
+    """N independent markets with one market-making agent each."""
+
+    def __init__(self, num_envs: int, cfg: LobsimConfig, seed: int) -> None:
+        self.cfg, self.num_envs = cfg, num_envs
+        self.key = seed_key(seed)
+        self.books = Books(num_envs, cfg.price_levels, np.full(num_envs, BASE_PRICE))
+        self.calls = 0  # Philox sequence: one per call that draws
+        self.t = np.zeros(num_envs, dtype=np.int64)  # steps into the episode
+        self.mid2 = np.zeros(num_envs, dtype=np.int64)  # 2 · mid, in ticks of the window
+        self.variance = np.zeros(num_envs)  # EMA of squared mid changes per step
+        self.limit_w = np.zeros((num_envs, cfg.visible_levels), dtype=np.int64)
+        self.cancel_w = np.zeros(num_envs, dtype=np.int64)
+        self.market_w = np.zeros(num_envs, dtype=np.int64)
+        self.episode_return = np.zeros(num_envs)
+        self._reset(np.ones(num_envs, dtype=bool))
+        self._last_obs = self._observe(np.zeros(num_envs), np.zeros(num_envs))
+
+    # ----------------------------------------------------------------------------- public
+    def reset(self) -> np.ndarray:
+        """The current observation (the envs reset themselves when an episode ends)."""
+        return self._last_obs
+
+    def action_mask(self) -> np.ndarray:
+        """[N, 9] bool: market orders masked at the inventory limit."""
+        mask = np.ones((self.num_envs, NUM_ACTIONS), dtype=bool)
+        mask[:, 7] = self.books.inventory < self.cfg.max_inventory
+        mask[:, 8] = self.books.inventory > -self.cfg.max_inventory
+        return mask
+
+    def step(self, actions: np.ndarray) -> StepOutput:
+        """Apply one action per env, then the background events; auto-reset ended episodes."""
+        cfg, books = self.cfg, self.books
+        actions = np.asarray(actions, dtype=np.int64).reshape(self.num_envs)
+        if ((actions < 0) | (actions >= NUM_ACTIONS)).any():
+            raise ValueError(f"actions: expected integers in [0, {NUM_ACTIONS}), got {actions}")
+        actions = np.where(self.action_mask()[np.arange(self.num_envs), actions], actions, 0)
+        value_before = books.cash + books.inventory * (books.base + self.mid2 / 2.0)
+        inventory_before, mid_before = books.inventory.copy(), self.mid2.copy()
+        agent_messages = self._agent_messages(actions)
+        latency = self._latency()
+        taken = np.zeros(self.num_envs, dtype=np.int64)
+        passive = np.zeros(self.num_envs, dtype=np.int64)
+        flow = np.zeros(self.num_envs, dtype=np.int64)  # signed aggressor lots
+        for slot in range(cfg.events_per_step + 1):
+            for message in agent_messages:
+                landing = latency == slot
+                if landing.any():
+                    only = Messages(*(np.where(landing, m, 0) for m in _fields(message)))
+                    self._account(books.apply(only, self.calls), taken, passive, flow)
+            if slot < cfg.events_per_step:
+                bits = random_bits(self.key, Stream.LOB_FLOW, self.calls, self.num_envs)
+                self.calls += 1
+                messages = background_messages(
+                    books, bits, self.limit_w, self.cancel_w, self.market_w, cfg.max_order_lots
+                )
+                self._account(books.apply(messages, self.calls), taken, passive, flow)
+        self.t += 1
+        mid2 = self._mid2()
+        change = (mid2 - mid_before) / 2.0
+        self.variance = 0.9 * self.variance + 0.1 * change * change
+        self.mid2 = mid2
+        done = self.t >= cfg.horizon
+        self._liquidate(done)
+        value = books.cash + books.inventory * (books.base + self.mid2 / 2.0)
+        reward = (
+            value
+            - value_before
+            - cfg.taker_fee * taken
+            + cfg.maker_rebate * passive
+            - cfg.damping * np.maximum(0.0, inventory_before * change)
+            - cfg.inventory_penalty * inventory_before.astype(np.float64) ** 2
+        )
+        self.episode_return += reward
+        obs = self._observe(change, flow)
+        labels = self._labels(change)
+        info = {
+            "bce_prev": (change > 0).astype(np.float32),  # did the mid rise after obs_{t-1}
+            "aux_prev": labels,
+            "episode_return": np.where(done, self.episode_return, np.nan),
+            "overflow": books.overflow.copy(),
+            "inventory": books.inventory.copy(),
+        }
+        if done.any():
+            info["final_obs"] = obs.copy()
+            self.episode_return[done] = 0.0
+            self._reset(done)
+            fresh = self._observe(np.zeros(self.num_envs), np.zeros(self.num_envs))
+            obs = np.where(done[:, None], fresh, obs)
+        self._last_obs = obs
+        return StepOutput(obs, reward.astype(np.float32), done, np.zeros_like(done), info)
+
+    # ----------------------------------------------------------------------------- internals
+    def _reset(self, mask: np.ndarray) -> None:
+        """Fresh books, flow weights and accounts for the envs in `mask`."""
+        cfg, books, N = self.cfg, self.books, self.num_envs
+        depth = cfg.initial_depth
+        words = random_bits(self.key, Stream.LOB_RESET, self.calls, N * (depth // 2 + 2))
+        words = words.reshape(N, -1)  # [N, 4·(depth/2 + 2)] uint32
+        self.calls += 1
+        sizes = 1 + ((words[:, : 2 * depth].astype(np.uint64) * np.uint64(cfg.max_order_lots))
+                     >> np.uint64(32)).astype(np.int64)  # fmt: skip
+        spread = cfg.randomize_pct
+        factors = (
+            100
+            - spread
+            + (
+                (words[:, 2 * depth : 2 * depth + 3].astype(np.uint64) * np.uint64(2 * spread + 1))
+                >> np.uint64(32)
+            ).astype(np.int64)
+        )
+        envs = np.flatnonzero(mask)
+        centre = cfg.price_levels // 2
+        books.lots[:, envs] = 0
+        books.lots[BID, envs, centre - 1 - np.arange(depth)[:, None]] = sizes[envs, :depth].T
+        books.lots[ASK, envs, centre + 1 + np.arange(depth)[:, None]] = sizes[envs, depth:].T
+        books.base[envs] = BASE_PRICE - centre
+        for array in (books.agent_qty, books.agent_ahead):
+            array[:, envs] = 0
+        books.agent_px[:, envs] = -1
+        books.inventory[envs] = 0
+        books.cash[envs] = 0
+        self.limit_w[envs] = scaled(limit_weights(cfg), factors[envs, 0])
+        self.cancel_w[envs] = cfg.cancel_weight * factors[envs, 1] // 100
+        self.market_w[envs] = cfg.market_weight * factors[envs, 2] // 100
+        self.t[envs] = 0
+        self.variance[envs] = 0.0
+        self.mid2[envs] = self._mid2()[envs]
+
+    def _mid2(self) -> np.ndarray:
+        """2 · mid price as a window index (one side empty: that side's touch ± 1 tick)."""
+        bid, ask = self.books.best(BID), self.books.best(ASK)
+        centre = self.cfg.price_levels // 2
+        bid = np.where(bid >= 0, bid, np.where(ask >= 0, ask - 1, centre - 1))
+        ask = np.where(ask >= 0, ask, bid + 1)
+        return bid + ask
+
+    def _latency(self) -> np.ndarray:
+        if not self.cfg.random_latency:
+            return np.full(self.num_envs, self.cfg.latency_events, dtype=np.int64)
+        words = random_bits(self.key, Stream.LOB_LATENCY, self.calls, self.num_envs)[:, 0]
+        self.calls += 1
+        span = np.uint64(self.cfg.latency_events + 1)
+        return ((words.astype(np.uint64) * span) >> np.uint64(32)).astype(np.int64)
+
+    def _agent_messages(self, actions: np.ndarray) -> list[Messages]:
+        """Up to two messages per env for its action (bid side first), from the observed book."""
+        cfg, books, N = self.cfg, self.books, self.num_envs
+        zero = np.zeros(N, dtype=np.int64)
+        bid, ask = books.best(BID), books.best(ASK)
+        quoting = np.isin(actions, list(QUOTES))
+        behind = np.array([QUOTES.get(a, (0, 0)) for a in range(NUM_ACTIONS)], dtype=np.int64)
+        bid_px = np.where(bid >= 0, bid, self.mid2 // 2) - behind[actions, 0]
+        ask_px = np.where(ask >= 0, ask, (self.mid2 + 1) // 2) + behind[actions, 1]
+        first = Messages(zero.copy(), zero + BUY, zero + AGENT, zero.copy(), zero.copy(), zero)
+        second = Messages(zero.copy(), zero + SELL, zero + AGENT, zero.copy(), zero.copy(), zero)
+        # quotes: re-sent only where the price changes
+        resend_bid = quoting & (books.agent_px[BID] != bid_px)
+        resend_ask = quoting & (books.agent_px[ASK] != ask_px)
+        first.kind[resend_bid], first.price[resend_bid] = LIMIT, bid_px[resend_bid]
+        first.qty[resend_bid] = cfg.quote_size
+        second.kind[resend_ask], second.price[resend_ask] = LIMIT, ask_px[resend_ask]
+        second.qty[resend_ask] = cfg.quote_size
+        # cancel all
+        cancel = actions == 1
+        first.kind[cancel] = CANCEL
+        second.kind[cancel] = CANCEL
+        # market orders
+        for action, side in ((7, BUY), (8, SELL)):
+            hit = actions == action
+            first.kind[hit], first.side[hit] = MARKET, side
+            first.qty[hit] = cfg.market_size
+        return [first, second]
+
+    def _account(self, fills, taken: np.ndarray, passive: np.ndarray, flow: np.ndarray) -> None:
+        """Per env: lots the agent took, lots of its resting orders filled, signed flow."""
+        np.add.at(taken, fills.env[fills.aggressor == AGENT], fills.qty[fills.aggressor == AGENT])
+        np.add.at(passive, fills.env[fills.resting == AGENT], fills.qty[fills.resting == AGENT])
+        np.add.at(flow, fills.env, fills.side * fills.qty)
+
+    def _liquidate(self, done: np.ndarray) -> None:
+        """Close the inventory of the envs in `done` at the far touch (the mid if it is empty)."""
+        books = self.books
+        bid, ask = books.best(BID), books.best(ASK)
+        mid = self.mid2 // 2
+        far = np.where(
+            books.inventory > 0, np.where(bid >= 0, bid, mid), np.where(ask >= 0, ask, mid)
+        )
+        close = done & (books.inventory != 0)
+        books.cash[close] += books.inventory[close] * (books.base[close] + far[close])
+        books.inventory[close] = 0
+        # the mark used by the reward is then irrelevant: inventory is zero
+        books.agent_px[:, done] = -1
+        books.agent_qty[:, done] = 0
+        books.agent_ahead[:, done] = 0
+
+    def _levels(self, side: int) -> tuple[np.ndarray, np.ndarray]:
+        """Total lots (background + agent) at the visible levels from `side`'s touch outward,
+        and the touch (-1 when that side is empty)."""
+        books, L, N = self.books, self.cfg.visible_levels, self.num_envs
+        touch = books.best(side)
+        step = -1 if side == BID else 1
+        prices = touch[:, None] + step * np.arange(L)[None, :]
+        inside = (touch[:, None] >= 0) & (prices >= 0) & (prices < self.cfg.price_levels)
+        safe = np.clip(prices, 0, self.cfg.price_levels - 1)
+        lots = books.lots[side][np.arange(N)[:, None], safe]
+        lots = lots + np.where(
+            books.agent_px[side][:, None] == safe, books.agent_qty[side][:, None], 0
+        )
+        return np.where(inside, lots, 0), touch
+
+    def _observe(self, change: np.ndarray, flow: np.ndarray) -> np.ndarray:
+        cfg, books = self.cfg, self.books
+        L, scale = cfg.visible_levels, 4.0 * cfg.max_order_lots
+        bid_lots, bid = self._levels(BID)
+        ask_lots, ask = self._levels(ASK)
+        mid = self.mid2 / 2.0
+        ladder = np.arange(L)[None, :]
+        bid_offset = (np.where(bid >= 0, bid, mid)[:, None] - ladder - mid[:, None]) / L
+        ask_offset = (np.where(ask >= 0, ask, mid)[:, None] + ladder - mid[:, None]) / L
+        spread = np.where((bid >= 0) & (ask >= 0), ask - bid, 0)
+        b5, a5 = bid_lots[:, :5].sum(axis=1), ask_lots[:, :5].sum(axis=1)
+        value = books.cash + books.inventory * (books.base + mid)
+        quote = [
+            np.where(books.agent_px[s] >= 0, np.abs(books.agent_px[s] - t), -1) / L
+            for s, t in ((BID, bid), (ASK, ask))
+        ]
+        scalars = np.stack(
+            [
+                spread / L,
+                change,
+                _imbalance(bid_lots[:, 0], ask_lots[:, 0]),
+                _imbalance(b5, a5),
+                flow / (cfg.events_per_step * cfg.max_order_lots),
+                np.sqrt(self.variance),
+                books.inventory / cfg.max_inventory,
+                value / 100.0,
+                1.0 - self.t / cfg.horizon,
+                quote[0],
+                quote[1],
+                books.agent_ahead[BID] / scale,
+                books.agent_ahead[ASK] / scale,
+            ],
+            axis=1,
+        )
+        return np.concatenate(
+            [bid_offset, bid_lots / scale, ask_offset, ask_lots / scale, scalars], axis=1
+        ).astype(np.float32)
+
+    def _labels(self, change: np.ndarray) -> np.ndarray:
+        """Aux targets for the previous observation: spread, L1 imbalance and realised
+        volatility now."""
+        bid_lots, bid = self._levels(BID)
+        ask_lots, ask = self._levels(ASK)
+        spread = np.where((bid >= 0) & (ask >= 0), ask - bid, 0) / self.cfg.visible_levels
+        imbalance = _imbalance(bid_lots[:, 0], ask_lots[:, 0])
+        return np.stack([spread, imbalance, np.sqrt(self.variance)], axis=1).astype(np.float32)
+
+
+def _imbalance(bid: np.ndarray, ask: np.ndarray) -> np.ndarray:
+    total = bid + ask
+    return np.where(total > 0, (bid - ask) / np.maximum(total, 1), 0.0)
+
+
+def _fields(messages: Messages) -> tuple[np.ndarray, ...]:
+    return (messages.kind, messages.side, messages.owner, messages.price, messages.qty,
+            messages.position)  # fmt: skip
