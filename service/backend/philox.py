@@ -65,11 +65,19 @@ def seed_key(seed: int) -> tuple[int, int]:
 
 def random_bits(key: tuple[int, int], stream: Stream, sequence: int, n: int) -> np.ndarray:
     """Four uint32 draws [n, 4] for each element 0..n-1 of `sequence` in `stream`."""
-    counter = np.zeros((n, 4), dtype=np.uint32)
-    counter[:, 0] = np.arange(n, dtype=np.uint32)
-    counter[:, 1] = np.uint32(sequence & _MASK32)
-    counter[:, 2] = np.uint32(int(stream))
-    counter[:, 3] = np.uint32((sequence >> 32) & _MASK32)
+    return random_bits_span(key, stream, sequence, 1, n)[0]
+
+
+def random_bits_span(
+    key: tuple[int, int], stream: Stream, first: int, count: int, n: int
+) -> np.ndarray:
+    """`random_bits` of sequences first .. first + count - 1 in one pass: [count, n, 4]."""
+    sequences = np.arange(first, first + count, dtype=np.uint64)
+    counter = np.zeros((count, n, 4), dtype=np.uint32)
+    counter[:, :, 0] = np.arange(n, dtype=np.uint32)
+    counter[:, :, 1] = (sequences & np.uint64(_MASK32)).astype(np.uint32)[:, None]
+    counter[:, :, 2] = np.uint32(int(stream))
+    counter[:, :, 3] = (sequences >> np.uint64(32)).astype(np.uint32)[:, None]
     return philox4x32(counter, key)
 
 

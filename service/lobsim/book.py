@@ -70,22 +70,20 @@ class Books:
         self._envs = np.arange(num_envs)
 
     # ----------------------------------------------------------------------------- queries
-    def occupied(self, side: int) -> np.ndarray:
-        """[N, P] bool: prices of `side` (BID / ASK) holding background or agent lots."""
-        held = self.lots[side] > 0
-        resting = self.agent_px[side] >= 0
-        held[self._envs[resting], self.agent_px[side][resting]] = True
-        return held
-
     def best(self, side: int) -> np.ndarray:
-        """[N] best price index of `side` (-1 where that side is empty)."""
-        held = self.occupied(side)
-        any_held = held.any(axis=1)
+        """[N] best price index of `side` (BID / ASK) over background and agent lots (-1 where
+        that side is empty)."""
+        held = self.lots[side] > 0
         if side == BID:
             index = self.price_levels - 1 - np.argmax(held[:, ::-1], axis=1)
         else:
             index = np.argmax(held, axis=1)
-        return np.where(any_held, index, -1)
+        background = np.where(held[self._envs, index], index, -1)
+        agent = self.agent_px[side]
+        if side == BID:
+            return np.maximum(background, agent)
+        return np.where(background < 0, agent, np.where(agent < 0, background,
+                                                        np.minimum(background, agent)))  # fmt: skip
 
     # ----------------------------------------------------------------------------- messages
     def apply(self, messages: Messages, seq: int) -> Fills:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.backend.philox import Stream, random_bits, seed_key
+from service.backend.philox import Stream, random_bits, random_bits_span, seed_key
 from service.config import LobsimConfig
 from service.lobsim.book import (
     AGENT,
@@ -112,18 +112,20 @@ class LobSim:
         taken = np.zeros(self.num_envs, dtype=np.int64)
         passive = np.zeros(self.num_envs, dtype=np.int64)
         flow = np.zeros(self.num_envs, dtype=np.int64)  # signed aggressor lots
-        for slot in range(cfg.events_per_step + 1):
+        events = cfg.events_per_step
+        bits = random_bits_span(self.key, Stream.LOB_FLOW, self.calls, events, self.num_envs)
+        self.calls += events
+        for slot in range(events + 1):
             for message in agent_messages:
                 landing = latency == slot
                 if landing.any():
                     only = Messages(*(np.where(landing, m, 0) for m in _fields(message)))
                     self._account(books.apply(only, self.calls), taken, passive, flow)
-            if slot < cfg.events_per_step:
-                bits = random_bits(self.key, Stream.LOB_FLOW, self.calls, self.num_envs)
-                self.calls += 1
+            if slot < events:
                 messages = background_messages(
-                    books, bits, self.limit_w, self.cancel_w, self.market_w, cfg.max_order_lots
-                )
+                    books, bits[slot], self.limit_w, self.cancel_w, self.market_w,
+                    cfg.max_order_lots,
+                )  # fmt: skip
                 self._account(books.apply(messages, self.calls), taken, passive, flow)
         self.t += 1
         mid2 = self._mid2()

@@ -1,0 +1,185 @@
+"""LobSim environments (service/lobsim/env.py): invariants over long random-action runs, the
+message stream against the scalar reference engine, determinism, actions and episodes."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import numpy as np
+import pytest
+
+from service.config import LobsimConfig
+from service.lobsim.book import AGENT, ASK, BID, BUY, LIMIT, Books, Fills, Messages
+from service.lobsim.env import NUM_ACTIONS, LobSim, observation_dim
+from service.lobsim.reference import ReferenceMarket
+from tests.lobsim.test_book import check_invariants, merged, of_env
+
+
+class Recorder:
+    """Wraps `books.apply` to keep every call's messages and fills."""
+
+    def __init__(self, books: Books) -> None:
+        self.calls: list[tuple[Messages, Fills]] = []
+        self._apply = books.apply
+        books.apply = self  # type: ignore[method-assign]
+
+    def __call__(self, messages: Messages, seq: int) -> Fills:
+        fills = self._apply(messages, seq)
+        self.calls.append((messages, fills))
+        return fills
+
+    def take(self) -> list[tuple[Messages, Fills]]:
+        calls, self.calls = self.calls, []
+        return calls
+
+
+def fresh_seed() -> int:
+    seed = int(np.random.default_rng().integers(2**32))
+    print(f"seed {seed}")
+    return seed
+
+
+def test_invariants_over_10000_random_steps_on_64_markets() -> None:
+    cfg = LobsimConfig(horizon=400)
+    env = LobSim(64, cfg, seed=fresh_seed())
+    recorder = Recorder(env.books)
+    rng = np.random.default_rng(fresh_seed())
+    books = env.books
+    inventory, cash = books.inventory.copy(), books.cash.copy()
+    traded = books.traded.copy()
+    agent_lots = 0
+    started = time.perf_counter()
+    for _ in range(10_000):
+        out = env.step(rng.integers(0, NUM_ACTIONS, 64))
+        check_invariants(books)
+        assert np.isfinite(out.obs).all() and np.isfinite(out.reward).all()
+        for _messages, fills in recorder.take():
+            traded += np.bincount(fills.env, weights=fills.qty, minlength=64).astype(np.int64)
+            for who, sign in ((fills.aggressor, fills.side), (fills.resting, -fills.side)):
+                agent = who == AGENT
+                agent_lots += int(fills.qty[agent].sum())
+                signed = sign[agent] * fills.qty[agent]
+                np.add.at(inventory, fills.env[agent], signed)
+                price = books.base[fills.env[agent]] + fills.price[agent]
+                np.add.at(cash, fills.env[agent], -signed * price)
+        # Shares and cash conserved: the agent's account is the signed sum of its fills
+        # (an ended episode is liquidated and reset, its account starts again at zero).
+        live = ~out.terminated
+        assert (books.inventory[live] == inventory[live]).all()
+        assert (books.cash[live] == cash[live]).all()
+        inventory[~live], cash[~live] = 0, 0
+        assert (books.traded == traded).all()
+    elapsed = time.perf_counter() - started
+    print(f"640,000 env steps in {elapsed:.1f} s; agent lots {agent_lots}; "
+          f"overflow {books.overflow.sum()}; traded {books.traded.sum()}")  # fmt: skip
+    assert agent_lots > 0 and books.traded.sum() > 0
+
+
+def mirror_initial_books(env: LobSim) -> list[ReferenceMarket]:
+    """Reference markets holding the env's initial books (one background LIMIT per level)."""
+    markets = []
+    for n in range(env.num_envs):
+        market = ReferenceMarket(env.cfg.price_levels, int(env.books.base[n]))
+        for side, books_side in ((BUY, BID), (-BUY, ASK)):
+            for p in np.flatnonzero(env.books.lots[books_side, n]):
+                lots = int(env.books.lots[books_side, n, p])
+                assert not market.apply(LIMIT, side, 0, int(p), lots, 0, seq=-1)
+        markets.append(market)
+    return markets
+
+
+def test_env_message_stream_equals_reference_engine() -> None:
+    """Every message the env sends (background flow and the agent's orders) applied to
+    scalar reference markets gives the same fills (stream hash) and the same books."""
+    env = LobSim(32, LobsimConfig(horizon=10_000, random_latency=True), seed=fresh_seed())
+    markets = mirror_initial_books(env)
+    recorder = Recorder(env.books)
+    rng = np.random.default_rng(fresh_seed())
+    got_hash = [hashlib.sha256() for _ in markets]
+    want_hash = [hashlib.sha256() for _ in markets]
+    for _ in range(250):
+        env.step(rng.integers(0, NUM_ACTIONS, env.num_envs))
+        for messages, fills in recorder.take():
+            for n, market in enumerate(markets):
+                fields = ("kind", "side", "owner", "price", "qty", "position")
+                message = [int(getattr(messages, f)[n]) for f in fields]
+                seq = int(fills.seq[0]) if fills.seq.size else 0
+                want = [row[1:] for row in merged(market.apply(*message, seq=seq))]
+                got = [row[1:] for row in of_env(fills, n)]
+                assert got == want
+                got_hash[n].update(repr(got).encode())
+                want_hash[n].update(repr(want).encode())
+    for n, market in enumerate(markets):
+        assert got_hash[n].digest() == want_hash[n].digest()
+        assert env.books.lots[BID, n].tolist() == market.bid_totals()
+        assert env.books.lots[ASK, n].tolist() == market.ask_totals()
+        assert (int(env.books.inventory[n]), int(env.books.cash[n])) == (
+            market.inventory,
+            market.cash,
+        )
+
+
+def trajectory_digest(seed: int, steps: int = 120) -> str:
+    env = LobSim(16, LobsimConfig(horizon=50), seed=seed)
+    rng = np.random.default_rng(7)
+    digest = hashlib.sha256()
+    for _ in range(steps):
+        out = env.step(rng.integers(0, NUM_ACTIONS, 16))
+        for array in (out.obs, out.reward, env.books.lots, env.books.agent_px, env.books.cash):
+            digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
+def test_same_seed_same_trajectory() -> None:
+    seed = fresh_seed()
+    assert trajectory_digest(seed) == trajectory_digest(seed)
+    assert trajectory_digest(seed) != trajectory_digest(seed + 1)
+
+
+def test_observation_shape_and_episode_end() -> None:
+    cfg = LobsimConfig(horizon=5)
+    env = LobSim(8, cfg, seed=fresh_seed())
+    assert env.reset().shape == (8, observation_dim(cfg))
+    for step in range(1, 6):
+        out = env.step(np.full(8, 7))  # market buys: an inventory to liquidate
+        assert out.terminated.all() == (step == 5)
+    assert "final_obs" in out.info and out.info["final_obs"].shape == out.obs.shape
+    assert np.isfinite(out.info["episode_return"]).all()
+    assert (env.books.inventory == 0).all() and (env.t == 0).all()
+    time_left = 4 * cfg.visible_levels + 8  # the observation's "time left" column
+    assert (out.obs[:, time_left] == 1.0).all()
+    assert (out.info["final_obs"][:, time_left] == 0.0).all()
+
+
+def test_quote_keeps_priority_until_its_price_changes() -> None:
+    """HOLD and a repeated quote at unchanged prices send nothing: each resting quote keeps
+    its place (lots ahead of it only shrink). A re-sent order would go to the back."""
+    env = LobSim(16, LobsimConfig(latency_events=0, horizon=1000), seed=fresh_seed())
+    env.step(np.full(16, 2))  # QUOTE(0, 0)
+    assert (env.books.agent_px >= 0).any()
+    for action in (0, 2, 0, 2):
+        px, ahead = env.books.agent_px.copy(), env.books.agent_ahead.copy()
+        recorder = Recorder(env.books)
+        env.step(np.full(16, action))
+        calls = recorder.take()
+        env.books.apply = recorder._apply  # unwrap
+        agent_sent = np.zeros(16, dtype=bool)
+        for messages, _ in calls:
+            agent_sent |= (messages.owner == AGENT) & (messages.kind != 0)
+        kept = (env.books.agent_px == px) & (px >= 0)
+        assert (env.books.agent_ahead[kept] <= ahead[kept]).all()
+        if action == 0:
+            assert not agent_sent.any()
+
+
+@pytest.mark.parametrize(("action", "limit"), [(7, 1), (8, -1)])
+def test_market_orders_masked_at_the_inventory_limit(action: int, limit: int) -> None:
+    cfg = LobsimConfig(max_inventory=3, horizon=1000)
+    env = LobSim(4, cfg, seed=2)
+    env.books.inventory[:] = limit * cfg.max_inventory
+    assert not env.action_mask()[:, action].any()
+    recorder = Recorder(env.books)
+    env.step(np.full(4, action))
+    agent_taker = [f.aggressor == AGENT for _, f in recorder.take()]
+    assert not any(a.any() for a in agent_taker)
