@@ -1,0 +1,96 @@
+"""LobSim env steps per second: N markets stepping together, random actions.
+
+    python bench/lobsim.py                                   # N = 256 1024 4096 16384 65536
+    python bench/lobsim.py --sizes 4096 --steps 50 --out /tmp/lobsim.json
+
+One env step = one agent action per market plus `lobsim.events_per_step` (13) background
+events. Per N: --warmup untimed steps, then --steps timed steps; env steps/s = N · steps /
+wall time, and background events/s = that × 13. Backends: `numpy` (service/lobsim/env.py) and
+`cuda`, which reads "not available" until kernels/lobsim.cu exists (no number is printed for
+a backend that does not run). Writes JSON (command, date, machine, versions, results) to --out
+(default bench/results/lobsim.json) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from service.config import LobsimConfig
+from service.lobsim.env import NUM_ACTIONS, LobSim
+
+DEFAULT_SIZES = (256, 1024, 4096, 16384, 65536)
+
+
+def time_numpy(N: int, steps: int, warmup: int, seed: int) -> dict:
+    env = LobSim(N, LobsimConfig(), seed=seed)
+    rng = np.random.default_rng(seed)
+    actions = rng.integers(0, NUM_ACTIONS, (warmup + steps, N))
+    for t in range(warmup):
+        env.step(actions[t])
+    started = time.perf_counter()
+    for t in range(warmup, warmup + steps):
+        env.step(actions[t])
+    wall = time.perf_counter() - started
+    rate = N * steps / wall
+    return {
+        "available": True,
+        "steps": steps,
+        "wall_s": wall,
+        "env_steps_per_s": rate,
+        "events_per_s": rate * env.cfg.events_per_step,
+        "overflow": int(env.books.overflow.sum()),
+    }
+
+
+def machine() -> dict:
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES))
+    parser.add_argument("--steps", type=int, default=0, help="timed steps (0: about 2 s per N)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("bench/results/lobsim.json"))
+    args = parser.parse_args(argv)
+    record = {
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "config": {"events_per_step": LobsimConfig().events_per_step},
+        "results": [],
+    }
+    print(f"{'N':>7} | {'numpy env steps/s':>18} | {'numpy events/s':>15} | cuda")
+    for N in args.sizes:
+        steps = args.steps or max(3, int(2.0 * 30_000 / N))  # about 2 s at 3e4 steps/s
+        numpy_result = time_numpy(N, steps, args.warmup, args.seed)
+        cuda = {"available": False, "reason": "not available: kernels/lobsim.cu is not built yet"}
+        record["results"].append({"N": N, "numpy": numpy_result, "cuda": cuda})
+        print(
+            f"{N:>7} | {numpy_result['env_steps_per_s']:>18,.0f} | "
+            f"{numpy_result['events_per_s']:>15,.0f} | {cuda['reason']}"
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
