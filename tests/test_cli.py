@@ -28,8 +28,9 @@ def test_train_prints_progress_and_writes_a_checkpoint(tmp_path: Path) -> None:
         "log_every = 2\nnum_envs = 8\nrollout_len = 4\n[replay]\nmin_size = 16\nbatch_size = 16\n"
     )
     done = trident(
-        "train", "--config", "small.toml", "--set", "checkpoint.dir=ckpt", cwd=tmp_path
-    )
+        "train", "--env", "bandit", "--config", "small.toml", "--set", "checkpoint.dir=ckpt",
+        cwd=tmp_path,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("trident train: backend=numpy")
@@ -39,6 +40,27 @@ def test_train_prints_progress_and_writes_a_checkpoint(tmp_path: Path) -> None:
     assert "done: 6 steps, 192 samples" in done.stdout
     (saved,) = list_checkpoints(tmp_path / "ckpt")
     assert saved.global_step == 6 and saved.name in done.stdout
+
+
+def test_train_on_lobsim_compares_with_the_baselines(tmp_path: Path) -> None:
+    (tmp_path / "small.toml").write_text(
+        '[model]\nhidden_dim = 32\n[train]\nbackend = "numpy"\nsteps = 4\nlog_every = 2\n'
+        "num_envs = 8\nrollout_len = 4\n[replay]\nmin_size = 16\nbatch_size = 16\n"
+        "[lobsim]\nhorizon = 6\n"
+    )
+    done = trident("train", "--config", "small.toml", "--set", "checkpoint.dir=ckpt", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("trident train: backend=numpy env=lobsim")
+    progress = [line for line in lines if line.startswith("step ")]
+    assert [line.split()[1] for line in progress] == ["2/4", "4/4"]
+    assert all("env steps/s" in line and "episode return" in line for line in progress)
+    for policy in ("trained (greedy-π)", "random", "hold", "quote(0,0)"):
+        (row,) = [line for line in lines if line.startswith(policy)]
+        assert "±" in row
+    assert any(line.startswith("the trained agent ") for line in lines)
+    (saved,) = list_checkpoints(tmp_path / "ckpt")
+    assert saved.global_step == 4
 
 
 def test_bad_setting_fails_naming_the_key(tmp_path: Path) -> None:

@@ -147,7 +147,7 @@ class LobSim:
         obs = self._observe(change, flow)
         labels = self._labels(change)
         info = {
-            "bce_prev": (change > 0).astype(np.float32),  # did the mid rise after obs_{t-1}
+            "bce_prev": change > 0,  # did the mid rise after obs_{t-1}
             "aux_prev": labels,
             "episode_return": np.where(done, self.episode_return, np.nan),
             "overflow": books.overflow.copy(),

@@ -21,6 +21,9 @@ class EnvStep:
     terminated: np.ndarray  # [N] bool
     truncated: np.ndarray  # [N] bool
     final_obs: np.ndarray  # [M, D] final observations of the truncated envs, in env order
+    # Perception labels of the observation this step started from (None: the env has none)
+    bce_labels: np.ndarray | None = None  # [N] in {0, 1}
+    aux_targets: np.ndarray | None = None  # [N, K]
 
 
 class VectorEnv(Protocol):
@@ -44,6 +47,7 @@ def collect_rollout(trainer: Trainer, env: VectorEnv, horizon: int) -> Rollout:
     observations = [env.obs]
     actions, log_probs, rewards, terminated, truncated = [], [], [], [], []
     final_obs, final_index = [], []
+    bce_labels, aux_targets = [], []
     version = trainer.global_step
     for t in range(horizon):
         acted = trainer.act(observations[-1], ActMode.SAMPLE)
@@ -56,6 +60,8 @@ def collect_rollout(trainer: Trainer, env: VectorEnv, horizon: int) -> Rollout:
         final_obs.append(moved.final_obs)
         final_index.append(t * env.num_envs + np.flatnonzero(moved.truncated))
         observations.append(moved.obs)
+        bce_labels.append(moved.bce_labels)
+        aux_targets.append(moved.aux_targets)
     return Rollout(
         obs=np.stack(observations),
         actions=np.stack(actions),
@@ -66,6 +72,8 @@ def collect_rollout(trainer: Trainer, env: VectorEnv, horizon: int) -> Rollout:
         final_obs=np.concatenate(final_obs),
         final_obs_index=np.concatenate(final_index),
         policy_version=version,
+        bce_labels=None if bce_labels[0] is None else np.stack(bce_labels),
+        aux_targets=None if aux_targets[0] is None else np.stack(aux_targets),
     )
 
 
