@@ -151,7 +151,10 @@ class LobSim:
             "aux_prev": labels,
             "episode_return": np.where(done, self.episode_return, np.nan),
             "overflow": books.overflow.copy(),
-            "inventory": books.inventory.copy(),
+            "inventory": books.inventory.copy(),  # after liquidation where the episode ended
+            "agent_taken": taken,  # lots the agent's orders took from the book this step
+            "agent_passive": passive,  # lots of the agent's resting quotes filled this step
+            "pnl": value,  # cash + inventory · mid (ticks) at the end of the step, before a reset
         }
         if done.any():
             info["final_obs"] = obs.copy()
