@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -19,8 +20,9 @@ from google.protobuf.json_format import MessageToDict
 
 from service.checkpoint import save_checkpoint
 from service.client.client import TridentClient, channel_credentials
-from service.config import Config, ConfigError, load_config, with_overrides
+from service.config import Config, ConfigError, load_config
 from service.errors import TridentError
+from service.lobsim.train import run_train_lobsim
 from service.synthetic import ContextualBandit
 from service.trainer.loop import Progress, train
 from service.trainer.trainer import ActMode, Trainer
@@ -35,7 +37,6 @@ SERVE_FLAGS = {
 }
 
 EVAL_CONTEXTS = 2048
-EVAL_EPISODES = 32  # LobSim markets per policy in the final evaluation
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -73,6 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="environment: bandit (contextual bandit) or lobsim (limit-order-book markets)",
     )
     train_cmd.add_argument("--no-checkpoint", action="store_true", help="skip the final checkpoint")
+    train_cmd.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        metavar="NAME",
+        help="lobsim: restore the newest checkpoint (or NAME) first, then run up to train.steps",
+    )
+    train_cmd.add_argument("--log-csv", default="trident_train.csv", help="lobsim: per-Step log")
+    train_cmd.add_argument(
+        "--curve-png", default="trident_train.png", help="lobsim: learning curve written at the end"
+    )
 
     serve = commands.add_parser("serve", help="run the gRPC trainer service")
     _add_config_flags(serve)
@@ -114,78 +126,6 @@ def greedy_accuracy(trainer: Trainer, env: ContextualBandit, mode: ActMode) -> f
     """Share of held-out contexts on which the greedy action is the rewarded one."""
     obs, correct = env.evaluation_set(EVAL_CONTEXTS, seed=trainer.config.train.seed)
     return float(np.mean(trainer.act(obs, mode).actions == correct))
-
-
-def run_train_lobsim(config: Config, write_checkpoint: bool) -> int:
-    """Train a market maker on LobSim in-process, then compare it with baselines."""
-    from service.lobsim import evaluate
-    from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
-    from service.lobsim.vector import LobSimVectorEnv
-
-    lob = config.lobsim
-    config = with_overrides(
-        config,
-        [
-            f"model.obs_dim={observation_dim(lob)}",
-            f"model.num_actions={NUM_ACTIONS}",
-            f"model.aux_dim={LABEL_DIM}",
-        ],
-    )
-    trainer = Trainer(config)
-    train_cfg = config.train
-    env = LobSimVectorEnv(train_cfg.num_envs, lob, train_cfg.seed)
-    samples_per_step = train_cfg.num_envs * train_cfg.rollout_len
-    print(
-        f"trident train: backend={trainer.backend.name} env=lobsim steps={train_cfg.steps} "
-        f"rollout={train_cfg.rollout_len}x{train_cfg.num_envs} horizon={lob.horizon} "
-        f"seed={train_cfg.seed}",
-        flush=True,
-    )
-    started = time.perf_counter()
-    every = config.checkpoint.every_steps
-
-    def report(progress: Progress) -> None:
-        step, result = progress.step, progress.result
-        if every and step % every == 0:
-            save_checkpoint(trainer, config.checkpoint.dir)
-        if step % train_cfg.log_every and step != train_cfg.steps:
-            return
-        elapsed = time.perf_counter() - started
-        returns = env.take_returns()
-        episodes = f"{np.mean(returns):8.2f} ({len(returns)})" if returns else "     n/a"
-        losses = " ".join(f"{k} {v:.3f}" for k, v in result.losses.items())
-        print(
-            f"step {step:>5}/{train_cfg.steps} | {step * samples_per_step / elapsed:7.0f} "
-            f"env steps/s | reward/step {progress.mean_reward:7.3f} | episode return "
-            f"{episodes} | {losses}",
-            flush=True,
-        )
-
-    train(trainer, env, train_cfg.steps, train_cfg.rollout_len, report)
-    elapsed = time.perf_counter() - started
-    print(f"trained {trainer.global_step} steps in {elapsed:.1f} s; evaluating on held-out seeds")
-    seed = train_cfg.seed + 1_000_003  # markets the agent never saw
-    agent = lambda obs, mask: trainer.act(obs, ActMode.GREEDY_PI).actions  # noqa: E731
-    policies = {
-        "trained (greedy-π)": agent,
-        "random": evaluate.uniform_random(seed),
-        "hold": evaluate.constant(0),
-        "quote(0,0)": evaluate.constant(2),
-    }
-    results = {
-        name: evaluate.episode_returns(policy, lob, seed, EVAL_EPISODES)
-        for name, policy in policies.items()
-    }
-    print(f"{'policy':<20} episode return (mean ± 95% CI over {EVAL_EPISODES} markets)")
-    for name, returns in results.items():
-        print(f"{name:<20} {evaluate.summary(returns)}")
-    verdict = "beats" if results["trained (greedy-π)"].mean() > results["random"].mean() else (
-        "does not beat")  # fmt: skip
-    print(f"the trained agent {verdict} the random baseline", flush=True)
-    if write_checkpoint:
-        info = save_checkpoint(trainer, config.checkpoint.dir)
-        print(f"checkpoint {info.name} -> {info.path} ({info.size_bytes} bytes)", flush=True)
-    return 0
 
 
 def run_train(config: Config, write_checkpoint: bool) -> int:
@@ -319,8 +259,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "train":
             config = load_config(args.config, overrides=args.overrides)
-            run = run_train_lobsim if args.env == "lobsim" else run_train
-            return run(config, write_checkpoint=not args.no_checkpoint)
+            if args.env == "lobsim":
+                return run_train_lobsim(
+                    config,
+                    write_checkpoint=not args.no_checkpoint,
+                    resume=args.resume,
+                    log_csv=Path(args.log_csv),
+                    curve_png=Path(args.curve_png),
+                )
+            return run_train(config, write_checkpoint=not args.no_checkpoint)
         if args.command == "serve":
             return run_serve(args)
         return run_client(args)

@@ -61,6 +61,20 @@ def test_train_on_lobsim_compares_with_the_baselines(tmp_path: Path) -> None:
     assert any(line.startswith("the trained agent ") for line in lines)
     (saved,) = list_checkpoints(tmp_path / "ckpt")
     assert saved.global_step == 4
+    assert (tmp_path / "trident_train.png").read_bytes().startswith(b"\x89PNG")
+    log = (tmp_path / "trident_train.csv").read_text().splitlines()
+    assert log[0].startswith("step,elapsed_s")
+    assert [row.split(",")[0] for row in log[1:]] == list("1234")
+    # --resume: the newest checkpoint, then the Steps left up to train.steps
+    resumed = trident(
+        "train", "--config", "small.toml", "--set", "checkpoint.dir=ckpt",
+        "--set", "train.steps=6", "--resume", cwd=tmp_path,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from {saved.name} at step 4" in resumed.stdout
+    log = (tmp_path / "trident_train.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in log[1:]] == list("123456")
+    assert max(c.global_step for c in list_checkpoints(tmp_path / "ckpt")) == 6
 
 
 def test_bad_setting_fails_naming_the_key(tmp_path: Path) -> None:

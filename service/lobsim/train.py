@@ -1,0 +1,180 @@
+"""`trident train --env lobsim`: train a market maker in-process, log it, compare it.
+
+Act -> LobSim step -> Step on the configured backend. Every Step appends a row to a CSV log;
+on a terminal a progress bar redraws after each Step, otherwise a line is printed every
+`train.log_every` Steps. At the end: a learning-curve PNG from the CSV, one episode of held-out
+markets for the trained greedy policy and the baselines, and a checkpoint. `--resume` restores
+the newest checkpoint (or a named one) first and runs the remaining Steps up to `train.steps`;
+the markets themselves start afresh (their state is not part of a checkpoint).
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from service.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
+from service.config import Config, with_overrides
+from service.errors import InvalidInput
+from service.lobsim import evaluate
+from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
+from service.lobsim.vector import LobSimVectorEnv
+from service.trainer.loop import Progress, train
+from service.trainer.trainer import ActMode, Trainer
+
+EVAL_MARKETS = 32  # held-out markets per policy in the final comparison
+HELD_OUT = 1_000_003  # evaluation seed = train.seed + this: markets training never saw
+CSV_COLUMNS = ("step", "elapsed_s", "env_steps", "reward_per_step", "episodes", "episode_return",
+               "loss_total", "loss_q", "loss_pi", "loss_v", "loss_bce", "loss_aux", "grad_norm",
+               "entropy", "skipped")  # fmt: skip
+
+
+def lobsim_model(config: Config) -> Config:
+    """`config` with the model's input and output sizes set to LobSim's."""
+    return with_overrides(
+        config,
+        [
+            f"model.obs_dim={observation_dim(config.lobsim)}",
+            f"model.num_actions={NUM_ACTIONS}",
+            f"model.aux_dim={LABEL_DIM}",
+        ],
+    )
+
+
+def run_train_lobsim(
+    config: Config,
+    write_checkpoint: bool,
+    resume: str | None = None,
+    log_csv: Path = Path("trident_train.csv"),
+    curve_png: Path = Path("trident_train.png"),
+) -> int:
+    """The main job; `resume`: "latest" or a checkpoint name under checkpoint.dir."""
+    config = lobsim_model(config)
+    trainer = Trainer(config)
+    if resume is not None:
+        name = resume
+        if resume == "latest":
+            newest = latest_checkpoint(config.checkpoint.dir)
+            if newest is None:
+                raise InvalidInput("--resume", f"a checkpoint in {config.checkpoint.dir}", "none")
+            name = newest.name
+        info = restore_checkpoint(trainer, config.checkpoint.dir, name)
+        print(f"resumed from {info.name} at step {trainer.global_step}", flush=True)
+    train_cfg, lob = config.train, config.lobsim
+    env = LobSimVectorEnv(train_cfg.num_envs, lob, train_cfg.seed + trainer.global_step)
+    samples_per_step = train_cfg.num_envs * train_cfg.rollout_len
+    remaining = max(0, train_cfg.steps - trainer.global_step)
+    print(
+        f"trident train: backend={trainer.backend.name} env=lobsim steps={train_cfg.steps} "
+        f"rollout={train_cfg.rollout_len}x{train_cfg.num_envs} horizon={lob.horizon} "
+        f"seed={train_cfg.seed}",
+        flush=True,
+    )
+    started = time.perf_counter()
+    first = trainer.global_step
+    interactive = sys.stdout.isatty()
+    every = config.checkpoint.every_steps
+    returns: list[float] = []  # episodes ended since the last printed line
+    log_csv.parent.mkdir(parents=True, exist_ok=True)
+    with log_csv.open("a" if resume else "w", newline="") as handle:
+        writer = csv.writer(handle)
+        if not resume or handle.tell() == 0:
+            writer.writerow(CSV_COLUMNS)
+
+        def on_step(progress: Progress) -> None:
+            step, result = progress.step, progress.result
+            if every and step % every == 0:
+                save_checkpoint(trainer, config.checkpoint.dir)
+            ended = env.take_returns()
+            returns.extend(ended)
+            elapsed = time.perf_counter() - started
+            rate = (step - first) * samples_per_step / max(elapsed, 1e-9)
+            losses = result.losses
+            writer.writerow(
+                [step, f"{elapsed:.3f}", step * samples_per_step, f"{progress.mean_reward:.6f}",
+                 len(ended), f"{np.mean(ended):.4f}" if ended else "",
+                 *(f"{losses[k]:.6f}" if k in losses else ""
+                   for k in ("total", "q", "pi", "v", "bce", "aux")),
+                 f"{result.grad_norm:.6f}", f"{result.entropy:.6f}", int(result.skipped)]
+            )  # fmt: skip
+            episode = f"{np.mean(returns):8.2f} ({len(returns)})" if returns else "     n/a"
+            line = (
+                f"{step:>5}/{train_cfg.steps} | {rate:7.0f} env steps/s | reward/step "
+                f"{progress.mean_reward:7.3f} | episode return {episode} | loss "
+                f"{losses.get('total', float('nan')):.3f}"
+            )
+            if interactive:
+                done = int(30 * step / max(train_cfg.steps, 1))
+                print(f"\r[{'#' * done}{'.' * (30 - done)}] {line}", end="", flush=True)
+            if step % train_cfg.log_every == 0 or step == train_cfg.steps:
+                detail = " ".join(f"{k} {v:.3f}" for k, v in losses.items())
+                print(("\n" if interactive else "") + f"step {line} | {detail}", flush=True)
+                returns.clear()
+
+        train(trainer, env, remaining, train_cfg.rollout_len, on_step)
+    elapsed = time.perf_counter() - started
+    plot_learning_curve(log_csv, curve_png)
+    print(
+        f"trained {trainer.global_step - first} steps in {elapsed:.1f} s; log {log_csv}, "
+        f"learning curve {curve_png}; evaluating on held-out seeds",
+        flush=True,
+    )
+    compare_with_baselines(trainer, config)
+    if write_checkpoint:
+        info = save_checkpoint(trainer, config.checkpoint.dir)
+        print(f"checkpoint {info.name} -> {info.path} ({info.size_bytes} bytes)", flush=True)
+    return 0
+
+
+def compare_with_baselines(trainer: Trainer, config: Config) -> None:
+    """One episode of held-out markets: the trained greedy policy against the baselines."""
+    lob, seed = config.lobsim, config.train.seed + HELD_OUT
+    policies = {
+        "trained (greedy-π)": lambda obs, mask: trainer.act(obs, ActMode.GREEDY_PI).actions,
+        "random": evaluate.uniform_random(seed),
+        "hold": evaluate.constant(0),
+        "quote(0,0)": evaluate.constant(2),
+    }
+    results = {
+        name: evaluate.episode_returns(policy, lob, seed, EVAL_MARKETS)
+        for name, policy in policies.items()
+    }
+    print(f"{'policy':<20} episode return (mean ± 95% CI over {EVAL_MARKETS} markets)")
+    for name, episode_returns in results.items():
+        print(f"{name:<20} {evaluate.summary(episode_returns)}")
+    trained, random = results["trained (greedy-π)"].mean(), results["random"].mean()
+    verdict = "beats" if trained > random else "does not beat"
+    print(f"the trained agent {verdict} the random baseline", flush=True)
+
+
+def plot_learning_curve(log_csv: Path, png: Path) -> None:
+    """Episode return and total loss against env steps, from the CSV log."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with log_csv.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    steps = np.array([float(r["env_steps"]) for r in rows])
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    ended = [(s, float(r["episode_return"])) for s, r in zip(steps, rows, strict=True)
+             if r["episode_return"]]  # fmt: skip
+    if ended:
+        top.plot(*zip(*ended, strict=True), marker="o")
+    top.set_ylabel("mean episode return (ticks)")
+    loss = [(s, float(r["loss_total"])) for s, r in zip(steps, rows, strict=True)
+            if r["loss_total"]]  # fmt: skip
+    if loss:
+        bottom.plot(*zip(*loss, strict=True))
+    bottom.set_ylabel("total loss")
+    bottom.set_xlabel("env steps")
+    top.set_title("trident train --env lobsim")
+    figure.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(png, dpi=100)
+    plt.close(figure)
