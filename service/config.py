@@ -213,6 +213,9 @@ class LobsimConfig(_Section):
     limit_decay_pct: int = _f(70, ge=1, le=100)  # weight kept per extra tick from the touch
     cancel_weight: int = _f(3, ge=0)  # background cancel weight per resting lot
     market_weight: int = _f(30, ge=0)  # background market-order weight
+    hawkes: bool = False  # self-exciting market orders (clustered flow)
+    hawkes_jump: int = _f(40, ge=0)  # market weight added by each market order (hawkes)
+    hawkes_decay_pct: int = _f(85, ge=0, lt=100)  # excitation kept per background event
     max_order_lots: int = _f(4, ge=1)  # background order sizes are uniform in 1..this
     randomize_pct: int = _f(30, ge=0, le=90)  # per-env flow weights scaled by 1 ± this %
     initial_depth: int = _f(8, ge=1)  # levels per side filled at reset

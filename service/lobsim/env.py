@@ -1,9 +1,11 @@
 """LobSim: N market-making environments on the vectorised books (NumPy).
 
 One `step(actions)` is one agent decision per env followed by `events_per_step` background
-events (`flow.py`); the agent's messages land after `latency_events` of them (or a uniform
-random number in [0, latency_events] per env and step). Every random draw is Philox, keyed by
-the seed, with the env index as the counter's element: one seed gives one trajectory.
+events (`flow.py`). With `lobsim.hawkes`, each market order adds `hawkes_jump` to its env's
+market weight and the addition decays by `hawkes_decay_pct` % per event (clustered flow). The
+agent's messages land after `latency_events` background events (or a uniform random number in
+[0, latency_events] per env and step). Every random draw is Philox, keyed by the seed, with
+the env index as the counter's element: one seed gives one trajectory.
 
 Actions (the agent's orders are `quote_size` lots; market orders `market_size` lots):
   0 HOLD          resting quotes stay, with their queue priority
@@ -82,6 +84,7 @@ class LobSim:
         self.limit_w = np.zeros((num_envs, cfg.visible_levels), dtype=np.int64)
         self.cancel_w = np.zeros(num_envs, dtype=np.int64)
         self.market_w = np.zeros(num_envs, dtype=np.int64)
+        self.excitation = np.zeros(num_envs, dtype=np.int64)  # hawkes: extra market weight
         self.episode_return = np.zeros(num_envs)
         self._reset(np.ones(num_envs, dtype=bool))
         self._last_obs = self._observe(np.zeros(num_envs), np.zeros(num_envs))
@@ -123,10 +126,13 @@ class LobSim:
                     self._account(books.apply(only, self.calls), taken, passive, flow)
             if slot < events:
                 messages = background_messages(
-                    books, bits[slot], self.limit_w, self.cancel_w, self.market_w,
-                    cfg.max_order_lots,
+                    books, bits[slot], self.limit_w, self.cancel_w,
+                    self.market_w + self.excitation, cfg.max_order_lots,
                 )  # fmt: skip
                 self._account(books.apply(messages, self.calls), taken, passive, flow)
+                if cfg.hawkes:  # each market order raises the market weight, which decays
+                    self.excitation = self.excitation * cfg.hawkes_decay_pct // 100
+                    self.excitation += cfg.hawkes_jump * (messages.kind == MARKET)
         self.t += 1
         mid2 = self._mid2()
         change = (mid2 - mid_before) / 2.0
@@ -199,6 +205,7 @@ class LobSim:
         self.cancel_w[envs] = cfg.cancel_weight * factors[envs, 1] // 100
         self.market_w[envs] = cfg.market_weight * factors[envs, 2] // 100
         self.t[envs] = 0
+        self.excitation[envs] = 0
         self.variance[envs] = 0.0
         self.mid2[envs] = self._mid2()[envs]
 
