@@ -73,7 +73,11 @@ class StepOutput:
 class LobSim:
     """N independent markets with one market-making agent each."""
 
-    def __init__(self, num_envs: int, cfg: LobsimConfig, seed: int) -> None:
+    def __init__(
+        self, num_envs: int, cfg: LobsimConfig, seed: int, backend: str = "numpy"
+    ) -> None:
+        if backend not in ("numpy", "cuda"):
+            raise ValueError(f"backend: expected 'numpy' or 'cuda', got {backend!r}")
         self.cfg, self.num_envs = cfg, num_envs
         self.key = seed_key(seed)
         self.books = Books(num_envs, cfg.price_levels, np.full(num_envs, BASE_PRICE))
@@ -86,6 +90,11 @@ class LobSim:
         self.market_w = np.zeros(num_envs, dtype=np.int64)
         self.excitation = np.zeros(num_envs, dtype=np.int64)  # hawkes: extra market weight
         self.episode_return = np.zeros(num_envs)
+        self._cuda = None
+        if backend == "cuda":  # the market events on the GPU (kernels/lobsim.cu)
+            from service.lobsim.cuda_market import CudaMarket
+
+            self._cuda = CudaMarket(self.books, cfg.visible_levels)
         self._reset(np.ones(num_envs, dtype=bool))
         self._last_obs = self._observe(np.zeros(num_envs), np.zeros(num_envs))
 
@@ -112,27 +121,17 @@ class LobSim:
         inventory_before, mid_before = books.inventory.copy(), self.mid2.copy()
         agent_messages = self._agent_messages(actions)
         latency = self._latency()
-        taken = np.zeros(self.num_envs, dtype=np.int64)
-        passive = np.zeros(self.num_envs, dtype=np.int64)
-        flow = np.zeros(self.num_envs, dtype=np.int64)  # signed aggressor lots
         events = cfg.events_per_step
-        bits = random_bits_span(self.key, Stream.LOB_FLOW, self.calls, events, self.num_envs)
+        first = self.calls  # the Philox sequences of this step's background events
         self.calls += events
-        for slot in range(events + 1):
-            for message in agent_messages:
-                landing = latency == slot
-                if landing.any():
-                    only = Messages(*(np.where(landing, m, 0) for m in _fields(message)))
-                    self._account(books.apply(only, self.calls), taken, passive, flow)
-            if slot < events:
-                messages = background_messages(
-                    books, bits[slot], self.limit_w, self.cancel_w,
-                    self.market_w + self.excitation, cfg.max_order_lots,
-                )  # fmt: skip
-                self._account(books.apply(messages, self.calls), taken, passive, flow)
-                if cfg.hawkes:  # each market order raises the market weight, which decays
-                    self.excitation = self.excitation * cfg.hawkes_decay_pct // 100
-                    self.excitation += cfg.hawkes_jump * (messages.kind == MARKET)
+        if self._cuda is not None:
+            taken, passive, flow = self._cuda.step(
+                books, agent_messages, latency, (self.limit_w, self.cancel_w, self.market_w),
+                self.excitation, self.key, first, events,
+                (cfg.max_order_lots, cfg.hawkes, cfg.hawkes_jump, cfg.hawkes_decay_pct),
+            )  # fmt: skip
+        else:
+            taken, passive, flow = self._events(agent_messages, latency, first)
         self.t += 1
         mid2 = self._mid2()
         change = (mid2 - mid_before) / 2.0
@@ -170,6 +169,34 @@ class LobSim:
             obs = np.where(done[:, None], fresh, obs)
         self._last_obs = obs
         return StepOutput(obs, reward.astype(np.float32), done, np.zeros_like(done), info)
+
+    def _events(
+        self, agent_messages: list[Messages], latency: np.ndarray, first: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The step's market events on the host: the agent's messages at their latency slot,
+        background events in between. Returns the agent's taken and passive lots and the
+        signed flow per env (kernels/lobsim.cu is the device twin)."""
+        cfg, books, N = self.cfg, self.books, self.num_envs
+        taken, passive = np.zeros(N, dtype=np.int64), np.zeros(N, dtype=np.int64)
+        flow = np.zeros(N, dtype=np.int64)  # signed aggressor lots
+        events = cfg.events_per_step
+        bits = random_bits_span(self.key, Stream.LOB_FLOW, first, events, N)
+        for slot in range(events + 1):
+            for message in agent_messages:
+                landing = latency == slot
+                if landing.any():
+                    only = Messages(*(np.where(landing, m, 0) for m in _fields(message)))
+                    self._account(books.apply(only, first + slot), taken, passive, flow)
+            if slot < events:
+                messages = background_messages(
+                    books, bits[slot], self.limit_w, self.cancel_w,
+                    self.market_w + self.excitation, cfg.max_order_lots,
+                )  # fmt: skip
+                self._account(books.apply(messages, first + slot), taken, passive, flow)
+                if cfg.hawkes:  # each market order raises the market weight, which decays
+                    self.excitation = self.excitation * cfg.hawkes_decay_pct // 100
+                    self.excitation += cfg.hawkes_jump * (messages.kind == MARKET)
+        return taken, passive, flow
 
     # ----------------------------------------------------------------------------- internals
     def _reset(self, mask: np.ndarray) -> None:

@@ -1,0 +1,302 @@
+// LobSim's market step on the GPU: one thread per market runs that market's step serially —
+// the agent's (up to two) messages at their latency slot and `events` background events —
+// with exactly the integer arithmetic of the NumPy engine (service/lobsim/book.py `Books.apply`,
+// service/lobsim/flow.py `background_messages`, the slot loop of service/lobsim/env.py
+// `LobSim.step`), so one seed gives bit-identical integer state on both.
+// Twin: service/lobsim/env.py's event loop (LobSim.step with backend "numpy").
+// Wrapped by service/lobsim/cuda_market.py; any block size (one thread per env).
+//
+// Layouts (int64 unless noted; N markets, P = TRIDENT_LOB_P prices, D = TRIDENT_LOB_D):
+//   lots [2, N, P] background lots (side 0 bid, 1 ask), agent_px / agent_qty / agent_ahead [2, N],
+//   inventory, cash, overflow, traded, base [N], limit_w [N, D], cancel_w, market_w,
+//   excitation [N]; agent messages: msg [2, 6, N] (kind, side, owner, price, qty, position) for
+//   the first and second message; latency [N]; outputs taken, passive, flow [N] (zeroed here).
+// Background event i of this step draws Philox counter (env, seq_lo, LOB_FLOW = 6, seq_hi) with
+// seq = first_seq + i: word 0 picks the kind, word 1 the size.
+//
+// Determinism: no atomics, no shared memory; each thread writes only its market's slots.
+#include "common.cuh"
+
+#ifndef TRIDENT_LOB_P
+#define TRIDENT_LOB_P 64
+#endif
+#ifndef TRIDENT_LOB_D
+#define TRIDENT_LOB_D 10
+#endif
+
+#define LOB_NONE 0
+#define LOB_LIMIT 1
+#define LOB_CANCEL 2
+#define LOB_MARKET 3
+#define LOB_AGENT 1
+
+static constexpr unsigned int kLobFlowStream = 6u;  // philox.Stream.LOB_FLOW
+
+struct LobMarket {
+    long long* lots;        // this market's bid row; its ask row is lots + ask_offset
+    long long ask_offset;   // N · P
+    long long* agent_px;    // [2] through stride N
+    long long* agent_qty;
+    long long* agent_ahead;
+    long long N;
+    long long n;
+    long long base;
+    long long inventory, cash, overflow, traded, taken, passive, flow;
+};
+
+static __device__ __forceinline__ long long* lob_row(LobMarket& m, int side)
+{
+    return m.lots + (side == 0 ? 0 : m.ask_offset);
+}
+static __device__ __forceinline__ long long& lob_px(LobMarket& m, int side)
+{
+    return m.agent_px[side * m.N + m.n];
+}
+static __device__ __forceinline__ long long& lob_qty(LobMarket& m, int side)
+{
+    return m.agent_qty[side * m.N + m.n];
+}
+static __device__ __forceinline__ long long& lob_ahead(LobMarket& m, int side)
+{
+    return m.agent_ahead[side * m.N + m.n];
+}
+
+// Books.best: the best price of a side over background and agent lots (-1: empty).
+static __device__ long long lob_best(LobMarket& m, int side)
+{
+    const long long* row = lob_row(m, side);
+    long long background = -1;
+    if (side == 0) {
+        for (int p = TRIDENT_LOB_P - 1; p >= 0; --p)
+            if (row[p] > 0) { background = p; break; }
+    } else {
+        for (int p = 0; p < TRIDENT_LOB_P; ++p)
+            if (row[p] > 0) { background = p; break; }
+    }
+    const long long agent = lob_px(m, side);
+    if (side == 0) return background > agent ? background : agent;
+    if (background < 0) return agent;
+    if (agent < 0) return background;
+    return background < agent ? background : agent;
+}
+
+// One execution: the agent's account, traded, and the env's taker / passive / flow counters.
+static __device__ void lob_fill(LobMarket& m, long long aggressor, long long resting, long long side,
+                                long long price, long long qty)
+{
+    const long long value = qty * (m.base + price);
+    const long long signed_qty = side * qty;
+    if (aggressor == LOB_AGENT) {
+        m.inventory += signed_qty;
+        m.cash -= side * value;
+        m.taken += qty;
+    }
+    if (resting == LOB_AGENT) {
+        m.inventory -= signed_qty;
+        m.cash += side * value;
+        m.passive += qty;
+    }
+    m.traded += qty;
+    m.flow += side * qty;
+}
+
+// Books._match for one market: returns the lots left unfilled.
+static __device__ long long lob_match(LobMarket& m, long long remaining, long long side,
+                                      long long owner, long long bound)
+{
+    const int opp = side == 1 ? 1 : 0;  // a buy meets asks (1), a sell meets bids (0)
+    while (remaining > 0) {
+        const long long best = lob_best(m, opp);
+        const bool crosses = best >= 0 && (side == 1 ? best <= bound : best >= bound);
+        if (!crosses) break;
+        long long* row = lob_row(m, opp);
+        const bool agent_here = lob_px(m, opp) == best;
+        long long lots = row[best];
+        long long first = agent_here ? lob_ahead(m, opp) : lots;
+        first = remaining < first ? remaining : first;
+        lots -= first;
+        remaining -= first;
+        if (agent_here) lob_ahead(m, opp) -= first;
+        long long second = 0;
+        if (agent_here) {
+            second = remaining < lob_qty(m, opp) ? remaining : lob_qty(m, opp);
+            remaining -= second;
+            lob_qty(m, opp) -= second;
+            if (lob_qty(m, opp) == 0) {
+                lob_px(m, opp) = -1;
+                lob_ahead(m, opp) = 0;
+            }
+        }
+        long long third = 0;
+        if (agent_here) {
+            third = remaining < lots ? remaining : lots;
+            lots -= third;
+            remaining -= third;
+        }
+        row[best] = lots;
+        if (first > 0) lob_fill(m, owner, 0, side, best, first);
+        if (second > 0) lob_fill(m, owner, LOB_AGENT, side, best, second);
+        if (third > 0) lob_fill(m, owner, 0, side, best, third);
+    }
+    return remaining;
+}
+
+// Books.apply for one message of one market.
+static __device__ void lob_apply(LobMarket& m, long long kind, long long side, long long owner,
+                                 long long price, long long qty, long long position)
+{
+    const bool in_window = price >= 0 && price < TRIDENT_LOB_P;
+    bool limit = kind == LOB_LIMIT;
+    if (limit && !in_window) m.overflow += 1;
+    limit = limit && in_window;
+    const int own = side == 1 ? 0 : 1;
+    if ((kind == LOB_CANCEL && owner == LOB_AGENT) || (limit && owner == LOB_AGENT)) {
+        lob_px(m, own) = -1;
+        lob_qty(m, own) = 0;
+        lob_ahead(m, own) = 0;
+    }
+    if (kind == LOB_CANCEL && owner != LOB_AGENT && in_window) {
+        long long* row = lob_row(m, own);
+        const long long held = row[price];
+        long long removed = held - position < qty ? held - position : qty;
+        removed = removed > 0 ? removed : 0;
+        row[price] = held - removed;
+        if (lob_px(m, own) == price) {
+            const long long ahead = lob_ahead(m, own);
+            const long long end = position + removed < ahead ? position + removed : ahead;
+            const long long before = end - position > 0 ? end - position : 0;
+            lob_ahead(m, own) = ahead - before;
+        }
+    }
+    if (kind == LOB_MARKET || limit) {
+        const long long bound = limit ? price : (side == 1 ? TRIDENT_LOB_P - 1 : 0);
+        const long long remaining = lob_match(m, qty, side, owner, bound);
+        if (limit && remaining > 0) {
+            if (owner == LOB_AGENT) {
+                lob_px(m, own) = price;
+                lob_qty(m, own) = remaining;
+                lob_ahead(m, own) = lob_row(m, own)[price];
+            } else {
+                lob_row(m, own)[price] += remaining;
+            }
+        }
+    }
+}
+
+extern "C" __global__ void lobsim_step(
+    long long* __restrict__ lots, long long* __restrict__ agent_px,
+    long long* __restrict__ agent_qty, long long* __restrict__ agent_ahead,
+    long long* __restrict__ inventory, long long* __restrict__ cash,
+    long long* __restrict__ overflow, long long* __restrict__ traded,
+    const long long* __restrict__ base, const long long* __restrict__ limit_w,
+    const long long* __restrict__ cancel_w, const long long* __restrict__ market_w,
+    long long* __restrict__ excitation, const long long* __restrict__ msg,
+    const long long* __restrict__ latency, long long* __restrict__ taken,
+    long long* __restrict__ passive, long long* __restrict__ flow,
+    const unsigned int* __restrict__ key, long long first_seq, int events, int max_order_lots,
+    int hawkes, long long hawkes_jump, long long hawkes_decay_pct, long long N)
+{
+    const long long n = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    LobMarket m;
+    m.lots = lots + n * TRIDENT_LOB_P;
+    m.ask_offset = N * TRIDENT_LOB_P;
+    m.agent_px = agent_px;
+    m.agent_qty = agent_qty;
+    m.agent_ahead = agent_ahead;
+    m.N = N;
+    m.n = n;
+    m.base = base[n];
+    m.inventory = inventory[n];
+    m.cash = cash[n];
+    m.overflow = overflow[n];
+    m.traded = traded[n];
+    m.taken = m.passive = m.flow = 0;
+    long long limit_weights[TRIDENT_LOB_D];
+    long long limit_total = 0;
+    for (int d = 0; d < TRIDENT_LOB_D; ++d) {
+        limit_weights[d] = limit_w[n * TRIDENT_LOB_D + d];
+        limit_total += limit_weights[d];
+    }
+    long long excite = excitation[n];
+    const uint2 philox_key = make_uint2(key[0], key[1]);
+    for (int slot = 0; slot <= events; ++slot) {
+        if (latency[n] == slot) {
+            for (int k = 0; k < 2; ++k) {
+                const long long* f = msg + (long long)k * 6 * N + n;  // field j at f[j·N]
+                lob_apply(m, f[0], f[N], f[2 * N], f[3 * N], f[4 * N], f[5 * N]);
+            }
+        }
+        if (slot == events) break;
+        // flow.background_messages for this market
+        const unsigned long long seq = (unsigned long long)(first_seq + slot);
+        const uint4 w = trident_philox4x32_10(
+            make_uint4((unsigned int)n, (unsigned int)(seq & 0xffffffffull), kLobFlowStream,
+                       (unsigned int)(seq >> 32)),
+            philox_key);
+        long long bid_total = 0, ask_total = 0;
+        const long long* bid_row = lob_row(m, 0);
+        const long long* ask_row = lob_row(m, 1);
+        for (int p = 0; p < TRIDENT_LOB_P; ++p) {
+            bid_total += bid_row[p];
+            ask_total += ask_row[p];
+        }
+        const long long market = market_w[n] + excite;
+        const long long total = 2 * limit_total + 2 * market + cancel_w[n] * (bid_total + ask_total);
+        const long long pick =
+            (long long)(((unsigned long long)w.x * (unsigned long long)total) >> 32);
+        const long long size =
+            1 + (long long)(((unsigned long long)w.y * (unsigned long long)max_order_lots) >> 32);
+        long long kind = LOB_CANCEL, side = 1, price = 0, position = 0;
+        if (pick < 2 * limit_total) {
+            const bool sell = pick >= limit_total;
+            const long long offset = sell ? pick - limit_total : pick;
+            long long running = 0;
+            int distance = 0;
+            for (int d = 0; d < TRIDENT_LOB_D; ++d) {
+                running += limit_weights[d];
+                if (running > offset) { distance = d; break; }
+            }
+            const long long best_bid = lob_best(m, 0), best_ask = lob_best(m, 1);
+            const long long centre = TRIDENT_LOB_P / 2;
+            const long long buy_anchor =
+                best_ask >= 0 ? best_ask - 1 : (best_bid >= 0 ? best_bid : centre);
+            const long long sell_anchor =
+                best_bid >= 0 ? best_bid + 1 : (best_ask >= 0 ? best_ask : centre);
+            kind = LOB_LIMIT;
+            side = sell ? -1 : 1;
+            price = sell ? sell_anchor + distance : buy_anchor - distance;
+        } else {
+            const long long rest = pick - 2 * limit_total;
+            if (rest < 2 * market) {
+                kind = LOB_MARKET;
+                side = rest >= market ? -1 : 1;
+            } else {
+                const long long per_lot = cancel_w[n] > 1 ? cancel_w[n] : 1;
+                const long long lot = (rest - 2 * market) / per_lot;
+                const bool on_ask = lot >= bid_total;
+                const long long in_side = on_ask ? lot - bid_total : lot;
+                const long long* row = on_ask ? ask_row : bid_row;
+                long long running = 0;
+                int level = 0;
+                for (int p = 0; p < TRIDENT_LOB_P; ++p) {
+                    if (running + row[p] > in_side) { level = p; break; }
+                    running += row[p];
+                }
+                side = on_ask ? -1 : 1;
+                price = level;
+                position = in_side - running;
+            }
+        }
+        lob_apply(m, kind, side, 0, price, size, position);
+        if (hawkes) excite = excite * hawkes_decay_pct / 100 + (kind == LOB_MARKET ? hawkes_jump : 0);
+    }
+    inventory[n] = m.inventory;
+    cash[n] = m.cash;
+    overflow[n] = m.overflow;
+    traded[n] = m.traded;
+    excitation[n] = excite;
+    taken[n] = m.taken;
+    passive[n] = m.passive;
+    flow[n] = m.flow;
+}
