@@ -1,7 +1,8 @@
 """`trident` command line.
 
 `trident train` runs the main job in-process; `trident serve` runs the gRPC trainer service;
-`status`, `act`, `checkpoint` and `health` talk to a running server.
+`status`, `act`, `checkpoint` and `health` talk to a running server; `trident actor` runs
+environments that a running server trains on (service/actor.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import grpc
 import numpy as np
 from google.protobuf.json_format import MessageToDict
 
+from service.actor import run_actor
 from service.checkpoint import save_checkpoint
 from service.client.client import TridentClient, channel_credentials
 from service.config import Config, ConfigError, load_config
@@ -86,6 +88,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--curve-png", default="trident_train.png", help="lobsim: learning curve written at the end"
     )
 
+    eval_cmd = commands.add_parser(
+        "eval", help="a LobSim checkpoint's greedy policy against baselines on held-out markets"
+    )
+    _add_config_flags(eval_cmd)  # the lobsim section: the markets played
+    eval_cmd.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint name")
+    eval_cmd.add_argument("--checkpoint-dir", help="checkpoint root (default checkpoint.dir)")
+    eval_cmd.add_argument("--episodes", type=int, default=64, help="markets per policy")
+    eval_cmd.add_argument(
+        "--seed", type=int, help="market seed (default: the checkpoint's train.seed + 1000003)"
+    )
+    eval_cmd.add_argument("--out-png", default="eval.png", help="PnL and inventory plot")
+
     serve = commands.add_parser("serve", help="run the gRPC trainer service")
     _add_config_flags(serve)
     serve.add_argument("--host", help="bind address (server.host, default 127.0.0.1)")
@@ -119,6 +133,17 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--name", help="checkpoint name (default step-<global step>)")
         if action == "restore":
             sub.add_argument("name")
+    actor = commands.add_parser(
+        "actor", help="run N environments here, trained by a server (Act + Step)"
+    )
+    _add_client_flags(actor)
+    _add_config_flags(actor)  # the lobsim section, for --env lobsim
+    actor.add_argument("--env", required=True, help="lobsim or gymnasium:ID (Discrete actions)")
+    actor.add_argument("--num-envs", type=int, default=16, help="environments in this process")
+    actor.add_argument("--steps", type=int, default=100, help="Steps to send, then exit")
+    actor.add_argument("--rollout-len", type=int, default=16, help="env steps per Step")
+    actor.add_argument("--seed", type=int, default=0, help="environment seed")
+    actor.add_argument("--log-every", type=int, default=10, help="Steps between progress lines")
     return parser
 
 
@@ -172,6 +197,42 @@ def run_train(config: Config, write_checkpoint: bool) -> int:
     if write_checkpoint:
         info = save_checkpoint(trainer, config.checkpoint.dir)
         print(f"checkpoint {info.name} -> {info.path} ({info.size_bytes} bytes)", flush=True)
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """Play a LobSim checkpoint's greedy-π policy and the baselines on the same held-out
+    markets; print their metrics and plot PnL and inventory over the episode."""
+    from dataclasses import replace
+
+    from service.checkpoint import check_compatible, load_policy
+    from service.config import with_overrides
+    from service.errors import InvalidInput
+    from service.lobsim import evaluate
+    from service.lobsim.train import HELD_OUT, lobsim_model
+
+    if args.episodes < 1:
+        raise InvalidInput("--episodes", "an integer >= 1", args.episodes)
+    config = load_config(args.config, overrides=args.overrides)
+    saved, params = load_policy(args.checkpoint_dir or config.checkpoint.dir, args.checkpoint)
+    # the checkpoint's model must be shaped for the markets of this config
+    check_compatible(saved, lobsim_model(replace(saved, lobsim=config.lobsim)), args.checkpoint)
+    no_replay = ["replay.capacity=1", "replay.batch_size=1", "replay.min_size=1"]  # Act only
+    trainer = Trainer(with_overrides(saved, [f"train.backend={config.train.backend}", *no_replay]))
+    trainer.load_params(params)
+    seed = saved.train.seed + HELD_OUT if args.seed is None else args.seed
+    agent = lambda obs, mask: trainer.act(obs, ActMode.GREEDY_PI).actions  # noqa: E731
+    policies = {"trained (greedy-π)": lambda env: agent, **evaluate.baselines(seed)}
+    traces = evaluate.play_all(policies, config.lobsim, seed, args.episodes)
+    print(
+        f"trident eval: checkpoint {args.checkpoint}, "
+        f"{args.episodes} held-out markets, seed {seed}, horizon {config.lobsim.horizon}; "
+        "mean ± 95% CI over markets (PnL in ticks, inventory and fills in lots)"
+    )
+    print(evaluate.table({name: evaluate.metrics(trace) for name, trace in traces.items()}))
+    title = f"{args.checkpoint}: {args.episodes} held-out markets, seed {seed}"
+    evaluate.plot(traces, Path(args.out_png), title)
+    print(f"plot -> {args.out_png}", flush=True)
     return 0
 
 
@@ -254,6 +315,21 @@ def run_client(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_actor_command(args: argparse.Namespace) -> int:
+    lobsim = load_config(args.config, overrides=args.overrides).lobsim
+    with _client(args) as client:
+        return run_actor(
+            client,
+            args.env,
+            lobsim,
+            num_envs=args.num_envs,
+            steps=args.steps,
+            rollout_len=args.rollout_len,
+            seed=args.seed,
+            log_every=args.log_every,
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -268,8 +344,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     curve_png=Path(args.curve_png),
                 )
             return run_train(config, write_checkpoint=not args.no_checkpoint)
+        if args.command == "eval":
+            return run_eval(args)
         if args.command == "serve":
             return run_serve(args)
+        if args.command == "actor":
+            return run_actor_command(args)
         return run_client(args)
     except (ConfigError, TridentError, OSError) as error:
         print(f"trident: error: {error}", file=sys.stderr)

@@ -42,16 +42,24 @@ class Progress:
     mean_reward: float  # mean reward per env step over the rollout
 
 
-def collect_rollout(trainer: Trainer, env: VectorEnv, horizon: int) -> Rollout:
-    """T steps of every env under the current policy (sampled), time-major."""
+class Acted(Protocol):
+    """What a policy call returns (Trainer.act's ActResult, or the client's Act reply)."""
+
+    actions: np.ndarray
+    log_probs: np.ndarray
+    policy_version: int
+
+
+def collect_rollout(act: Callable[[np.ndarray], Acted], env: VectorEnv, horizon: int) -> Rollout:
+    """T steps of every env under the policy `act` (sampled actions), time-major. The rollout's
+    policy version is the oldest that acted, so a remote policy's lag is never understated."""
     observations = [env.obs]
     actions, log_probs, rewards, terminated, truncated = [], [], [], [], []
-    final_obs, final_index = [], []
-    bce_labels, aux_targets = [], []
-    version = trainer.global_step
+    final_obs, final_index, bce_labels, aux_targets, versions = [], [], [], [], []
     for t in range(horizon):
-        acted = trainer.act(observations[-1], ActMode.SAMPLE)
+        acted = act(observations[-1])
         moved = env.step(acted.actions)
+        versions.append(acted.policy_version)
         actions.append(acted.actions)
         log_probs.append(acted.log_probs.astype(np.float32))
         rewards.append(moved.rewards)
@@ -71,7 +79,7 @@ def collect_rollout(trainer: Trainer, env: VectorEnv, horizon: int) -> Rollout:
         behavior_log_probs=np.stack(log_probs),
         final_obs=np.concatenate(final_obs),
         final_obs_index=np.concatenate(final_index),
-        policy_version=version,
+        policy_version=min(versions),
         bce_labels=None if bce_labels[0] is None else np.stack(bce_labels),
         aux_targets=None if aux_targets[0] is None else np.stack(aux_targets),
     )
@@ -86,6 +94,6 @@ def train(
 ) -> None:
     """Run `steps` Steps, calling `on_step` after each."""
     for _ in range(steps):
-        rollout = collect_rollout(trainer, env, horizon)
+        rollout = collect_rollout(lambda obs: trainer.act(obs, ActMode.SAMPLE), env, horizon)
         result = trainer.step(rollout)
         on_step(Progress(trainer.global_step, result, float(rollout.rewards.mean())))

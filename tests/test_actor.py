@@ -1,0 +1,148 @@
+"""`trident actor` against real `trident serve` processes: CartPole through Gymnasium, LobSim,
+a model that does not fit, and the Gymnasium adapter's same-step autoreset."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import gymnasium
+import numpy as np
+import pytest
+from serverproc import ServerProcess, running_server, trident_cli
+
+from service.actor import (
+    ActorError,
+    GymnasiumVectorEnv,
+    make_gymnasium_env,
+)
+from service.client.client import TridentClient
+from service.config import LobsimConfig
+from service.lobsim.env import observation_dim
+from service.trainer.loop import collect_rollout
+from service.trainer.trainer import ActMode
+
+CARTPOLE = ("model.obs_dim=4", "model.num_actions=2", "model.aux_dim=0")
+SAME_STEP = {"autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP}
+
+
+@pytest.fixture(scope="module")
+def cartpole_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with running_server(tmp_path_factory.mktemp("cartpole"), *CARTPOLE) as server:
+        yield server
+
+
+def global_step(server: ServerProcess) -> int:
+    with TridentClient(server.target) as client:
+        return client.status().global_step
+
+
+def actor(server: ServerProcess, env: str, *args: str) -> tuple[int, list[str], str]:
+    done = trident_cli(
+        "actor", "--server", server.target, "--env", env, "--num-envs", "4",
+        "--rollout-len", "8", "--log-every", "1", *args,
+    )  # fmt: skip
+    return done.returncode, done.stdout.splitlines(), done.stderr
+
+
+def test_actor_trains_the_server_on_cartpole(cartpole_server: ServerProcess) -> None:
+    before = global_step(cartpole_server)
+    code, lines, stderr = actor(cartpole_server, "gymnasium:CartPole-v1", "--steps", "3")
+    assert code == 0, stderr
+    assert lines[0].startswith("trident actor: env=gymnasium:CartPole-v1 obs_dim=4 actions=2")
+    progress = [line for line in lines if line.startswith("step ")]
+    assert [line.split()[1] for line in progress] == ["1/3", "2/3", "3/3"]
+    assert all("env steps/s" in line and "episode return" in line for line in progress)
+    assert "pi " in progress[-1] and "total " in progress[-1]
+    assert global_step(cartpole_server) == before + 3
+
+
+def test_a_model_that_does_not_fit_stops_the_actor(cartpole_server: ServerProcess) -> None:
+    before = global_step(cartpole_server)
+    code, lines, stderr = actor(cartpole_server, "lobsim", "--steps", "1")
+    assert code == 2 and not lines
+    D = observation_dim(LobsimConfig())
+    assert f"model.obs_dim = 4, the env needs {D}" in stderr
+    assert "model.num_actions = 2, the env needs 9" in stderr
+    assert f"--set model.obs_dim={D}" in stderr
+    code, _, stderr = actor(cartpole_server, "gymnasium:Acrobot-v1", "--steps", "1")
+    assert code == 2 and "model.obs_dim = 4, the env needs 6" in stderr
+    assert global_step(cartpole_server) == before
+
+
+def test_actor_trains_the_server_on_lobsim(tmp_path: Path) -> None:
+    D = observation_dim(LobsimConfig())
+    dims = (f"model.obs_dim={D}", "model.num_actions=9", "model.aux_dim=3")
+    with running_server(tmp_path, *dims) as server:
+        code, lines, stderr = actor(
+            server, "lobsim", "--steps", "2", "--set", "lobsim.horizon=4", "--seed", "3"
+        )
+        assert code == 0, stderr
+        assert global_step(server) == 2
+    progress = [line for line in lines if line.startswith("step ")]
+    assert [line.split()[1] for line in progress] == ["1/2", "2/2"]
+    assert "episode return n/a" not in progress[0]  # 8 steps of a 4-step horizon
+    assert "bce " in progress[-1] and "aux " in progress[-1]  # the labels reached the server
+
+
+def cartpole(num_envs: int, **kwargs: object) -> gymnasium.vector.VectorEnv:
+    return gymnasium.make_vec(
+        "CartPole-v1", num_envs, vectorization_mode="sync", vector_kwargs=SAME_STEP, **kwargs
+    )
+
+
+def test_truncations_match_single_envs_and_the_server_takes_them(
+    cartpole_server: ServerProcess,
+) -> None:
+    """Episodes cut at 5 steps: every step is a transition of the single env, a truncated one
+    hands over its final observation, and the rollout passes the server's validation."""
+    N, seed, limit = 3, 17, 5
+    env = GymnasiumVectorEnv(cartpole(N, max_episode_steps=limit), seed)
+    singles = [gymnasium.make("CartPole-v1", max_episode_steps=limit) for _ in range(N)]
+    obs = [single.reset(seed=seed + i)[0] for i, single in enumerate(singles)]
+    np.testing.assert_array_equal(env.obs, np.stack(obs))
+    rng = np.random.default_rng(0)
+    truncations = 0
+    for _ in range(3 * limit):
+        actions = rng.integers(0, 2, N)
+        moved = env.step(actions)
+        finals = []
+        for i, single in enumerate(singles):
+            obs_i, reward, terminated, truncated, _ = single.step(int(actions[i]))
+            assert moved.rewards[i] == reward
+            assert moved.terminated[i] == terminated
+            assert moved.truncated[i] == (truncated and not terminated)
+            if terminated or truncated:
+                if not terminated:
+                    finals.append(obs_i)
+                obs_i, _ = single.reset()
+            np.testing.assert_array_equal(moved.obs[i], obs_i)
+        np.testing.assert_array_equal(moved.final_obs, np.reshape(finals, (-1, 4)))
+        truncations += len(finals)
+    assert truncations > 0
+    assert len(env.take_returns()) >= N and env.take_returns() == []
+
+    before = global_step(cartpole_server)
+    with TridentClient(cartpole_server.target) as client:
+        act = lambda obs: client.act(obs, ActMode.SAMPLE)  # noqa: E731
+        rollout = collect_rollout(act, env, horizon=2 * limit)
+        assert rollout.truncated.any()
+        assert rollout.final_obs.shape == (rollout.truncated.sum(), 4)
+        np.testing.assert_array_equal(
+            rollout.final_obs_index, np.flatnonzero(rollout.truncated.reshape(-1))
+        )
+        assert rollout.policy_version == before
+        reply = client.step(rollout)
+    assert not reply.skipped and reply.global_step == before + 1
+
+
+def test_unsupported_gymnasium_envs_are_refused() -> None:
+    with pytest.raises(ActorError, match="Discrete actions, got Box"):
+        make_gymnasium_env("Pendulum-v1", 2, seed=0)
+    with pytest.raises(ActorError, match="1-D Box observations, got Discrete"):
+        make_gymnasium_env("FrozenLake-v1", 2, seed=0)
+    with pytest.raises(ActorError, match="No-Such-Env"):
+        make_gymnasium_env("No-Such-Env-v0", 2, seed=0)
+    next_step = gymnasium.make_vec("CartPole-v1", 2, vectorization_mode="sync")
+    with pytest.raises(ActorError, match="SAME_STEP"):
+        GymnasiumVectorEnv(next_step, seed=0)
