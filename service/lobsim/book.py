@@ -14,6 +14,7 @@ execution order within each env.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 
@@ -53,37 +54,41 @@ class Fills:
 class Books:
     """N limit-order books over price windows [base, base + price_levels)."""
 
-    def __init__(self, num_envs: int, price_levels: int, base: np.ndarray) -> None:
+    def __init__(
+        self, num_envs: int, price_levels: int, base: np.ndarray, xp: ModuleType = np
+    ) -> None:
         if num_envs < 1 or price_levels < 2:
             raise ValueError(f"need num_envs >= 1 and price_levels >= 2, got {num_envs}, "
                              f"{price_levels}")  # fmt: skip
         self.num_envs, self.price_levels = num_envs, price_levels
-        self.base = np.asarray(base, dtype=np.int64).reshape(num_envs).copy()
-        self.lots = np.zeros((2, num_envs, price_levels), dtype=np.int64)  # background lots
-        self.agent_px = np.full((2, num_envs), -1, dtype=np.int64)
-        self.agent_qty = np.zeros((2, num_envs), dtype=np.int64)
-        self.agent_ahead = np.zeros((2, num_envs), dtype=np.int64)
-        self.inventory = np.zeros(num_envs, dtype=np.int64)
-        self.cash = np.zeros(num_envs, dtype=np.int64)
-        self.overflow = np.zeros(num_envs, dtype=np.int64)
-        self.traded = np.zeros(num_envs, dtype=np.int64)
-        self._envs = np.arange(num_envs)
+        self.base = xp.asarray(base, dtype=np.int64).reshape(num_envs).copy()
+        self.lots = xp.zeros((2, num_envs, price_levels), dtype=np.int64)  # background lots
+        self.agent_px = xp.full((2, num_envs), -1, dtype=np.int64)
+        self.agent_qty = xp.zeros((2, num_envs), dtype=np.int64)
+        self.agent_ahead = xp.zeros((2, num_envs), dtype=np.int64)
+        self.inventory = xp.zeros(num_envs, dtype=np.int64)
+        self.cash = xp.zeros(num_envs, dtype=np.int64)
+        self.overflow = xp.zeros(num_envs, dtype=np.int64)
+        self.traded = xp.zeros(num_envs, dtype=np.int64)
+        self._envs = xp.arange(num_envs)
+        self.xp = xp  # numpy, or cupy for the device market (apply() is the host engine)
 
     # ----------------------------------------------------------------------------- queries
     def best(self, side: int) -> np.ndarray:
         """[N] best price index of `side` (BID / ASK) over background and agent lots (-1 where
         that side is empty)."""
+        xp = self.xp
         held = self.lots[side] > 0
         if side == BID:
-            index = self.price_levels - 1 - np.argmax(held[:, ::-1], axis=1)
+            index = self.price_levels - 1 - xp.argmax(held[:, ::-1], axis=1)
         else:
-            index = np.argmax(held, axis=1)
-        background = np.where(held[self._envs, index], index, -1)
+            index = xp.argmax(held, axis=1)
+        background = xp.where(held[self._envs, index], index, -1)
         agent = self.agent_px[side]
         if side == BID:
-            return np.maximum(background, agent)
-        return np.where(background < 0, agent, np.where(agent < 0, background,
-                                                        np.minimum(background, agent)))  # fmt: skip
+            return xp.maximum(background, agent)
+        return xp.where(background < 0, agent, xp.where(agent < 0, background,
+                                                        xp.minimum(background, agent)))  # fmt: skip
 
     # ----------------------------------------------------------------------------- messages
     def apply(self, messages: Messages, seq: int) -> Fills:

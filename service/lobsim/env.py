@@ -80,23 +80,28 @@ class LobSim:
             raise ValueError(f"backend: expected 'numpy' or 'cuda', got {backend!r}")
         self.cfg, self.num_envs = cfg, num_envs
         self.key = seed_key(seed)
-        self.books = Books(num_envs, cfg.price_levels, np.full(num_envs, BASE_PRICE))
+        if backend == "cuda":  # every array on the device; the market events in kernels/lobsim.cu
+            import cupy as xp
+        else:
+            xp = np
+        self.xp = xp
+        self.books = Books(num_envs, cfg.price_levels, xp.full(num_envs, BASE_PRICE), xp)
         self.calls = 0  # Philox sequence: one per call that draws
-        self.t = np.zeros(num_envs, dtype=np.int64)  # steps into the episode
-        self.mid2 = np.zeros(num_envs, dtype=np.int64)  # 2 · mid, in ticks of the window
-        self.variance = np.zeros(num_envs)  # EMA of squared mid changes per step
-        self.limit_w = np.zeros((num_envs, cfg.visible_levels), dtype=np.int64)
-        self.cancel_w = np.zeros(num_envs, dtype=np.int64)
-        self.market_w = np.zeros(num_envs, dtype=np.int64)
-        self.excitation = np.zeros(num_envs, dtype=np.int64)  # hawkes: extra market weight
-        self.episode_return = np.zeros(num_envs)
+        self.t = xp.zeros(num_envs, dtype=xp.int64)  # steps into the episode
+        self.mid2 = xp.zeros(num_envs, dtype=xp.int64)  # 2 · mid, in ticks of the window
+        self.variance = xp.zeros(num_envs)  # EMA of squared mid changes per step
+        self.limit_w = xp.zeros((num_envs, cfg.visible_levels), dtype=xp.int64)
+        self.cancel_w = xp.zeros(num_envs, dtype=xp.int64)
+        self.market_w = xp.zeros(num_envs, dtype=xp.int64)
+        self.excitation = xp.zeros(num_envs, dtype=xp.int64)  # hawkes: extra market weight
+        self.episode_return = xp.zeros(num_envs)
         self._cuda = None
-        if backend == "cuda":  # the market events on the GPU (kernels/lobsim.cu)
+        if backend == "cuda":
             from service.lobsim.cuda_market import CudaMarket
 
             self._cuda = CudaMarket(self.books, cfg.visible_levels)
-        self._reset(np.ones(num_envs, dtype=bool))
-        self._last_obs = self._observe(np.zeros(num_envs), np.zeros(num_envs))
+        self._reset(xp.ones(num_envs, dtype=bool))
+        self._last_obs = self._observe(xp.zeros(num_envs), xp.zeros(num_envs))
 
     # ----------------------------------------------------------------------------- public
     def reset(self) -> np.ndarray:
@@ -105,18 +110,20 @@ class LobSim:
 
     def action_mask(self) -> np.ndarray:
         """[N, 9] bool: market orders masked at the inventory limit."""
-        mask = np.ones((self.num_envs, NUM_ACTIONS), dtype=bool)
+        xp = self.xp
+        mask = xp.ones((self.num_envs, NUM_ACTIONS), dtype=bool)
         mask[:, 7] = self.books.inventory < self.cfg.max_inventory
         mask[:, 8] = self.books.inventory > -self.cfg.max_inventory
         return mask
 
     def step(self, actions: np.ndarray) -> StepOutput:
         """Apply one action per env, then the background events; auto-reset ended episodes."""
+        xp = self.xp
         cfg, books = self.cfg, self.books
-        actions = np.asarray(actions, dtype=np.int64).reshape(self.num_envs)
+        actions = xp.asarray(actions, dtype=xp.int64).reshape(self.num_envs)
         if ((actions < 0) | (actions >= NUM_ACTIONS)).any():
             raise ValueError(f"actions: expected integers in [0, {NUM_ACTIONS}), got {actions}")
-        actions = np.where(self.action_mask()[np.arange(self.num_envs), actions], actions, 0)
+        actions = xp.where(self.action_mask()[xp.arange(self.num_envs), actions], actions, 0)
         value_before = books.cash + books.inventory * (books.base + self.mid2 / 2.0)
         inventory_before, mid_before = books.inventory.copy(), self.mid2.copy()
         agent_messages = self._agent_messages(actions)
@@ -145,8 +152,8 @@ class LobSim:
             - value_before
             - cfg.taker_fee * taken
             + cfg.maker_rebate * passive
-            - cfg.damping * np.maximum(0.0, inventory_before * change)
-            - cfg.inventory_penalty * inventory_before.astype(np.float64) ** 2
+            - cfg.damping * xp.maximum(0.0, inventory_before * change)
+            - cfg.inventory_penalty * inventory_before.astype(xp.float64) ** 2
         )
         self.episode_return += reward
         obs = self._observe(change, flow)
@@ -154,7 +161,7 @@ class LobSim:
         info = {
             "bce_prev": change > 0,  # did the mid rise after obs_{t-1}
             "aux_prev": labels,
-            "episode_return": np.where(done, self.episode_return, np.nan),
+            "episode_return": xp.where(done, self.episode_return, np.nan),
             "overflow": books.overflow.copy(),
             "inventory": books.inventory.copy(),  # after liquidation where the episode ended
             "agent_taken": taken,  # lots the agent's orders took from the book this step
@@ -165,10 +172,10 @@ class LobSim:
             info["final_obs"] = obs.copy()
             self.episode_return[done] = 0.0
             self._reset(done)
-            fresh = self._observe(np.zeros(self.num_envs), np.zeros(self.num_envs))
-            obs = np.where(done[:, None], fresh, obs)
+            fresh = self._observe(xp.zeros(self.num_envs), xp.zeros(self.num_envs))
+            obs = xp.where(done[:, None], fresh, obs)
         self._last_obs = obs
-        return StepOutput(obs, reward.astype(np.float32), done, np.zeros_like(done), info)
+        return StepOutput(obs, reward.astype(xp.float32), done, xp.zeros_like(done), info)
 
     def _events(
         self, agent_messages: list[Messages], latency: np.ndarray, first: int
@@ -201,6 +208,7 @@ class LobSim:
     # ----------------------------------------------------------------------------- internals
     def _reset(self, mask: np.ndarray) -> None:
         """Fresh books, flow weights and accounts for the envs in `mask`."""
+        xp = self.xp
         cfg, books, N = self.cfg, self.books, self.num_envs
         depth = cfg.initial_depth
         words = random_bits(self.key, Stream.LOB_RESET, self.calls, N * (depth // 2 + 2))
@@ -217,18 +225,19 @@ class LobSim:
                 >> np.uint64(32)
             ).astype(np.int64)
         )
-        envs = np.flatnonzero(mask)
+        sizes, factors = xp.asarray(sizes), xp.asarray(factors)  # drawn on the host
+        envs = xp.flatnonzero(mask)
         centre = cfg.price_levels // 2
         books.lots[:, envs] = 0
-        books.lots[BID, envs, centre - 1 - np.arange(depth)[:, None]] = sizes[envs, :depth].T
-        books.lots[ASK, envs, centre + 1 + np.arange(depth)[:, None]] = sizes[envs, depth:].T
+        books.lots[BID, envs, centre - 1 - xp.arange(depth)[:, None]] = sizes[envs, :depth].T
+        books.lots[ASK, envs, centre + 1 + xp.arange(depth)[:, None]] = sizes[envs, depth:].T
         books.base[envs] = BASE_PRICE - centre
         for array in (books.agent_qty, books.agent_ahead):
             array[:, envs] = 0
         books.agent_px[:, envs] = -1
         books.inventory[envs] = 0
         books.cash[envs] = 0
-        self.limit_w[envs] = scaled(limit_weights(cfg), factors[envs, 0])
+        self.limit_w[envs] = scaled(xp.asarray(limit_weights(cfg)), factors[envs, 0])
         self.cancel_w[envs] = cfg.cancel_weight * factors[envs, 1] // 100
         self.market_w[envs] = cfg.market_weight * factors[envs, 2] // 100
         self.t[envs] = 0
@@ -238,29 +247,32 @@ class LobSim:
 
     def _mid2(self) -> np.ndarray:
         """2 · mid price as a window index (one side empty: that side's touch ± 1 tick)."""
+        xp = self.xp
         bid, ask = self.books.best(BID), self.books.best(ASK)
         centre = self.cfg.price_levels // 2
-        bid = np.where(bid >= 0, bid, np.where(ask >= 0, ask - 1, centre - 1))
-        ask = np.where(ask >= 0, ask, bid + 1)
+        bid = xp.where(bid >= 0, bid, xp.where(ask >= 0, ask - 1, centre - 1))
+        ask = xp.where(ask >= 0, ask, bid + 1)
         return bid + ask
 
     def _latency(self) -> np.ndarray:
+        xp = self.xp
         if not self.cfg.random_latency:
-            return np.full(self.num_envs, self.cfg.latency_events, dtype=np.int64)
+            return xp.full(self.num_envs, self.cfg.latency_events, dtype=xp.int64)
         words = random_bits(self.key, Stream.LOB_LATENCY, self.calls, self.num_envs)[:, 0]
         self.calls += 1
         span = np.uint64(self.cfg.latency_events + 1)
-        return ((words.astype(np.uint64) * span) >> np.uint64(32)).astype(np.int64)
+        return xp.asarray(((words.astype(np.uint64) * span) >> np.uint64(32)).astype(np.int64))
 
     def _agent_messages(self, actions: np.ndarray) -> list[Messages]:
         """Up to two messages per env for its action (bid side first), from the observed book."""
+        xp = self.xp
         cfg, books, N = self.cfg, self.books, self.num_envs
-        zero = np.zeros(N, dtype=np.int64)
+        zero = xp.zeros(N, dtype=xp.int64)
         bid, ask = books.best(BID), books.best(ASK)
-        quoting = np.isin(actions, list(QUOTES))
-        behind = np.array([QUOTES.get(a, (0, 0)) for a in range(NUM_ACTIONS)], dtype=np.int64)
-        bid_px = np.where(bid >= 0, bid, self.mid2 // 2) - behind[actions, 0]
-        ask_px = np.where(ask >= 0, ask, (self.mid2 + 1) // 2) + behind[actions, 1]
+        quoting = xp.isin(actions, xp.asarray(list(QUOTES)))
+        behind = xp.array([QUOTES.get(a, (0, 0)) for a in range(NUM_ACTIONS)], dtype=xp.int64)
+        bid_px = xp.where(bid >= 0, bid, self.mid2 // 2) - behind[actions, 0]
+        ask_px = xp.where(ask >= 0, ask, (self.mid2 + 1) // 2) + behind[actions, 1]
         first = Messages(zero.copy(), zero + BUY, zero + AGENT, zero.copy(), zero.copy(), zero)
         second = Messages(zero.copy(), zero + SELL, zero + AGENT, zero.copy(), zero.copy(), zero)
         # quotes: re-sent only where the price changes
@@ -289,11 +301,12 @@ class LobSim:
 
     def _liquidate(self, done: np.ndarray) -> None:
         """Close the inventory of the envs in `done` at the far touch (the mid if it is empty)."""
+        xp = self.xp
         books = self.books
         bid, ask = books.best(BID), books.best(ASK)
         mid = self.mid2 // 2
-        far = np.where(
-            books.inventory > 0, np.where(bid >= 0, bid, mid), np.where(ask >= 0, ask, mid)
+        far = xp.where(
+            books.inventory > 0, xp.where(bid >= 0, bid, mid), xp.where(ask >= 0, ask, mid)
         )
         close = done & (books.inventory != 0)
         books.cash[close] += books.inventory[close] * (books.base[close] + far[close])
@@ -306,42 +319,44 @@ class LobSim:
     def _levels(self, side: int) -> tuple[np.ndarray, np.ndarray]:
         """Total lots (background + agent) at the visible levels from `side`'s touch outward,
         and the touch (-1 when that side is empty)."""
+        xp = self.xp
         books, L, N = self.books, self.cfg.visible_levels, self.num_envs
         touch = books.best(side)
         step = -1 if side == BID else 1
-        prices = touch[:, None] + step * np.arange(L)[None, :]
+        prices = touch[:, None] + step * xp.arange(L)[None, :]
         inside = (touch[:, None] >= 0) & (prices >= 0) & (prices < self.cfg.price_levels)
-        safe = np.clip(prices, 0, self.cfg.price_levels - 1)
-        lots = books.lots[side][np.arange(N)[:, None], safe]
-        lots = lots + np.where(
+        safe = xp.clip(prices, 0, self.cfg.price_levels - 1)
+        lots = books.lots[side][xp.arange(N)[:, None], safe]
+        lots = lots + xp.where(
             books.agent_px[side][:, None] == safe, books.agent_qty[side][:, None], 0
         )
-        return np.where(inside, lots, 0), touch
+        return xp.where(inside, lots, 0), touch
 
     def _observe(self, change: np.ndarray, flow: np.ndarray) -> np.ndarray:
+        xp = self.xp
         cfg, books = self.cfg, self.books
         L, scale = cfg.visible_levels, 4.0 * cfg.max_order_lots
         bid_lots, bid = self._levels(BID)
         ask_lots, ask = self._levels(ASK)
         mid = self.mid2 / 2.0
-        ladder = np.arange(L)[None, :]
-        bid_offset = (np.where(bid >= 0, bid, mid)[:, None] - ladder - mid[:, None]) / L
-        ask_offset = (np.where(ask >= 0, ask, mid)[:, None] + ladder - mid[:, None]) / L
-        spread = np.where((bid >= 0) & (ask >= 0), ask - bid, 0)
+        ladder = xp.arange(L)[None, :]
+        bid_offset = (xp.where(bid >= 0, bid, mid)[:, None] - ladder - mid[:, None]) / L
+        ask_offset = (xp.where(ask >= 0, ask, mid)[:, None] + ladder - mid[:, None]) / L
+        spread = xp.where((bid >= 0) & (ask >= 0), ask - bid, 0)
         b5, a5 = bid_lots[:, :5].sum(axis=1), ask_lots[:, :5].sum(axis=1)
         value = books.cash + books.inventory * (books.base + mid)
         quote = [
-            np.where(books.agent_px[s] >= 0, np.abs(books.agent_px[s] - t), -1) / L
+            xp.where(books.agent_px[s] >= 0, xp.abs(books.agent_px[s] - t), -1) / L
             for s, t in ((BID, bid), (ASK, ask))
         ]
-        scalars = np.stack(
+        scalars = xp.stack(
             [
                 spread / L,
                 change,
                 _imbalance(bid_lots[:, 0], ask_lots[:, 0]),
                 _imbalance(b5, a5),
                 flow / (cfg.events_per_step * cfg.max_order_lots),
-                np.sqrt(self.variance),
+                xp.sqrt(self.variance),
                 books.inventory / cfg.max_inventory,
                 value / 100.0,
                 1.0 - self.t / cfg.horizon,
@@ -352,23 +367,24 @@ class LobSim:
             ],
             axis=1,
         )
-        return np.concatenate(
+        return xp.concatenate(
             [bid_offset, bid_lots / scale, ask_offset, ask_lots / scale, scalars], axis=1
-        ).astype(np.float32)
+        ).astype(xp.float32)
 
     def _labels(self, change: np.ndarray) -> np.ndarray:
         """Aux targets for the previous observation: spread, L1 imbalance and realised
         volatility now."""
+        xp = self.xp
         bid_lots, bid = self._levels(BID)
         ask_lots, ask = self._levels(ASK)
-        spread = np.where((bid >= 0) & (ask >= 0), ask - bid, 0) / self.cfg.visible_levels
+        spread = xp.where((bid >= 0) & (ask >= 0), ask - bid, 0) / self.cfg.visible_levels
         imbalance = _imbalance(bid_lots[:, 0], ask_lots[:, 0])
-        return np.stack([spread, imbalance, np.sqrt(self.variance)], axis=1).astype(np.float32)
+        return xp.stack([spread, imbalance, xp.sqrt(self.variance)], axis=1).astype(xp.float32)
 
 
 def _imbalance(bid: np.ndarray, ask: np.ndarray) -> np.ndarray:
     total = bid + ask
-    return np.where(total > 0, (bid - ask) / np.maximum(total, 1), 0.0)
+    return (bid - ask) / (total + (total == 0))  # 0 where both sides are empty
 
 
 def _fields(messages: Messages) -> tuple[np.ndarray, ...]:
