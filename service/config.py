@@ -264,6 +264,19 @@ class Config:
             raise ConfigError(f"model.dtype = 'float64' requires train.backend = 'numpy' "
                               f"(float64 is for the numpy backend only); got train.backend = "
                               f"{self.train.backend!r}")
+        lob = self.lobsim
+        half = lob.price_levels // 2
+        if lob.initial_depth >= half:
+            raise ConfigError(f"lobsim.initial_depth = {lob.initial_depth!r} must be < "
+                              f"lobsim.price_levels // 2 = {half} (the levels filled at reset "
+                              f"must fit on each side of the window's centre)")
+        if lob.visible_levels >= half:
+            raise ConfigError(f"lobsim.visible_levels = {lob.visible_levels!r} must be < "
+                              f"lobsim.price_levels // 2 = {half}")
+        if lob.latency_events > lob.events_per_step:
+            raise ConfigError(f"lobsim.latency_events = {lob.latency_events!r} must be <= "
+                              f"lobsim.events_per_step = {lob.events_per_step!r} (the agent's "
+                              f"messages land within the step)")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Nested plain dict ``{section: {key: value}}``, JSON-serialisable."""

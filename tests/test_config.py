@@ -363,3 +363,16 @@ def test_cross_float64_needs_numpy(backend: str) -> None:
 
 def test_config_error_is_value_error() -> None:
     assert issubclass(ConfigError, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["lobsim.initial_depth=32"], r"lobsim\.initial_depth = 32 must be < lobsim\.price_levels"),
+        (["lobsim.price_levels=24", "lobsim.visible_levels=12"], r"lobsim\.visible_levels = 12"),
+        (["lobsim.latency_events=14"], r"lobsim\.latency_events = 14 must be <= .*events_per_step"),
+    ],
+)
+def test_lobsim_settings_that_cannot_fit_are_refused(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(env={}, overrides=overrides)
