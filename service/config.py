@@ -219,10 +219,25 @@ class LobsimConfig(_Section):
     max_order_lots: int = _f(4, ge=1)  # background order sizes are uniform in 1..this
     randomize_pct: int = _f(30, ge=0, le=90)  # per-env flow weights scaled by 1 ± this %
     initial_depth: int = _f(8, ge=1)  # levels per side filled at reset
+    # the window re-centres on the mid once it has drifted more than this many ticks (0: never)
+    recentre_ticks: int = _f(16, ge=0)
     taker_fee: float = _f(0.1, ge=0)  # ticks per lot the agent pays when it takes
     maker_rebate: float = _f(0.05, ge=0)  # ticks per lot the agent earns when it is filled
     damping: float = _f(0.5, ge=0)  # eta: penalty on max(0, inventory x mid change)
     inventory_penalty: float = _f(0.01, ge=0)  # phi: penalty on inventory squared per step
+
+    def __post_init__(self) -> None:
+        _Section.__post_init__(self)
+        half = self.price_levels // 2
+        for key in ("initial_depth", "visible_levels", "recentre_ticks"):
+            value = getattr(self, key)
+            if value >= half:
+                raise ConfigError(f"lobsim.{key} = {value!r} must be < lobsim.price_levels // 2 "
+                                  f"= {half} (it must fit on one side of the window's centre)")
+        if self.latency_events > self.events_per_step:
+            raise ConfigError(f"lobsim.latency_events = {self.latency_events!r} must be <= "
+                              f"lobsim.events_per_step = {self.events_per_step!r} (the agent's "
+                              f"messages land within the step)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,19 +279,6 @@ class Config:
             raise ConfigError(f"model.dtype = 'float64' requires train.backend = 'numpy' "
                               f"(float64 is for the numpy backend only); got train.backend = "
                               f"{self.train.backend!r}")
-        lob = self.lobsim
-        half = lob.price_levels // 2
-        if lob.initial_depth >= half:
-            raise ConfigError(f"lobsim.initial_depth = {lob.initial_depth!r} must be < "
-                              f"lobsim.price_levels // 2 = {half} (the levels filled at reset "
-                              f"must fit on each side of the window's centre)")
-        if lob.visible_levels >= half:
-            raise ConfigError(f"lobsim.visible_levels = {lob.visible_levels!r} must be < "
-                              f"lobsim.price_levels // 2 = {half}")
-        if lob.latency_events > lob.events_per_step:
-            raise ConfigError(f"lobsim.latency_events = {lob.latency_events!r} must be <= "
-                              f"lobsim.events_per_step = {lob.events_per_step!r} (the agent's "
-                              f"messages land within the step)")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Nested plain dict ``{section: {key: value}}``, JSON-serialisable."""

@@ -94,6 +94,7 @@ class LobSim:
         self.cancel_w = xp.zeros(num_envs, dtype=xp.int64)
         self.market_w = xp.zeros(num_envs, dtype=xp.int64)
         self.excitation = xp.zeros(num_envs, dtype=xp.int64)  # hawkes: extra market weight
+        self.truncated_lots = xp.zeros(num_envs, dtype=xp.int64)  # fell off a re-centred window
         self.episode_return = xp.zeros(num_envs)
         self._cuda = None
         if backend == "cuda":
@@ -144,6 +145,8 @@ class LobSim:
         change = (mid2 - mid_before) / 2.0
         self.variance = 0.9 * self.variance + 0.1 * change * change
         self.mid2 = mid2
+        if cfg.recentre_ticks:
+            self._recentre()
         done = self.t >= cfg.horizon
         self._liquidate(done)
         value = books.cash + books.inventory * (books.base + self.mid2 / 2.0)
@@ -162,7 +165,8 @@ class LobSim:
             "bce_prev": change > 0,  # did the mid rise after obs_{t-1}
             "aux_prev": labels,
             "episode_return": xp.where(done, self.episode_return, np.nan),
-            "overflow": books.overflow.copy(),
+            "overflow": books.overflow.copy(),  # orders priced outside the window (dropped)
+            "truncated_lots": self.truncated_lots.copy(),  # lots lost by re-centring
             "inventory": books.inventory.copy(),  # after liquidation where the episode ended
             "agent_taken": taken,  # lots the agent's orders took from the book this step
             "agent_passive": passive,  # lots of the agent's resting quotes filled this step
@@ -242,8 +246,36 @@ class LobSim:
         self.market_w[envs] = cfg.market_weight * factors[envs, 2] // 100
         self.t[envs] = 0
         self.excitation[envs] = 0
+        self.truncated_lots[envs] = 0
         self.variance[envs] = 0.0
         self.mid2[envs] = self._mid2()[envs]
+
+    def _recentre(self) -> None:
+        """Shift the window of every book whose mid drifted more than `recentre_ticks` from
+        its centre, so the mid is central again. Background lots shifted past an edge are
+        counted in `truncated_lots` (never silently lost); an agent order past an edge is
+        cancelled and its lots counted too. Cash and PnL are unchanged (prices are base +
+        index, and base moves with the window)."""
+        xp, books, P = self.xp, self.books, self.cfg.price_levels
+        shift = self.mid2 // 2 - P // 2
+        shift = xp.where(xp.abs(shift) > self.cfg.recentre_ticks, shift, 0)
+        source = xp.arange(P)[None, :] + shift[:, None]  # new index i holds old index i + shift
+        inside = (source >= 0) & (source < P)
+        clipped = xp.clip(source, 0, P - 1)
+        before = books.lots.sum(axis=2)
+        for side in (BID, ASK):
+            moved = xp.take_along_axis(books.lots[side], clipped, axis=1)
+            books.lots[side] = xp.where(inside, moved, 0)
+        self.truncated_lots += (before - books.lots.sum(axis=2)).sum(axis=0)
+        resting = books.agent_px >= 0
+        px = books.agent_px - shift[None, :]
+        off = resting & ((px < 0) | (px >= P))
+        self.truncated_lots += xp.where(off, books.agent_qty, 0).sum(axis=0)
+        books.agent_px = xp.where(resting & ~off, px, -1)
+        books.agent_qty = xp.where(off, 0, books.agent_qty)
+        books.agent_ahead = xp.where(off, 0, books.agent_ahead)
+        books.base += shift
+        self.mid2 = self.mid2 - 2 * shift
 
     def _mid2(self) -> np.ndarray:
         """2 · mid price as a window index (one side empty: that side's touch ± 1 tick)."""

@@ -17,9 +17,11 @@ STATE = ("lots", "agent_px", "agent_qty", "agent_ahead", "inventory", "cash", "o
     [
         {},
         {"hawkes": True, "random_latency": True, "latency_events": 5},
-        {"price_levels": 24, "visible_levels": 4, "initial_depth": 11, "cancel_weight": 9},
+        {"price_levels": 24, "visible_levels": 4, "initial_depth": 11, "cancel_weight": 9,
+         "recentre_ticks": 0},
+        {"price_levels": 24, "visible_levels": 4, "recentre_ticks": 2, "market_size": 3},
     ],
-    ids=["default", "hawkes-random-latency", "narrow-window"],
+    ids=["default", "hawkes-random-latency", "narrow-window", "recentring"],
 )
 def test_cpu_and_gpu_markets_are_bit_identical(settings: dict) -> None:
     seed = int(np.random.default_rng().integers(2**32))
@@ -34,13 +36,15 @@ def test_cpu_and_gpu_markets_are_bit_identical(settings: dict) -> None:
     for step in range(60):  # two episode ends: liquidation and reset on both
         actions = rng.integers(0, NUM_ACTIONS, N)
         want, got = cpu.step(actions), gpu.step(actions)
-        for name in STATE:
+        for name in (*STATE, "base"):
             a, b = getattr(cpu.books, name), host(getattr(gpu.books, name))
             assert a.tobytes() == b.tobytes(), (step, name)
-        for name in ("excitation", "t", "mid2"):
+        for name in ("excitation", "t", "mid2", "truncated_lots"):
             assert getattr(cpu, name).tobytes() == host(getattr(gpu, name)).tobytes(), step
         assert np.array_equal(want.terminated, host(got.terminated)), step
         # floats: the same formulas, but CuPy may contract a multiply-add into one rounding
         np.testing.assert_allclose(host(got.obs), want.obs, rtol=1e-6, atol=1e-7)
         np.testing.assert_allclose(host(got.reward), want.reward, rtol=1e-6, atol=1e-6)
     assert cpu.books.traded.sum() > 0 and (cpu.books.agent_px >= 0).any()
+    if cfg.recentre_ticks == 2:
+        assert (cpu.books.base != cpu.books.base[0]).any() or cpu.truncated_lots.any()

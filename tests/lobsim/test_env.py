@@ -92,7 +92,8 @@ def mirror_initial_books(env: LobSim) -> list[ReferenceMarket]:
 def test_env_message_stream_equals_reference_engine() -> None:
     """Every message the env sends (background flow and the agent's orders) applied to
     scalar reference markets gives the same fills (stream hash) and the same books."""
-    env = LobSim(32, LobsimConfig(horizon=10_000, random_latency=True), seed=fresh_seed())
+    cfg = LobsimConfig(horizon=10_000, random_latency=True, recentre_ticks=0)  # messages only
+    env = LobSim(32, cfg, seed=fresh_seed())
     markets = mirror_initial_books(env)
     recorder = Recorder(env.books)
     rng = np.random.default_rng(fresh_seed())
@@ -206,3 +207,38 @@ def test_hawkes_flow_clusters_market_orders() -> None:
     print(f"Fano factor: plain {fano(plain):.2f}, hawkes {fano(hawkes):.2f}")
     assert fano(hawkes) > 1.3 * fano(plain)  # measured: 1.55-1.60 against 0.96-0.98
     assert hawkes.mean() > plain.mean()
+
+
+def test_window_recentres_on_a_drifting_mid() -> None:
+    """Market buys push the price up; the window follows the mid, books and accounts keep their
+    absolute prices, and lots shifted past the edge are counted."""
+    cfg = LobsimConfig(price_levels=24, visible_levels=4, initial_depth=4, recentre_ticks=3,
+                       max_inventory=10_000, market_size=4, horizon=10_000)  # fmt: skip
+    env = LobSim(8, cfg, seed=fresh_seed())
+    base = env.books.base.copy()
+    for _ in range(60):
+        books = env.books
+        absolute = {
+            side: {int(env.books.base[n]) + p: int(books.lots[side, n, p])
+                   for n in range(1) for p in np.flatnonzero(books.lots[side, n])}
+            for side in (BID, ASK)
+        }  # fmt: skip
+        shifted_before = env.books.base.copy()
+        env.mid2 = env.mid2 + 2 * (cfg.recentre_ticks + 1)  # pretend the mid moved up
+        value = books.cash + books.inventory * (books.base + env.mid2 / 2.0)
+        drift = env.mid2 // 2 - cfg.price_levels // 2
+        expected = np.where(np.abs(drift) > cfg.recentre_ticks, drift, 0)
+        env._recentre()
+        assert ((env.books.base - shifted_before) == expected).all()
+        assert (np.abs(env.mid2 // 2 - cfg.price_levels // 2) <= cfg.recentre_ticks).all()
+        after = {
+            side: {int(env.books.base[n]) + p: int(books.lots[side, n, p])
+                   for n in range(1) for p in np.flatnonzero(books.lots[side, n])}
+            for side in (BID, ASK)
+        }  # fmt: skip
+        kept = {s: {k: v for k, v in absolute[s].items() if k in after[s]} for s in absolute}
+        assert kept == after  # every surviving lot kept its absolute price
+        assert np.allclose(books.cash + books.inventory * (books.base + env.mid2 / 2.0), value)
+        env.step(np.full(8, 7))  # market buys: the real drift
+        check_invariants(env.books)
+    assert (env.books.base > base).all() and env.truncated_lots.sum() > 0
