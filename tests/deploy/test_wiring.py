@@ -1,0 +1,264 @@
+"""deploy/ files agree with each other and with the server: ports, the checkpoint path, config
+variables that load, the health check, the GPU, the drain time, the datasource uid. Plain
+Python over the parsed files, so it runs everywhere (the compose checks here are the structural
+fallback where no compose binary validates the file).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from typing import Any
+
+from service.config import ServerConfig, load_config
+
+from .tools import (
+    COMPOSE,
+    DASHBOARD,
+    DEPLOY,
+    GRAFANA_PROVISIONING,
+    K8S,
+    PROMETHEUS,
+    dashboard_targets,
+    dockerfile_instructions,
+    final_stage,
+    load_yaml,
+    load_yaml_all,
+)
+
+SERVER = ServerConfig()
+CHECKPOINTS = "/checkpoints"
+HEALTH = ["trident", "health", "--server", f"127.0.0.1:{SERVER.port}"]
+
+
+def seconds(text: str) -> float:
+    """'90s', '1m30s', '2m' -> seconds (compose durations)."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)(h|m|s)", text)
+    assert parts and "".join(n + u for n, u in parts) == text, text
+    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+
+
+def unset_default(value: str) -> str:
+    """`${VAR:-default}` as compose resolves it with VAR unset."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
+
+
+def assert_config_env_loads(env: dict[str, str]) -> None:
+    """Every TRIDENT_SECTION__KEY names a real setting with an allowed value."""
+    names = {k: v for k, v in env.items() if k.startswith("TRIDENT_")}
+    assert names
+    config = load_config(env=names)
+    if "TRIDENT_SERVER__HOST" in names:
+        assert config.server.host == "0.0.0.0"  # reachable from outside a container or pod
+    if "TRIDENT_CHECKPOINT__DIR" in names:
+        assert config.checkpoint.dir == CHECKPOINTS
+
+
+# --- Dockerfile ----------------------------------------------------------------------------
+
+
+def test_dockerfile_runtime_contract() -> None:
+    values = final_stage()
+    env = dict(item.split("=", 1) for args in values["ENV"] for item in shlex.split(args))
+    assert_config_env_loads(env)
+    assert env["TRIDENT_SERVER__HOST"] == "0.0.0.0"
+    assert env["TRIDENT_CHECKPOINT__DIR"] == CHECKPOINTS
+    assert values["VOLUME"] == [CHECKPOINTS]
+    assert set(values["EXPOSE"][0].split()) == {str(SERVER.port), str(SERVER.metrics_port)}
+    (user,) = values["USER"]
+    assert user.split(":")[0] not in ("0", "root")
+    (healthcheck,) = values["HEALTHCHECK"]
+    command = json.loads(healthcheck.split(" CMD ", 1)[1])
+    assert command[: len(HEALTH)] == HEALTH
+    assert json.loads(values["ENTRYPOINT"][0]) == ["trident", "serve"]
+
+
+def test_dockerfile_variants() -> None:
+    """One file, two images: a pinned CUDA 13 runtime for `cuda`, a slim Python for `cpu`."""
+    instructions = dockerfile_instructions()
+    froms = [args for keyword, args in instructions if keyword == "FROM"]
+    assert froms[-1] == "runtime-${VARIANT}"
+    assert any(f.startswith("python:") and f.endswith(" AS runtime-cpu") for f in froms)
+    cuda = instructions.index(("FROM", "nvidia/cuda:13.0.2-runtime-ubuntu24.04 AS runtime-cuda"))
+    # CuPy 14 JIT-compiles its own kernels against the CUDA runtime headers, which the runtime
+    # image lacks
+    assert "cuda-cudart-dev-13-0" in instructions[cuda + 1][1]
+    runs = " ".join(final_stage()["RUN"])
+    assert '"trident${extra}"' in runs and 'extra="[cuda]"' in runs
+
+
+# --- compose -------------------------------------------------------------------------------
+
+
+def compose() -> dict[str, Any]:
+    return load_yaml(COMPOSE)
+
+
+def compose_services() -> dict[str, Any]:
+    return compose()["services"]
+
+
+def test_compose_trident_service() -> None:
+    trident = compose()["services"]["trident"]
+    assert trident["build"]["dockerfile"] == "deploy/Dockerfile"
+    assert (DEPLOY / trident["build"]["context"] / trident["build"]["dockerfile"]).is_file()
+    (device,) = trident["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+    assert f"checkpoints:{CHECKPOINTS}" in trident["volumes"]
+    assert trident["healthcheck"]["test"][1 : 1 + len(HEALTH)] == HEALTH
+    published = {p.rsplit(":", 1)[-1] for p in trident["ports"]}
+    assert published == {str(SERVER.port), str(SERVER.metrics_port)}
+    env = {key: unset_default(str(value)) for key, value in trident["environment"].items()}
+    assert_config_env_loads(env)
+    grace = load_config(env=env).server.shutdown_grace_s
+    assert seconds(trident["stop_grace_period"]) > grace + 30  # drain, then the final checkpoint
+
+
+def test_compose_monitoring_waits_for_healthy_trident() -> None:
+    services = compose()["services"]
+    for name in ("prometheus", "grafana"):
+        assert services[name]["depends_on"]["trident"]["condition"] == "service_healthy"
+
+
+def test_compose_mounts_the_deploy_files() -> None:
+    services = compose()["services"]
+    mounts = {
+        name: dict(volume.split(":")[:2] for volume in service.get("volumes", []))
+        for name, service in services.items()
+    }
+    for name, mount in mounts.items():
+        for source in mount:
+            if source.startswith("."):
+                assert (DEPLOY / source).is_dir(), f"{name}: {source} missing"
+    assert mounts["prometheus"]["./prometheus"] == "/etc/prometheus"
+    grafana = mounts["grafana"]
+    assert grafana["./grafana/provisioning"] == "/etc/grafana/provisioning"
+    (provider,) = load_yaml(GRAFANA_PROVISIONING / "dashboards" / "trident.yml")["providers"]
+    assert grafana["./grafana/dashboards"] == provider["options"]["path"]
+    named = {src for mount in mounts.values() for src in mount if not src.startswith(".")}
+    assert named <= set(compose()["volumes"])
+
+
+# --- Prometheus and Grafana ----------------------------------------------------------------
+
+
+def test_prometheus_scrapes_trident() -> None:
+    config = load_yaml(PROMETHEUS)
+    assert config["global"]["scrape_interval"] == "15s"
+    assert config["rule_files"] == ["alerts.yml"]
+    (job,) = [job for job in config["scrape_configs"] if job["job_name"] == "trident"]
+    (static,) = job["static_configs"]
+    assert static["targets"] == [f"trident:{SERVER.metrics_port}"]
+    assert "trident" in compose()["services"]  # the target's host name on the compose network
+
+
+def test_dashboard_uses_the_provisioned_datasource() -> None:
+    (datasource,) = load_yaml(GRAFANA_PROVISIONING / "datasources" / "prometheus.yml")[
+        "datasources"
+    ]
+    assert datasource["type"] == "prometheus"
+    assert datasource["url"] == "http://prometheus:9090"
+    dashboard = json.loads(DASHBOARD.read_text())
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel, target in dashboard_targets(dashboard):
+        for ref in (panel["datasource"], target["datasource"]):
+            assert ref == {"type": "prometheus", "uid": datasource["uid"]}, panel["title"]
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24
+    refs = [(panel["id"], target["refId"]) for panel, target in dashboard_targets(dashboard)]
+    assert len(refs) == len(set(refs))
+
+
+def test_dashboard_has_the_issue_panels() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = " ".join(target["expr"] for _, target in dashboard_targets(dashboard))
+    for needle in (
+        "histogram_quantile(0.99, sum by (le) (rate(trident_step_duration_seconds_bucket",
+        "rate(trident_samples_total",
+        "trident_loss",
+        "trident_grad_norm",
+        "trident_skipped_updates_total",
+        "trident_act_duration_seconds_bucket",
+        "trident_act_batch_size",
+        "time() - (trident_checkpoint_timestamp_seconds",
+        "trident_checkpoint_bytes",
+        "sum by (code) (rate(trident_rpc_errors_total",
+        "trident_device_memory_bytes",
+    ):
+        assert needle in exprs
+
+
+# --- Kubernetes ----------------------------------------------------------------------------
+
+
+def manifest(kind: str, name: str) -> dict[str, Any]:
+    (doc,) = [
+        d
+        for p in K8S.glob("*.yaml")
+        for d in load_yaml_all(p)
+        if d["kind"] == kind and d["metadata"]["name"] == name
+    ]
+    return doc
+
+
+def test_deployment_contract() -> None:
+    pod = manifest("Deployment", "trident")["spec"]["template"]
+    spec = pod["spec"]
+    (container,) = spec["containers"]
+    env = {item["name"]: item.get("value", "token") for item in container["env"]}
+    assert_config_env_loads(env)
+    config = load_config(env=env)
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"grpc": config.server.port, "metrics": config.server.metrics_port}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["grpc"]["port"] == config.server.port, probe
+    # the drain plus the final checkpoint fit before SIGKILL
+    assert spec["terminationGracePeriodSeconds"] >= config.server.shutdown_grace_s + 60
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = spec["volumes"]
+    claims = {v["name"]: v.get("persistentVolumeClaim", {}).get("claimName") for v in volumes}
+    assert mounts["checkpoints"] == config.checkpoint.dir
+    assert claims["checkpoints"] == "trident-checkpoints"
+    assert manifest("PersistentVolumeClaim", "trident-checkpoints")
+    (user,) = [a for k, a in dockerfile_instructions() if k == "USER"]
+    assert spec["securityContext"]["runAsUser"] == int(user.split(":")[0])
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == str(config.server.metrics_port)
+
+
+def test_service_routes_to_the_pod() -> None:
+    service = manifest("Service", "trident")
+    deployment = manifest("Deployment", "trident")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    names = {port["name"] for port in container["ports"]}
+    assert {port["targetPort"] for port in service["spec"]["ports"]} == names
+
+
+def test_actors_reach_the_service_and_fit_the_model() -> None:
+    """Compose's and Kubernetes' actors name the server's service and gRPC port, and the
+    server's model is shaped for LobSim (`trident actor` refuses a misfit at start)."""
+    lobsim_obs_dim = 4 * load_config(env={}).lobsim.visible_levels + 13
+    server = manifest("Deployment", "trident")["spec"]["template"]["spec"]["containers"][0]
+    k8s_env = {item["name"]: item.get("value", "token") for item in server["env"]}
+    compose_env = {
+        k: unset_default(str(v)) for k, v in compose_services()["trident"]["environment"].items()
+    }
+    for env in (k8s_env, compose_env):
+        assert load_config(env=env).model.obs_dim == lobsim_obs_dim
+
+    (actor,) = manifest("Deployment", "trident-actor")["spec"]["template"]["spec"]["containers"]
+    assert f"--server=trident:{SERVER.port}" in actor["args"]
+    assert "--env=lobsim" in actor["args"]
+    assert "trident actor" in actor["command"][-2]
+
+    service = compose_services()["actor"]
+    assert service["command"][:2] == ["--server", f"trident:{SERVER.port}"]
+    assert service["healthcheck"] == {"disable": True}
+    assert service["profiles"] == ["actors"]
+    assert service["depends_on"]["trident"]["condition"] == "service_healthy"
