@@ -1,0 +1,138 @@
+"""Deadlines: a Step whose deadline expires is abandoned before it touches the trainer, or
+completes whole, never half; 1,000 expired or cancelled calls leak no threads and no memory."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+import grpc
+import numpy as np
+from serverproc import ServerProcess, random_rollout, running_server, small_config
+
+from service.api.tensors import encode
+from service.api.trident.v1 import trainer_pb2 as pb
+from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
+from service.client.client import TridentClient, step_request
+from service.trainer.trainer import Trainer
+
+Code = grpc.StatusCode
+
+
+def status_of(client: TridentClient) -> pb.GetStatusResponse:
+    """GetStatus, retried while the server is at its concurrent-RPC limit."""
+    for _ in range(200):
+        try:
+            return client.status()
+        except grpc.RpcError as error:
+            if error.code() != Code.RESOURCE_EXHAUSTED:
+                raise
+            time.sleep(0.05)
+    raise AssertionError("GetStatus: the server stayed at its concurrent-RPC limit")
+
+
+def settle(client: TridentClient, timeout: float = 30.0) -> pb.GetStatusResponse:
+    """GetStatus once the queue is empty and global_step has stopped moving."""
+    deadline = time.monotonic() + timeout
+    last = status_of(client)
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        status = status_of(client)
+        if status.step_queue_depth == 0 and status.global_step == last.global_step:
+            return status
+        last = status
+    raise AssertionError(f"server still busy after {timeout} s: {last}")
+
+
+def outcome(future: grpc.Future) -> str:
+    """The status name a call future ended with (OK, DEADLINE_EXCEEDED, CANCELLED, ...)."""
+    if future.cancelled():
+        return "CANCELLED"
+    error = future.exception()
+    return "OK" if error is None else error.code().name
+
+
+def test_expired_steps_are_abandoned_or_applied_whole(tmp_path: Path) -> None:
+    settings = ("ppo.epochs=16", "server.step_queue_size=48")  # Steps of tens of ms
+    rollout = random_rollout(np.random.default_rng(5), T=8, N=8)
+    request = step_request(rollout)
+    with running_server(tmp_path, *settings) as server, TridentClient(server.target) as client:
+        before = client.status()
+        stub = pb_grpc.TrainerServiceStub(client._channel)
+        # Deadlines from 1 ms to ~0.5 s against Steps of ~0.1 s each: most expire in the queue
+        # (abandoned), some mid-Step (applied whole, the reply lost); three patient ones last.
+        deadlines = [0.001 * 1.15**i for i in range(45)] + [30.0] * 3
+        futures = [stub.Step.future(request, timeout=timeout) for timeout in deadlines]
+        codes = Counter(outcome(future) for future in futures)
+        status = settle(client)
+        server_events = server.events("rejected")
+
+    applied = status.global_step
+    assert set(codes) <= {"OK", "DEADLINE_EXCEEDED"}, codes
+    assert codes["DEADLINE_EXCEEDED"] >= 30 and codes["OK"] >= 3, codes
+    assert codes["OK"] <= applied < len(futures), (codes, applied)  # some were abandoned
+    abandoned = [e for e in server_events if e["method"] == "Step" and e["code"] == "CANCELLED"]
+    assert abandoned and applied + len(abandoned) <= len(futures)
+    # Every Step sent the same rollout, so the state after `applied` whole Steps is known.
+    trainer = Trainer(small_config(*settings))
+    assert trainer.param_digest() == before.param_digest
+    for _ in range(applied):
+        trainer.step(rollout)
+    assert status.param_digest == trainer.param_digest()
+    assert status.replay_size == len(trainer.replay)
+
+
+def proc_status(server: ServerProcess) -> tuple[int, int]:
+    """The server process's thread count and resident set size in bytes."""
+    fields = {}
+    for line in Path(f"/proc/{server.proc.pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        fields[key] = rest.split()
+    return int(fields["Threads"][0]), int(fields["VmRSS"][0]) * 1024
+
+
+def abandon_calls(server: ServerProcess, count: int) -> Counter[str]:
+    """`count` Steps and Acts in waves of 24, each with a 1-5 ms deadline or cancelled at once."""
+    rng = np.random.default_rng(count)
+    step = step_request(random_rollout(rng, T=2, N=2))
+    act = pb.ActRequest(obs=encode(np.zeros((3, 6), "<f4")), mode=pb.ACT_MODE_SAMPLE)
+    codes: Counter[str] = Counter()
+    with grpc.insecure_channel(server.target) as channel:
+        stub = pb_grpc.TrainerServiceStub(channel)
+        for start in range(0, count, 24):
+            wave = []
+            for i in range(start, min(start + 24, count)):
+                method, request = (stub.Step, step) if i % 2 else (stub.Act, act)
+                if i % 5 == 0:
+                    future = method.future(request, timeout=10)
+                    future.cancel()
+                else:
+                    future = method.future(request, timeout=0.001 * (1 + i % 5))
+                wave.append(future)
+            codes.update(outcome(future) for future in wave)
+    return codes
+
+
+def test_a_thousand_abandoned_calls_leak_no_threads_or_memory(tmp_path: Path) -> None:
+    # A handler pool of 16 + 4 threads, which the warm-up grows to its full size (a pool of
+    # 68 grows a few threads per few hundred calls: bounded, but slow to reach its bound).
+    settings = ("replay.capacity=256", "server.max_concurrent_rpcs=16")
+    with running_server(tmp_path, *settings) as server, TridentClient(server.target) as client:
+        abandon_calls(server, 600)  # warm-up: thread pool, caches, replay filled
+        settle(client)
+        threads_before, rss_before = proc_status(server)
+        codes = abandon_calls(server, 1000)
+        status = settle(client)
+        time.sleep(0.5)  # let handler threads blocked on dropped Steps return
+        threads_after, rss_after = proc_status(server)
+        # Still consistent and serving: a plain Step lands on top of the applied ones.
+        reply = client.step(random_rollout(np.random.default_rng(0), T=2, N=2))
+        assert reply.global_step == status.global_step + 1
+
+    assert sum(codes.values()) == 1000
+    assert codes["CANCELLED"] >= 150 and codes["DEADLINE_EXCEEDED"] >= 300, codes
+    assert threads_after <= threads_before + 2, (threads_before, threads_after)
+    drift = (rss_after - rss_before) / 2**20
+    assert drift < 10, f"RSS grew {drift:.1f} MiB over 1,000 abandoned calls"
+    print(f"{codes}; threads {threads_before}->{threads_after}; RSS drift {drift:+.2f} MiB")
