@@ -73,7 +73,11 @@ def _is_name(name: object) -> TypeGuard[str]:
 def check_name(name: object) -> str:
     """`name` if it is a valid checkpoint name (a name, never a path), else InvalidInput."""
     if not _is_name(name):
-        raise InvalidInput("name", f"a checkpoint name of {NAME_RULE}", repr(name))
+        # Cut long names short: the message travels in gRPC trailing metadata, and one over the
+        # client's 8 KiB limit turned this INVALID_ARGUMENT into RESOURCE_EXHAUSTED on the client.
+        got = repr(name)
+        got = got if len(got) <= 80 else f"{got[:64]}... ({len(got)} characters)"
+        raise InvalidInput("name", f"a checkpoint name of {NAME_RULE}", got)
     return name
 
 

@@ -25,6 +25,12 @@ def dtype_name(code: int) -> str:
     return pb.DType.Name(code) if code in pb.DType.values() else f"unknown DType {code}"
 
 
+def _shape_text(shape: tuple[int, ...]) -> str:
+    """A shape for an error message, cut short when it has many dimensions."""
+    text = str(list(shape[:16]))
+    return text if len(shape) <= 16 else f"{text[:-1]}, ...] ({len(shape)} dimensions)"
+
+
 def encode(array: np.ndarray) -> pb.Tensor:
     """A Tensor message holding `array` (converted to little-endian, C order)."""
     array = np.asarray(array)
@@ -57,7 +63,17 @@ def decode(tensor: pb.Tensor, field: str, allowed: Collection[int]) -> np.ndarra
             f"{expected} bytes for shape {list(shape)} of {dtype_name(tensor.dtype)}",
             f"{len(tensor.data)} bytes",
         )
-    array = np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
+    try:
+        array = np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
+    except ValueError:
+        # A zero-size shape passes the byte-length check whatever its other dimensions are, but
+        # NumPy refuses more than 64 dimensions or a size*itemsize beyond intp: this was a
+        # ValueError, answered INTERNAL; it is the caller's shape that is wrong.
+        raise InvalidInput(
+            f"{field}.shape",
+            "at most 64 dimensions whose product times the item size fits in 63 bits",
+            _shape_text(shape),
+        ) from None
     if dtype.kind == "b" and np.any(array.view(np.uint8) > 1):
         raise InvalidInput(f"{field}.data", "bool bytes of 0 or 1", "other byte values")
     return array

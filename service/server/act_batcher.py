@@ -15,7 +15,10 @@ from service.trainer.trainer import ActMode, ActResult
 RunBatch = Callable[[np.ndarray, ActMode, float], ActResult]
 
 
-@dataclass
+# eq=False: requests compare by identity. A generated __eq__ compared `obs` arrays, so
+# `_pending.remove(request)` raised ValueError ("truth value of an array is ambiguous") when a
+# request of another (mode, ε) stood before it; the worker thread died and every later Act hung.
+@dataclass(eq=False)
 class _Request:
     obs: np.ndarray
     key: tuple[ActMode, float]

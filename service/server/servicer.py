@@ -23,6 +23,8 @@ from service.server.validation import act_inputs, rollout_from_request
 from service.trainer.trainer import StepResult
 
 Handler = TypeVar("Handler", bound=Callable[..., Any])
+# Error details travel in trailing metadata; clients drop a stream whose metadata passes 8 KiB.
+MAX_MESSAGE_CHARS = 2000
 
 
 def request_id_of(context: grpc.ServicerContext) -> str:
@@ -90,6 +92,8 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
             code, message = grpc.StatusCode.INTERNAL, f"internal error (request id {request_id})"
         else:
             message = str(error)
+            if len(message) > MAX_MESSAGE_CHARS:  # it travels in trailing metadata (8 KiB limit)
+                message = f"{message[: MAX_MESSAGE_CHARS - 40]}... ({len(message)} chars in all)"
             logs.event(
                 logging.INFO,
                 "rejected",

@@ -1,0 +1,45 @@
+"""Regression: Act requests of different (mode, ε) queued together are all answered."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from service.server.act_batcher import ActBatcher
+from service.trainer.trainer import ActMode, ActResult
+
+
+def test_mixed_kinds_in_the_queue_are_all_answered() -> None:
+    release = threading.Event()
+
+    def run(obs: np.ndarray, mode: ActMode, epsilon: float) -> ActResult:
+        release.wait(10)  # the first batch holds the worker while the others queue up
+        n = obs.shape[0]
+        return ActResult(np.zeros(n, np.int32), np.zeros(n), np.zeros(n), 0)
+
+    batcher = ActBatcher(run, max_batch=64, max_wait_s=0.0)
+    answered: list[int] = []
+
+    def act(mode: ActMode, epsilon: float) -> None:
+        # A fresh obs array per call: equal arrays that are not the same object are the case.
+        answered.append(batcher.act(np.zeros((2, 6), np.float32), mode, epsilon).actions.size)
+
+    def start(mode: ActMode, epsilon: float) -> None:
+        threading.Thread(target=act, args=(mode, epsilon), daemon=True).start()
+
+    start(ActMode.SAMPLE, 0.0)
+    while batcher._pending:  # the worker has taken the first request and is held in `run`
+        time.sleep(0.01)
+    # Queued as [ε=0.2, ε=0.3, ε=0.2]: the ε=0.2 batch is removed around the ε=0.3 request.
+    for epsilon in (0.2, 0.3, 0.2):
+        start(ActMode.EPSILON_GREEDY, epsilon)
+    while len(batcher._pending) < 3:
+        time.sleep(0.01)
+    release.set()
+    deadline = time.monotonic() + 10
+    while len(answered) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert answered == [2, 2, 2, 2]
+    batcher.close()
