@@ -118,7 +118,8 @@ def numpy_setup(B: int, args: argparse.Namespace):
     result = trainer.step(rollout)  # inserts B more transitions, runs 2 full updates
     if result.skipped or "q" not in result.losses:
         raise RuntimeError(f"warm-up Step did not apply a full update: {result}")
-    batch, _ = trainer._prepare(rollout)
+    uploaded, truncated_rows = trainer._upload(rollout)
+    batch, _ = trainer._prepare(uploaded, uploaded.actions, truncated_rows, trainer._no_guard)
     rows = np.random.default_rng(args.seed + 1).permutation(B)  # what Step's shuffle yields
     return trainer, batch, rows, rollout
 

@@ -8,8 +8,17 @@ events. Per N: --warmup untimed steps, then --steps timed steps; env steps/s = N
 wall time, and background events/s = that × 13. Backends: `numpy` (service/lobsim/env.py) and
 `cuda` (kernels/lobsim.cu runs the market events, one thread per market; the environment
 around them runs in CuPy on the device; actions come from the host each step), which reads
-"not available" where CuPy sees no GPU. Writes JSON (command, date, machine,
-versions, results) to --out (default bench/results/lobsim.json) and prints a table.
+"not available" where CuPy sees no GPU.
+
+The integrated loop (--loop-sizes; 0 to skip): `trident train`'s Act -> market step -> Step
+with the default model and PPO settings, N markets × `train.rollout_len` steps per Step and
+the C51 head training from the first Step (replay.min_size = one rollout). NumPy runs the
+host loop, cuda the device loop (service/lobsim/device_loop.py: markets, Act and Step on the
+GPU). Per N: 2 warm-up Steps (compile, capture), then --loop-steps timed Steps; env steps/s =
+N · rollout_len · Steps / wall time.
+
+Writes JSON (command, date, machine, versions, results) to --out (default
+bench/results/lobsim.json) and prints tables.
 """
 
 from __future__ import annotations
@@ -26,8 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
-from service.config import LobsimConfig
+from service.config import LobsimConfig, load_config
 from service.lobsim.env import NUM_ACTIONS, LobSim
+from service.lobsim.train import lobsim_model, make_stepper
+from service.trainer.trainer import Trainer
 
 DEFAULT_SIZES = (256, 1024, 4096, 16384, 65536)
 
@@ -54,6 +65,35 @@ def time_backend(backend: str, N: int, steps: int, warmup: int, seed: int) -> di
         "env_steps_per_s": rate,
         "events_per_s": rate * env.cfg.events_per_step,
         "overflow": int(env.books.overflow.sum()),  # (a device sync for cuda, after timing)
+    }
+
+
+def time_loop(backend: str, N: int, steps: int, seed: int) -> dict:
+    """The integrated loop's env steps/s on `backend` with N markets."""
+    T = load_config(env={}).train.rollout_len
+    config = lobsim_model(
+        load_config(
+            env={},
+            overrides=[f"train.backend={backend}", f"train.seed={seed}", f"train.num_envs={N}",
+                       f"replay.min_size={N * T}", f"replay.capacity={max(100_000, 4 * N * T)}"],
+        )
+    )  # fmt: skip
+    trainer = Trainer(config)
+    step = make_stepper(trainer, N, T, config.lobsim, seed)
+    for _ in range(2):
+        step()
+    started = time.perf_counter()
+    results = [step() for _ in range(steps)]
+    wall = time.perf_counter() - started  # each Step ends with its readback: nothing pending
+    applied = sum("q" in r.result.losses for r in results)
+    return {
+        "available": True,
+        "rollout_len": T,
+        "steps": steps,
+        "steps_with_c51": applied,
+        "wall_s": wall,
+        "env_steps_per_s": N * T * steps / wall,
+        "ms_per_step": 1e3 * wall / steps,
     }
 
 
@@ -85,6 +125,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=0, help="timed steps (0: about 2 s per N)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--loop-sizes", type=int, nargs="+", default=[256, 4096, 16384])
+    parser.add_argument("--loop-steps", type=int, default=5)
+    parser.add_argument("--numpy-loop-max", type=int, default=256,
+                        help="largest N of the NumPy integrated loop (it is slow)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/lobsim.json"))
     args = parser.parse_args(argv)
     record = {
@@ -93,6 +137,7 @@ def main(argv: list[str] | None = None) -> None:
         "machine": machine(),
         "config": {"events_per_step": LobsimConfig().events_per_step},
         "results": [],
+        "loop": [],
     }
     print(f"{'N':>7} | {'numpy env steps/s':>18} | {'numpy events/s':>15} | cuda")
     cuda_reason = cuda_unavailable()
@@ -109,6 +154,26 @@ def main(argv: list[str] | None = None) -> None:
             f"{N:>7} | {numpy_result['env_steps_per_s']:>18,.0f} | "
             f"{numpy_result['events_per_s']:>15,.0f} | {cuda_cell}"
         )
+    if any(args.loop_sizes):
+        print(f"\n{'N':>7} | {'loop numpy env steps/s':>23} | loop cuda (device loop)")
+    for N in (n for n in args.loop_sizes if n):
+        numpy_loop = (
+            time_loop("numpy", N, args.loop_steps, args.seed)
+            if args.numpy_loop_max >= N
+            else {"available": False, "reason": "skipped: N > --numpy-loop-max"}
+        )
+        cuda_loop = (
+            time_loop("cuda", N, args.loop_steps, args.seed)
+            if cuda_reason is None
+            else {"available": False, "reason": cuda_reason}
+        )
+        record["loop"].append({"N": N, "numpy": numpy_loop, "cuda": cuda_loop})
+        cells = [
+            f"{r['env_steps_per_s']:,.0f} ({r['ms_per_step']:.1f} ms/Step)"
+            if r["available"] else r["reason"]
+            for r in (numpy_loop, cuda_loop)
+        ]  # fmt: skip
+        print(f"{N:>7} | {cells[0]:>23} | {cells[1]}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1))
     print(f"wrote {args.out}")

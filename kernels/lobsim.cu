@@ -300,3 +300,27 @@ extern "C" __global__ void lobsim_step(
     passive[n] = m.passive;
     flow[n] = m.flow;
 }
+
+// Philox words for the environment's own draws (resets, random latencies): out[i] = Philox4x32-10
+// of counter (i, seq_lo, stream, seq_hi) under `key`, for i < n — service/backend/philox.py
+// `random_bits(key, stream, sequence, n)` bit for bit, so the books reset alike on both.
+extern "C" __global__ void lobsim_random_bits(unsigned int key0, unsigned int key1,
+                                             unsigned int stream, unsigned long long sequence,
+                                             long long n, unsigned int* __restrict__ out)
+{
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    uint4 c;
+    c.x = (unsigned int)i;
+    c.y = (unsigned int)(sequence & 0xffffffffull);
+    c.z = stream;
+    c.w = (unsigned int)(sequence >> 32);
+    uint2 key;
+    key.x = key0;
+    key.y = key1;
+    const uint4 r = trident_philox4x32_10(c, key);
+    out[4 * i] = r.x;
+    out[4 * i + 1] = r.y;
+    out[4 * i + 2] = r.z;
+    out[4 * i + 3] = r.w;
+}

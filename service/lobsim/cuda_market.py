@@ -4,8 +4,9 @@ The kernel runs each market's step in one thread — the agent's messages at the
 and the background events — with the NumPy engine's integer arithmetic, so one seed gives the
 same books on both. The books live on the device (`Books(..., xp=cupy)`); the environment
 around the kernel (actions to messages, observation, reward, liquidation, resets) is the same
-code as on the host, in CuPy. Only the Philox draws of resets and random latencies are made on
-the host and uploaded (a few words per market).
+code as on the host, in CuPy; the Philox draws of resets and random latencies come from
+`lobsim_random_bits`, the device twin of `service.backend.philox.random_bits`. A step uploads
+nothing and reads nothing back.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import cupy
 import numpy as np
 
 from service.backend.cuda.loader import load_kernel
+from service.backend.philox import Stream
 from service.lobsim.book import Books, Messages
 
 BLOCK = 128
@@ -23,14 +25,25 @@ FIELDS = ("kind", "side", "owner", "price", "qty", "position")
 class CudaMarket:
     """Runs `lobsim_step` over device-resident `Books` of N markets."""
 
-    def __init__(self, books: Books, visible_levels: int) -> None:
+    def __init__(self, books: Books, visible_levels: int, key: tuple[int, int]) -> None:
         if books.xp is not cupy:
             raise ValueError("books: expected device arrays (Books(..., xp=cupy))")
-        self._kernel = load_kernel(
-            "lobsim.cu",
-            "lobsim_step",
-            {"TRIDENT_LOB_P": books.price_levels, "TRIDENT_LOB_D": visible_levels},
-        )
+        defines = {"TRIDENT_LOB_P": books.price_levels, "TRIDENT_LOB_D": visible_levels}
+        self._kernel = load_kernel("lobsim.cu", "lobsim_step", defines)
+        self._bits_kernel = load_kernel("lobsim.cu", "lobsim_random_bits", defines)
+        self._key = key
+        self._key_on_device = cupy.asarray(np.array(key, dtype=np.uint32))
+
+    def random_bits(self, stream: Stream, sequence: int, n: int) -> cupy.ndarray:
+        """Philox words [n, 4] uint32 of `sequence` in `stream`, element i for i < n."""
+        out = cupy.empty((n, 4), dtype=cupy.uint32)
+        self._bits_kernel(
+            (-(-n // BLOCK),),
+            (BLOCK,),
+            (np.uint32(self._key[0]), np.uint32(self._key[1]), np.uint32(int(stream)),
+             np.uint64(sequence), np.int64(n), out),
+        )  # fmt: skip
+        return out
 
     def step(
         self,
@@ -39,7 +52,6 @@ class CudaMarket:
         latency: cupy.ndarray,
         weights: tuple[cupy.ndarray, cupy.ndarray, cupy.ndarray],
         excitation: cupy.ndarray,
-        key: tuple[int, int],
         first_seq: int,
         events: int,
         flow_settings: tuple[int, bool, int, int],
@@ -59,7 +71,7 @@ class CudaMarket:
                 books.inventory, books.cash, books.overflow, books.traded, books.base,
                 cupy.ascontiguousarray(limit_w), cancel_w, market_w, excitation,
                 cupy.ascontiguousarray(msg, dtype=cupy.int64), latency, *outputs,
-                cupy.asarray(np.array(key, dtype=np.uint32)), np.int64(first_seq),
+                self._key_on_device, np.int64(first_seq),
                 np.int32(events), np.int32(max_order_lots), np.int32(int(hawkes)),
                 np.int64(jump), np.int64(decay_pct), np.int64(N),
             ),

@@ -96,12 +96,21 @@ class LobSim:
         self.excitation = xp.zeros(num_envs, dtype=xp.int64)  # hawkes: extra market weight
         self.truncated_lots = xp.zeros(num_envs, dtype=xp.int64)  # fell off a re-centred window
         self.episode_return = xp.zeros(num_envs)
+        # Every market starts its episodes together and they all last `horizon` steps, so one
+        # host clock says when they end: stepping never reads the device to decide a reset.
+        self.clock = 0
+        # Action tables on the backend once, so a step uploads nothing.
+        self._quoting = xp.asarray([a in QUOTES for a in range(NUM_ACTIONS)])
+        self._behind = xp.asarray(
+            [QUOTES.get(a, (0, 0)) for a in range(NUM_ACTIONS)], dtype=xp.int64
+        )
+        self._limit_weights = xp.asarray(limit_weights(cfg))
         self._cuda = None
         if backend == "cuda":
             from service.lobsim.cuda_market import CudaMarket
 
-            self._cuda = CudaMarket(self.books, cfg.visible_levels)
-        self._reset(xp.ones(num_envs, dtype=bool))
+            self._cuda = CudaMarket(self.books, cfg.visible_levels, self.key)
+        self._reset()
         self._last_obs = self._observe(xp.zeros(num_envs), xp.zeros(num_envs))
 
     # ----------------------------------------------------------------------------- public
@@ -121,10 +130,17 @@ class LobSim:
         """Apply one action per env, then the background events; auto-reset ended episodes."""
         xp = self.xp
         cfg, books = self.cfg, self.books
+        if isinstance(actions, np.ndarray) or xp is np:
+            host = np.asarray(actions)
+            if ((host < 0) | (host >= NUM_ACTIONS)).any():
+                raise ValueError(f"actions: expected integers in [0, {NUM_ACTIONS}), got {host}")
+        # Device actions are not range-checked (that would read the device every step): one
+        # outside [0, 9) is HOLD, as a masked market order is.
         actions = xp.asarray(actions, dtype=xp.int64).reshape(self.num_envs)
-        if ((actions < 0) | (actions >= NUM_ACTIONS)).any():
-            raise ValueError(f"actions: expected integers in [0, {NUM_ACTIONS}), got {actions}")
-        actions = xp.where(self.action_mask()[xp.arange(self.num_envs), actions], actions, 0)
+        allowed = xp.take_along_axis(
+            self.action_mask(), xp.clip(actions, 0, NUM_ACTIONS - 1)[:, None], axis=1
+        )[:, 0]
+        actions = xp.where(allowed & (actions >= 0) & (actions < NUM_ACTIONS), actions, 0)
         value_before = books.cash + books.inventory * (books.base + self.mid2 / 2.0)
         inventory_before, mid_before = books.inventory.copy(), self.mid2.copy()
         agent_messages = self._agent_messages(actions)
@@ -135,20 +151,23 @@ class LobSim:
         if self._cuda is not None:
             taken, passive, flow = self._cuda.step(
                 books, agent_messages, latency, (self.limit_w, self.cancel_w, self.market_w),
-                self.excitation, self.key, first, events,
+                self.excitation, first, events,
                 (cfg.max_order_lots, cfg.hawkes, cfg.hawkes_jump, cfg.hawkes_decay_pct),
             )  # fmt: skip
         else:
             taken, passive, flow = self._events(agent_messages, latency, first)
         self.t += 1
+        self.clock += 1
         mid2 = self._mid2()
         change = (mid2 - mid_before) / 2.0
         self.variance = 0.9 * self.variance + 0.1 * change * change
         self.mid2 = mid2
         if cfg.recentre_ticks:
             self._recentre()
-        done = self.t >= cfg.horizon
-        self._liquidate(done)
+        over = self.clock >= cfg.horizon
+        done = xp.full(self.num_envs, over)
+        if over:
+            self._liquidate()
         value = books.cash + books.inventory * (books.base + self.mid2 / 2.0)
         reward = (
             value
@@ -172,12 +191,11 @@ class LobSim:
             "agent_passive": passive,  # lots of the agent's resting quotes filled this step
             "pnl": value,  # cash + inventory · mid (ticks) at the end of the step, before a reset
         }
-        if done.any():
-            info["final_obs"] = obs.copy()
-            self.episode_return[done] = 0.0
-            self._reset(done)
-            fresh = self._observe(xp.zeros(self.num_envs), xp.zeros(self.num_envs))
-            obs = xp.where(done[:, None], fresh, obs)
+        if over:
+            info["final_obs"] = obs
+            self.episode_return = xp.zeros(self.num_envs)
+            self._reset()
+            obs = self._observe(xp.zeros(self.num_envs), xp.zeros(self.num_envs))
         self._last_obs = obs
         return StepOutput(obs, reward.astype(xp.float32), done, xp.zeros_like(done), info)
 
@@ -210,45 +228,45 @@ class LobSim:
         return taken, passive, flow
 
     # ----------------------------------------------------------------------------- internals
-    def _reset(self, mask: np.ndarray) -> None:
-        """Fresh books, flow weights and accounts for the envs in `mask`."""
+    def _reset(self) -> None:
+        """Fresh books, flow weights and accounts for every market (a new episode)."""
         xp = self.xp
         cfg, books, N = self.cfg, self.books, self.num_envs
         depth = cfg.initial_depth
-        words = random_bits(self.key, Stream.LOB_RESET, self.calls, N * (depth // 2 + 2))
-        words = words.reshape(N, -1)  # [N, 4·(depth/2 + 2)] uint32
+        words = self._random_bits(Stream.LOB_RESET, N * (depth // 2 + 2))
+        words = words.reshape(N, -1).astype(xp.uint64)  # [N, 4·(depth/2 + 2)]
         self.calls += 1
-        sizes = 1 + ((words[:, : 2 * depth].astype(np.uint64) * np.uint64(cfg.max_order_lots))
-                     >> np.uint64(32)).astype(np.int64)  # fmt: skip
+        sizes = 1 + ((words[:, : 2 * depth] * np.uint64(cfg.max_order_lots))
+                     >> np.uint64(32)).astype(xp.int64)  # fmt: skip
         spread = cfg.randomize_pct
-        factors = (
-            100
-            - spread
-            + (
-                (words[:, 2 * depth : 2 * depth + 3].astype(np.uint64) * np.uint64(2 * spread + 1))
-                >> np.uint64(32)
-            ).astype(np.int64)
-        )
-        sizes, factors = xp.asarray(sizes), xp.asarray(factors)  # drawn on the host
-        envs = xp.flatnonzero(mask)
+        factors = 100 - spread + (
+            (words[:, 2 * depth : 2 * depth + 3] * np.uint64(2 * spread + 1)) >> np.uint64(32)
+        ).astype(xp.int64)
         centre = cfg.price_levels // 2
-        books.lots[:, envs] = 0
-        books.lots[BID, envs, centre - 1 - xp.arange(depth)[:, None]] = sizes[envs, :depth].T
-        books.lots[ASK, envs, centre + 1 + xp.arange(depth)[:, None]] = sizes[envs, depth:].T
-        books.base[envs] = BASE_PRICE - centre
+        books.lots[...] = 0
+        books.lots[BID][:, centre - 1 - xp.arange(depth)] = sizes[:, :depth]
+        books.lots[ASK][:, centre + 1 + xp.arange(depth)] = sizes[:, depth:]
+        books.base[...] = BASE_PRICE - centre
         for array in (books.agent_qty, books.agent_ahead):
-            array[:, envs] = 0
-        books.agent_px[:, envs] = -1
-        books.inventory[envs] = 0
-        books.cash[envs] = 0
-        self.limit_w[envs] = scaled(xp.asarray(limit_weights(cfg)), factors[envs, 0])
-        self.cancel_w[envs] = cfg.cancel_weight * factors[envs, 1] // 100
-        self.market_w[envs] = cfg.market_weight * factors[envs, 2] // 100
-        self.t[envs] = 0
-        self.excitation[envs] = 0
-        self.truncated_lots[envs] = 0
-        self.variance[envs] = 0.0
-        self.mid2[envs] = self._mid2()[envs]
+            array[...] = 0
+        books.agent_px[...] = -1
+        books.inventory[...] = 0
+        books.cash[...] = 0
+        self.limit_w[...] = scaled(self._limit_weights, factors[:, 0])
+        self.cancel_w[...] = cfg.cancel_weight * factors[:, 1] // 100
+        self.market_w[...] = cfg.market_weight * factors[:, 2] // 100
+        self.t[...] = 0
+        self.clock = 0
+        self.excitation[...] = 0
+        self.truncated_lots[...] = 0
+        self.variance[...] = 0.0
+        self.mid2[...] = self._mid2()
+
+    def _random_bits(self, stream: Stream, n: int) -> np.ndarray:
+        """`random_bits(key, stream, self.calls, n)` [n, 4] uint32, drawn on the backend."""
+        if self._cuda is not None:
+            return self._cuda.random_bits(stream, self.calls, n)
+        return random_bits(self.key, stream, self.calls, n)
 
     def _recentre(self) -> None:
         """Shift the window of every book whose mid drifted more than `recentre_ticks` from
@@ -290,10 +308,10 @@ class LobSim:
         xp = self.xp
         if not self.cfg.random_latency:
             return xp.full(self.num_envs, self.cfg.latency_events, dtype=xp.int64)
-        words = random_bits(self.key, Stream.LOB_LATENCY, self.calls, self.num_envs)[:, 0]
+        words = self._random_bits(Stream.LOB_LATENCY, self.num_envs)[:, 0]
         self.calls += 1
         span = np.uint64(self.cfg.latency_events + 1)
-        return xp.asarray(((words.astype(np.uint64) * span) >> np.uint64(32)).astype(np.int64))
+        return ((words.astype(xp.uint64) * span) >> np.uint64(32)).astype(xp.int64)
 
     def _agent_messages(self, actions: np.ndarray) -> list[Messages]:
         """Up to two messages per env for its action (bid side first), from the observed book."""
@@ -301,28 +319,31 @@ class LobSim:
         cfg, books, N = self.cfg, self.books, self.num_envs
         zero = xp.zeros(N, dtype=xp.int64)
         bid, ask = books.best(BID), books.best(ASK)
-        quoting = xp.isin(actions, xp.asarray(list(QUOTES)))
-        behind = xp.array([QUOTES.get(a, (0, 0)) for a in range(NUM_ACTIONS)], dtype=xp.int64)
-        bid_px = xp.where(bid >= 0, bid, self.mid2 // 2) - behind[actions, 0]
-        ask_px = xp.where(ask >= 0, ask, (self.mid2 + 1) // 2) + behind[actions, 1]
-        first = Messages(zero.copy(), zero + BUY, zero + AGENT, zero.copy(), zero.copy(), zero)
-        second = Messages(zero.copy(), zero + SELL, zero + AGENT, zero.copy(), zero.copy(), zero)
+        quoting = self._quoting[actions]
+        bid_px = xp.where(bid >= 0, bid, self.mid2 // 2) - self._behind[actions, 0]
+        ask_px = xp.where(ask >= 0, ask, (self.mid2 + 1) // 2) + self._behind[actions, 1]
         # quotes: re-sent only where the price changes
         resend_bid = quoting & (books.agent_px[BID] != bid_px)
         resend_ask = quoting & (books.agent_px[ASK] != ask_px)
-        first.kind[resend_bid], first.price[resend_bid] = LIMIT, bid_px[resend_bid]
-        first.qty[resend_bid] = cfg.quote_size
-        second.kind[resend_ask], second.price[resend_ask] = LIMIT, ask_px[resend_ask]
-        second.qty[resend_ask] = cfg.quote_size
-        # cancel all
         cancel = actions == 1
-        first.kind[cancel] = CANCEL
-        second.kind[cancel] = CANCEL
-        # market orders
-        for action, side in ((7, BUY), (8, SELL)):
-            hit = actions == action
-            first.kind[hit], first.side[hit] = MARKET, side
-            first.qty[hit] = cfg.market_size
+        buy, sell = actions == 7, actions == 8
+        first = Messages(
+            kind=xp.where(resend_bid, LIMIT, xp.where(cancel, CANCEL, 0))
+            + xp.where(buy | sell, MARKET, 0),
+            side=xp.where(sell, SELL, BUY) + zero,
+            owner=zero + AGENT,
+            price=xp.where(resend_bid, bid_px, 0),
+            qty=xp.where(resend_bid, cfg.quote_size, xp.where(buy | sell, cfg.market_size, 0)),
+            position=zero,
+        )
+        second = Messages(
+            kind=xp.where(resend_ask, LIMIT, xp.where(cancel, CANCEL, 0)) + zero,
+            side=zero + SELL,
+            owner=zero + AGENT,
+            price=xp.where(resend_ask, ask_px, 0),
+            qty=xp.where(resend_ask, cfg.quote_size, 0) + zero,
+            position=zero.copy(),
+        )
         return [first, second]
 
     def _account(self, fills, taken: np.ndarray, passive: np.ndarray, flow: np.ndarray) -> None:
@@ -331,8 +352,9 @@ class LobSim:
         np.add.at(passive, fills.env[fills.resting == AGENT], fills.qty[fills.resting == AGENT])
         np.add.at(flow, fills.env, fills.side * fills.qty)
 
-    def _liquidate(self, done: np.ndarray) -> None:
-        """Close the inventory of the envs in `done` at the far touch (the mid if it is empty)."""
+    def _liquidate(self) -> None:
+        """Close every market's inventory at the far touch (the mid if it is empty) and cancel
+        the agent's quotes: the episode ends."""
         xp = self.xp
         books = self.books
         bid, ask = books.best(BID), books.best(ASK)
@@ -340,13 +362,12 @@ class LobSim:
         far = xp.where(
             books.inventory > 0, xp.where(bid >= 0, bid, mid), xp.where(ask >= 0, ask, mid)
         )
-        close = done & (books.inventory != 0)
-        books.cash[close] += books.inventory[close] * (books.base[close] + far[close])
-        books.inventory[close] = 0
+        books.cash += books.inventory * (books.base + far)
+        books.inventory[...] = 0
         # the mark used by the reward is then irrelevant: inventory is zero
-        books.agent_px[:, done] = -1
-        books.agent_qty[:, done] = 0
-        books.agent_ahead[:, done] = 0
+        books.agent_px[...] = -1
+        books.agent_qty[...] = 0
+        books.agent_ahead[...] = 0
 
     def _levels(self, side: int) -> tuple[np.ndarray, np.ndarray]:
         """Total lots (background + agent) at the visible levels from `side`'s touch outward,

@@ -13,17 +13,19 @@ from __future__ import annotations
 import csv
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from service.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
-from service.config import Config, with_overrides
+from service.config import Config, LobsimConfig, with_overrides
 from service.errors import InvalidInput
 from service.lobsim import evaluate
-from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
+from service.lobsim.device_loop import DeviceLoop, LoopStep
+from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, LobSim, observation_dim
 from service.lobsim.vector import LobSimVectorEnv
-from service.trainer.loop import Progress, train
+from service.trainer.loop import collect_rollout
 from service.trainer.trainer import ActMode, Trainer
 
 EVAL_MARKETS = 32  # held-out markets per policy in the final comparison
@@ -65,7 +67,8 @@ def run_train_lobsim(
         info = restore_checkpoint(trainer, config.checkpoint.dir, name)
         print(f"resumed from {info.name} at step {trainer.global_step}", flush=True)
     train_cfg, lob = config.train, config.lobsim
-    env = LobSimVectorEnv(train_cfg.num_envs, lob, train_cfg.seed + trainer.global_step)
+    seed = train_cfg.seed + trainer.global_step
+    next_step = make_stepper(trainer, train_cfg.num_envs, train_cfg.rollout_len, lob, seed)
     samples_per_step = train_cfg.num_envs * train_cfg.rollout_len
     remaining = max(0, train_cfg.steps - trainer.global_step)
     print(
@@ -78,30 +81,33 @@ def run_train_lobsim(
     first = trainer.global_step
     interactive = sys.stdout.isatty()
     every = config.checkpoint.every_steps
-    returns: list[float] = []  # episodes ended since the last printed line
+    returns = [0, 0.0]  # episodes ended since the last printed line, and their return sum
     log_csv.parent.mkdir(parents=True, exist_ok=True)
     with log_csv.open("a" if resume else "w", newline="") as handle:
         writer = csv.writer(handle)
         if not resume or handle.tell() == 0:
             writer.writerow(CSV_COLUMNS)
 
-        def on_step(progress: Progress) -> None:
-            step, result = progress.step, progress.result
+        def on_step(step: int, progress: LoopStep) -> None:
+            result = progress.result
             if every and step % every == 0:
                 save_checkpoint(trainer, config.checkpoint.dir)
-            ended = env.take_returns()
-            returns.extend(ended)
+            returns[0] += progress.episodes
+            returns[1] += progress.return_sum
             elapsed = time.perf_counter() - started
             rate = (step - first) * samples_per_step / max(elapsed, 1e-9)
             losses = result.losses
+            mean_return = progress.return_sum / max(progress.episodes, 1)
             writer.writerow(
                 [step, f"{elapsed:.3f}", step * samples_per_step, f"{progress.mean_reward:.6f}",
-                 len(ended), f"{np.mean(ended):.4f}" if ended else "",
+                 progress.episodes, f"{mean_return:.4f}" if progress.episodes else "",
                  *(f"{losses[k]:.6f}" if k in losses else ""
                    for k in ("total", "q", "pi", "v", "bce", "aux")),
                  f"{result.grad_norm:.6f}", f"{result.entropy:.6f}", int(result.skipped)]
             )  # fmt: skip
-            episode = f"{np.mean(returns):8.2f} ({len(returns)})" if returns else "     n/a"
+            episode = (
+                f"{returns[1] / returns[0]:8.2f} ({returns[0]})" if returns[0] else "     n/a"
+            )
             line = (
                 f"{step:>5}/{train_cfg.steps} | {rate:7.0f} env steps/s | reward/step "
                 f"{progress.mean_reward:7.3f} | episode return {episode} | loss "
@@ -113,9 +119,10 @@ def run_train_lobsim(
             if step % train_cfg.log_every == 0 or step == train_cfg.steps:
                 detail = " ".join(f"{k} {v:.3f}" for k, v in losses.items())
                 print(("\n" if interactive else "") + f"step {line} | {detail}", flush=True)
-                returns.clear()
+                returns[:] = [0, 0.0]
 
-        train(trainer, env, remaining, train_cfg.rollout_len, on_step)
+        for _ in range(remaining):
+            on_step(trainer.global_step, next_step())
     elapsed = time.perf_counter() - started
     plot_learning_curve(log_csv, curve_png)
     print(
@@ -128,6 +135,24 @@ def run_train_lobsim(
         info = save_checkpoint(trainer, config.checkpoint.dir)
         print(f"checkpoint {info.name} -> {info.path} ({info.size_bytes} bytes)", flush=True)
     return 0
+
+
+def make_stepper(
+    trainer: Trainer, num_envs: int, horizon: int, cfg: LobsimConfig, seed: int
+) -> Callable[[], LoopStep]:
+    """One Step of training on `num_envs` fresh markets: on NumPy the host loop (the one
+    remote actors run), on the GPU the device loop, where the markets live on the device too."""
+    if trainer.xp is not np:
+        return DeviceLoop(trainer, LobSim(num_envs, cfg, seed, backend="cuda"), horizon).step
+    env = LobSimVectorEnv(num_envs, cfg, seed)
+
+    def on_host() -> LoopStep:
+        rollout = collect_rollout(lambda obs: trainer.act(obs, ActMode.SAMPLE), env, horizon)
+        result = trainer.step(rollout)
+        ended = env.take_returns()
+        return LoopStep(result, float(rollout.rewards.mean()), len(ended), float(sum(ended)))
+
+    return on_host
 
 
 def compare_with_baselines(trainer: Trainer, config: Config) -> None:

@@ -44,10 +44,11 @@ class CapturedUpdate:
             old_values=rng.standard_normal(B).astype(np.float32),
             bce_labels=(rng.random(B) < 0.5).astype(np.float32),
             aux_targets=rng.standard_normal((B, K)).astype(np.float32) if K else None,
+            guard=np.zeros(1, dtype=np.float32),
         )
         order = rng.permutation(B).astype(np.int32)
         bounds = [(0, B)]
-        with trainer._on_device():
+        with trainer.on_device():
             trainer.replay.insert(
                 Transitions(
                     obs=rng.standard_normal((size, D)).astype(np.float32),

@@ -37,19 +37,32 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return int(self.size[0])
 
-    def insert(self, batch: Transitions) -> None:
-        """Write the batch in order at the ring position, wrapping around."""
+    def insert(self, batch: Transitions, valid: np.ndarray | None = None) -> tuple[int, int]:
+        """Write the batch in order at the ring position, wrapping around. With `valid` (a
+        device bool [1]) false, every slot keeps its old row: the caller then learns so from
+        its readback and `undo`es the counters. Returns the counters before the insert."""
+        before = int(self.position[0]), int(self.size[0])
         count = batch.actions.shape[0]
         if count > self.capacity:  # only the newest `capacity` transitions would survive
             keep = slice(count - self.capacity, count)
             batch = Transitions(*(getattr(batch, name)[keep] for name in FIELDS))
             count = self.capacity
-        slots = self.xp.asarray((self.position[0] + np.arange(count)) % self.capacity)
+        xp = self.xp
+        slots = (xp.arange(count) + before[0]) % self.capacity
         for name in FIELDS:
-            self.storage[name][slots] = self.xp.asarray(getattr(batch, name))
-        self.position[0] = (self.position[0] + count) % self.capacity
-        self.size[0] = min(self.capacity, self.size[0] + count)
+            rows = xp.asarray(getattr(batch, name))
+            if valid is not None:
+                rows = xp.where(valid.reshape((1,) * rows.ndim), rows, self.storage[name][slots])
+            self.storage[name][slots] = rows
+        self.position[0] = (before[0] + count) % self.capacity
+        self.size[0] = min(self.capacity, before[1] + count)
         self.size_on_device.fill(int(self.size[0]))
+        return before
+
+    def undo(self, before: tuple[int, int]) -> None:
+        """Put back the counters `insert` returned (its rows were left unwritten)."""
+        self.position[0], self.size[0] = before
+        self.size_on_device.fill(before[1])
 
     def state(self) -> dict[str, np.ndarray]:
         """The stored rows [0, size) of each field, plus position and size."""

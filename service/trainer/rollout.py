@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 
@@ -122,6 +123,82 @@ def _validate_final_obs(rollout: Rollout, T: int, N: int, D: int) -> None:
 
 
 @dataclass(frozen=True)
+class DeviceRollout:
+    """A rollout already in the trainer's memory (the in-process GPU loop), time-major like
+    `Rollout`, with the observation after every step given dense: `next_obs[t, n]` is s_{t+1}
+    before any auto-reset (the final observation where the episode ended), since how many
+    episodes ended is a number only the device knows.
+
+    Only shapes and dtypes are checked, on the host: reading values would cost a device sync.
+    A non-finite value or an action outside [0, A) leaves the whole Step unapplied instead,
+    through the updates' guard.
+    """
+
+    obs: np.ndarray  # [T+1, N, D] float
+    next_obs: np.ndarray  # [T, N, D] float
+    actions: np.ndarray  # [T, N] int
+    rewards: np.ndarray  # [T, N] float
+    terminated: np.ndarray  # [T, N] bool
+    truncated: np.ndarray  # [T, N] bool
+    behavior_log_probs: np.ndarray  # [T, N] float
+    bce_labels: np.ndarray | None = None  # [T, N] bool or 0/1 integers
+    aux_targets: np.ndarray | None = None  # [T, N, K] float
+    policy_version: int | None = None
+
+    @property
+    def horizon(self) -> int:
+        return self.actions.shape[0]
+
+    @property
+    def num_envs(self) -> int:
+        return self.actions.shape[1]
+
+    def float_fields(self) -> dict[str, np.ndarray]:
+        """Every floating-point input, for the non-finite guard."""
+        fields = {
+            "obs": self.obs,
+            "next_obs": self.next_obs,
+            "rewards": self.rewards,
+            "behavior_log_probs": self.behavior_log_probs,
+            "aux_targets": self.aux_targets,
+        }
+        return {name: value for name, value in fields.items() if value is not None}
+
+
+def validate_device_rollout(rollout: DeviceRollout, config: Config) -> None:
+    """Raise InvalidInput naming the first field whose shape or dtype is wrong (values unread)."""
+    actions = rollout.actions
+    if getattr(actions, "ndim", None) != 2 or 0 in actions.shape:
+        raise InvalidInput("actions", "a non-empty array of shape [T, N]", _described(actions))
+    T, N = actions.shape
+    D, K = config.model.obs_dim, config.model.aux_dim
+    expected: dict[str, tuple[tuple[int, ...], str, str]] = {
+        "actions": ((T, N), "[T, N]", "iu"),
+        "obs": ((T + 1, N, D), "[T+1, N, D]", "f"),
+        "next_obs": ((T, N, D), "[T, N, D]", "f"),
+        "rewards": ((T, N), "[T, N]", "f"),
+        "behavior_log_probs": ((T, N), "[T, N]", "f"),
+        "terminated": ((T, N), "[T, N]", "b"),
+        "truncated": ((T, N), "[T, N]", "b"),
+        "bce_labels": ((T, N), "[T, N]", "bui"),
+        "aux_targets": ((T, N, K), "[T, N, K]", "f"),
+    }
+    for name, (shape, labels, kinds) in expected.items():
+        array = getattr(rollout, name)
+        if array is None and name in ("bce_labels", "aux_targets"):
+            continue
+        if getattr(array, "shape", None) != shape:
+            raise InvalidInput(name, f"shape {labels} = {list(shape)}", _described(array))
+        if array.dtype.kind not in kinds:
+            raise InvalidInput(name, f"dtype kind in {kinds!r}", f"dtype {array.dtype}")
+
+
+def _described(array: object) -> object:
+    shape = getattr(array, "shape", None)
+    return list(shape) if shape is not None else type(array).__name__
+
+
+@dataclass(frozen=True)
 class Transitions:
     """Flat n-step transitions for the replay buffer (one per rollout step, t-major order)."""
 
@@ -143,32 +220,34 @@ def next_observations(rollout: Rollout, dtype: np.dtype) -> np.ndarray:
 
 
 def nstep_transitions(
-    rollout: Rollout, next_obs: np.ndarray, n: int, gamma: float, dtype: np.dtype
+    rollout: Rollout | DeviceRollout, next_obs: np.ndarray, n: int, gamma: float, dtype: np.dtype
 ) -> Transitions:
-    """n-step transitions from every step of the rollout, vectorised over [T, N].
+    """n-step transitions from every step of the rollout, vectorised over [T, N] on the
+    rollout's array module (NumPy or CuPy).
 
     From step t the window sums rewards until the episode ends (termination or truncation),
     n steps pass, or the rollout ends; `horizons` records how many steps it took, so the
     target can bootstrap with γ^k.
     """
+    xp = array_module(rollout.rewards)
     T, N = rollout.horizon, rollout.num_envs
     rewards = rollout.rewards.astype(dtype)
     terminated = rollout.terminated.astype(bool)
     ended = terminated | rollout.truncated.astype(bool)
-    t = np.arange(T)[:, None]
-    total = np.zeros((T, N), dtype=dtype)
-    horizon = np.zeros((T, N), dtype=np.int32)
-    done = np.zeros((T, N), dtype=bool)
-    open_window = np.ones((T, N), dtype=bool)
+    t = xp.arange(T)[:, None]
+    total = xp.zeros((T, N), dtype=dtype)
+    horizon = xp.zeros((T, N), dtype=np.int32)
+    done = xp.zeros((T, N), dtype=bool)
+    open_window = xp.ones((T, N), dtype=bool)
     for j in range(n):
-        row = np.minimum(t + j, T - 1)
+        row = xp.broadcast_to(xp.minimum(t + j, T - 1), (T, N))
         valid = open_window & (t + j < T)
-        total += np.where(valid, dtype.type(gamma**j) * np.take_along_axis(rewards, row, 0), 0)
-        horizon = np.where(valid, j + 1, horizon)
-        done |= valid & np.take_along_axis(terminated, row, 0)
-        open_window = valid & ~np.take_along_axis(ended, row, 0)
+        total += xp.where(valid, dtype.type(gamma**j) * xp.take_along_axis(rewards, row, 0), 0)
+        horizon = xp.where(valid, j + 1, horizon).astype(np.int32)
+        done |= valid & xp.take_along_axis(terminated, row, 0)
+        open_window = valid & ~xp.take_along_axis(ended, row, 0)
     last = t + horizon - 1  # the step whose successor the target bootstraps from
-    envs = np.arange(N)[None, :]
+    envs = xp.arange(N)[None, :]
     D = next_obs.shape[-1]
     return Transitions(
         obs=rollout.obs[:T].astype(dtype).reshape(T * N, D),
@@ -178,3 +257,12 @@ def nstep_transitions(
         horizons=horizon.reshape(-1),
         next_obs=next_obs[last, envs].reshape(T * N, D),
     )
+
+
+def array_module(array: np.ndarray) -> ModuleType:
+    """NumPy for host arrays, CuPy for device arrays (without importing CuPy on the host)."""
+    if isinstance(array, np.ndarray):
+        return np
+    import cupy
+
+    return cupy.get_array_module(array)

@@ -14,7 +14,7 @@ import hashlib
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from types import ModuleType
 from typing import TypeVar
@@ -29,10 +29,12 @@ from service.trainer import model
 from service.trainer.hyper import HOT_KEYS, ZERO, Hyperparams
 from service.trainer.replay import ReplayBuffer
 from service.trainer.rollout import (
+    DeviceRollout,
     Rollout,
     Transitions,
     next_observations,
     nstep_transitions,
+    validate_device_rollout,
     validate_rollout,
 )
 
@@ -104,6 +106,7 @@ class Batch:
     old_values: np.ndarray
     bce_labels: np.ndarray | None
     aux_targets: np.ndarray | None
+    guard: np.ndarray  # [1]: 0, or NaN when the rollout holds a bad value (no update applies)
 
 
 def batch_arrays(batch: Batch) -> tuple:
@@ -165,6 +168,7 @@ class Trainer:
         self.key_on_device = xp.asarray(np.array(self.key, dtype=np.uint32))
         self.sequences = {name: xp.zeros(1, dtype=np.int64) for name in COUNTERS[1:]}
         self._always = xp.ones(1, dtype=np.uint8)
+        self._no_guard = xp.zeros(1, dtype=self.dtype)  # a host-checked rollout's guard
         self.stream = None if xp is np else xp.cuda.Stream(non_blocking=True)
         # Side streams for independent work inside an update (the target network, the
         # on-policy heads), joined back by events: in a captured graph, parallel branches.
@@ -186,7 +190,7 @@ class Trainer:
         return int(self.counters["global_step"][0])
 
     @contextmanager
-    def _on_device(self) -> Iterator[None]:
+    def on_device(self) -> Iterator[None]:
         """Run the block's device work on the trainer's stream (nothing to do on NumPy)."""
         if self.stream is None:
             yield
@@ -219,30 +223,104 @@ class Trainer:
     def step(self, rollout: Rollout) -> StepResult:
         """Apply one Step. Raises InvalidInput (changing nothing) on malformed input."""
         validate_rollout(rollout, self.config)
-        result = StepResult(global_step=self.global_step)
-        if rollout.policy_version is not None:
-            result.policy_lag = self.global_step - rollout.policy_version
+        result = self._new_result(rollout.policy_version)
         for name, values in rollout.float_fields().items():
             if not np.isfinite(values).all():
                 result.skipped = True
                 result.skip_reason = f"non-finite values in {name}; Step not applied"
                 return result
 
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"), self._on_device():
-            return self._apply_step(rollout, result)  # the guard reports non-finite values
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"), self.on_device():
+            started = time.perf_counter()
+            on_device, truncated_rows = self._upload(rollout)
+            self._apply_step(on_device, truncated_rows, self._no_guard, result, started)
+        return result
 
-    def _apply_step(self, rollout: Rollout, result: StepResult) -> StepResult:
-        started = time.perf_counter()
-        batch, next_obs = self._prepare(rollout)
-        c51, gamma = self.config.c51, self.config.train.gamma
-        self.replay.insert(nstep_transitions(rollout, next_obs, c51.n_step, gamma, self.dtype))
+    def _upload(self, rollout: Rollout) -> tuple[DeviceRollout, np.ndarray]:
+        """A checked host rollout on the device, with the flat indices of its truncated steps
+        (the host knows them: the value pass need only cover those final observations)."""
+        dev, dtype = self._device, self.dtype
+        on_device = DeviceRollout(
+            obs=dev(rollout.obs.astype(dtype)),
+            next_obs=dev(next_observations(rollout, dtype)),
+            actions=dev(rollout.actions.astype(np.int32)),
+            rewards=dev(rollout.rewards.astype(dtype)),
+            terminated=dev(rollout.terminated.astype(bool)),
+            truncated=dev(rollout.truncated.astype(bool)),
+            behavior_log_probs=dev(rollout.behavior_log_probs.astype(dtype)),
+            bce_labels=None if rollout.bce_labels is None else dev(rollout.bce_labels),
+            aux_targets=None if rollout.aux_targets is None else dev(rollout.aux_targets),
+        )
+        return on_device, dev(np.flatnonzero(rollout.truncated.reshape(-1)))
+
+    def step_on_device(
+        self, rollout: DeviceRollout, report: np.ndarray | None = None
+    ) -> tuple[StepResult, np.ndarray]:
+        """Apply one Step to a rollout already on the device, reading the device only once:
+        the Step's statistics, together with `report` (a float device vector the caller wants
+        back, e.g. its rollout statistics), which comes back as a host array. A non-finite
+        value or an out-of-range action skips the Step whole (`result.skipped`), found on the
+        device. Raises InvalidInput (changing nothing) on a wrong shape or dtype."""
+        validate_device_rollout(rollout, self.config)
+        result = self._new_result(rollout.policy_version)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"), self.on_device():
+            started = time.perf_counter()
+            guard = self._rollout_guard(rollout)
+            extra = self.xp.zeros(0) if report is None else report
+            reported = self._apply_step(rollout, None, guard, result, started, extra)
+        return result, reported
+
+    def _new_result(self, policy_version: int | None) -> StepResult:
+        result = StepResult(global_step=self.global_step)
+        if policy_version is not None:
+            result.policy_lag = self.global_step - policy_version
+        return result
+
+    def _rollout_guard(self, rollout: DeviceRollout) -> np.ndarray:
+        """[1] on the device: 0, or NaN if some value is non-finite or some action is out of
+        range (the updates' finite check then applies none of them)."""
+        xp, A = self.xp, self.config.model.num_actions
+        bad = ((rollout.actions < 0) | (rollout.actions >= A)).any()
+        for values in rollout.float_fields().values():
+            bad = bad | ~xp.isfinite(values).all()
+        return xp.where(bad, np.nan, 0.0).astype(self.dtype).reshape(1)
+
+    def _apply_step(
+        self,
+        rollout: DeviceRollout,
+        truncated_rows: np.ndarray | None,
+        guard: np.ndarray,
+        result: StepResult,
+        started: float,
+        report: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """The Step on device arrays; fills `result`, returns `report` read back."""
+        xp, c51, gamma = self.xp, self.config.c51, self.config.train.gamma
+        A = self.config.model.num_actions
+        actions = xp.clip(rollout.actions, 0, A - 1).astype(np.int32)  # safe to index with
+        batch, next_obs = self._prepare(rollout, actions, truncated_rows, guard)
+        transitions = nstep_transitions(rollout, next_obs, c51.n_step, gamma, self.dtype)
+        transitions = replace(transitions, actions=actions.reshape(-1))
+        before = self.replay.insert(transitions, guard == 0)
         prepared = time.perf_counter()  # "prepare": values, GAE and the replay insert
 
         order, bounds = self._minibatch_plan(batch.actions.shape[0])
         use_q = len(self.replay) >= self.config.replay.min_size
-        totals = self.backend.to_host(self._run_updates(batch, order, bounds, use_q))
+        totals = self._run_updates(batch, order, bounds, use_q)
+        extra = xp.zeros(0) if report is None else report
+        readback = xp.empty(STATS_SIZE + 1 + extra.size, dtype=np.float64)
+        readback[:STATS_SIZE] = totals
+        readback[STATS_SIZE] = guard[0]
+        readback[STATS_SIZE + 1 :] = extra
+        host = self.backend.to_host(readback)  # the Step's one device read
         self.counters["updates_attempted"] += len(bounds)
-        self._summarize(totals, batch, use_q, result)
+        if np.isfinite(host[STATS_SIZE]):
+            self._summarize(host[:STATS_SIZE], batch, use_q, result)
+        else:
+            self.replay.undo(before)
+            result.updates_skipped = len(bounds)
+            result.skipped = True
+            result.skip_reason = "non-finite values or out-of-range actions; Step not applied"
         if result.updates_applied:
             self.counters["global_step"] += 1
         result.global_step = self.global_step
@@ -252,7 +330,7 @@ class Trainer:
             "update": 1e3 * (finished - prepared),
             "total": 1e3 * (finished - started),
         }
-        return result
+        return host[STATS_SIZE + 1 :]
 
     def _minibatch_plan(self, rows: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
         """The Step's minibatches: each epoch's seeded permutation of the rows, concatenated
@@ -286,7 +364,7 @@ class Trainer:
         for dst, src in zip(batch_arrays(static), batch_arrays(batch), strict=True):
             if dst is not None:
                 dst[...] = src
-        static_order.set(order)
+        static_order.set(order, stream=xp.cuda.get_current_stream())  # no wait for the device
         self.graphs.run(key, lambda: self._updates(static, static_order, bounds, use_q, totals))
         return totals
 
@@ -335,42 +413,52 @@ class Trainer:
         result.clip_fraction = float(means["clip_fraction"])
         result.c51_support_clip_ratio = float(means["c51_support_clip_ratio"]) if use_q else 0.0
 
-    def _prepare(self, rollout: Rollout) -> tuple[Batch, np.ndarray]:
-        """Values of every observation, GAE, and the flat on-policy batch."""
+    def _prepare(
+        self,
+        rollout: DeviceRollout,
+        actions: np.ndarray,
+        truncated_rows: np.ndarray | None,
+        guard: np.ndarray,
+    ) -> tuple[Batch, np.ndarray]:
+        """Values of every observation, GAE, and the flat on-policy batch; also s_{t+1} as
+        the dtype's [T, N, D]. Truncated steps bootstrap from V of their final observation:
+        the value pass covers the `truncated_rows` (flat t·N + n) of next_obs, or all of them
+        when the host does not know which (None)."""
         T, N, D = rollout.horizon, rollout.num_envs, self.config.model.obs_dim
-        xp, dev = self.xp, self._device
-        next_obs = next_observations(rollout, self.dtype)
-        truncated = np.flatnonzero(rollout.truncated.reshape(-1))
-        # One forward over obs[0..T] and the final observations of truncated steps.
-        final = next_obs.reshape(T * N, D)[truncated]
-        stacked = dev(np.concatenate([rollout.obs.astype(self.dtype).reshape(-1, D), final]))
-        values = self._values(stacked)
+        xp, dtype = self.xp, self.dtype
+        obs = rollout.obs.astype(dtype, copy=False).reshape((T + 1) * N, D)
+        next_obs = rollout.next_obs.astype(dtype, copy=False)
+        flat_next = next_obs.reshape(T * N, D)
+        final = flat_next if truncated_rows is None else flat_next[truncated_rows]
+        values = self._values(xp.concatenate([obs, final]))
         v_obs = values[: (T + 1) * N].reshape(T + 1, N)
-        v_next = v_obs[1:].reshape(-1).copy()
-        v_next[dev(truncated)] = values[(T + 1) * N :]  # truncation bootstraps from V(final)
+        v_final = values[(T + 1) * N :]
+        if truncated_rows is None:
+            v_next = xp.where(rollout.truncated, v_final.reshape(T, N), v_obs[1:])
+        else:
+            v_next = v_obs[1:].reshape(-1).copy()
+            v_next[truncated_rows] = v_final
         advantages, returns = self.ops.gae(
-            dev(rollout.rewards.astype(self.dtype)),
+            rollout.rewards.astype(dtype, copy=False),
             xp.ascontiguousarray(v_obs[:T]),
-            v_next.reshape(T, N),
-            dev(rollout.terminated.astype(np.uint8)),
-            dev(rollout.truncated.astype(np.uint8)),
+            xp.ascontiguousarray(v_next.reshape(T, N)),
+            rollout.terminated.astype(np.uint8),
+            rollout.truncated.astype(np.uint8),
             self.hp["train.gamma"],
             self.hp["ppo.gae_lambda"],
         )
         K = self.config.model.aux_dim
+        bce, aux = rollout.bce_labels, rollout.aux_targets
         batch = Batch(
-            obs=dev(rollout.obs[:T].astype(self.dtype).reshape(T * N, D)),
-            actions=dev(rollout.actions.astype(np.int32).reshape(-1)),
-            behavior_log_probs=dev(rollout.behavior_log_probs.astype(self.dtype).reshape(-1)),
+            obs=obs[: T * N],
+            actions=actions.reshape(-1),
+            behavior_log_probs=rollout.behavior_log_probs.astype(dtype, copy=False).reshape(-1),
             advantages=advantages.reshape(-1),
             returns=returns.reshape(-1),
             old_values=xp.ascontiguousarray(v_obs[:T]).reshape(-1),
-            bce_labels=None
-            if rollout.bce_labels is None
-            else dev(rollout.bce_labels.astype(self.dtype).reshape(-1)),
-            aux_targets=None
-            if rollout.aux_targets is None
-            else dev(rollout.aux_targets.astype(self.dtype).reshape(T * N, K)),
+            bce_labels=None if bce is None else bce.astype(dtype).reshape(-1),
+            aux_targets=None if aux is None else aux.astype(dtype, copy=False).reshape(T * N, K),
+            guard=guard,
         )
         return batch, next_obs
 
@@ -471,7 +559,7 @@ class Trainer:
 
         names = [name for name in params if name in grads]  # fixed parameter order
         norm = ops.global_norm([grads[name] for name in names])
-        ok = ops.all_finite([*(xp.atleast_1d(v) for v in losses.values()), norm])
+        ok = ops.all_finite([*(xp.atleast_1d(v) for v in losses.values()), norm, batch.guard])
         self._apply(names, grads, norm, ok, use_q)
         ops.advance_counter(sequence, self._always)  # the next update's replay draw
         statistics = {f"loss_{head}": loss for head, loss in losses.items()}
@@ -598,29 +686,52 @@ class Trainer:
             raise InvalidInput("mode", f"one of {[m.name for m in ActMode]}", mode)
         if not 0.0 <= epsilon <= 1.0:
             raise InvalidInput("epsilon", "a probability in [0, 1]", epsilon)
-        with self._on_device():
-            self.sequences["act_calls"].fill(int(self.counters["act_calls"][0]))
-            x = obs.astype(self.dtype)
-            if self.graphs is None:
-                outputs = self._act_device(self._device(x), mode, epsilon)
-            else:
-                key = ("act", obs.shape[0], mode)
-                if key not in self._static:
-                    self._static[key] = (self.xp.empty(x.shape, self.dtype), self.xp.empty(1))
-                static_obs, static_epsilon = self._static[key]
-                static_obs.set(x)
-                static_epsilon.fill(float(epsilon))
-                outputs = self.graphs.run(
-                    key, lambda: self._act_device(static_obs, mode, static_epsilon)
-                )
+        with self.on_device():
+            outputs = self._act_outputs(self._device(obs.astype(self.dtype)), mode, epsilon)
             actions, log_probs, values = (self.backend.to_host(a) for a in outputs)
-        self.counters["act_calls"] += 1
         return ActResult(
             actions=actions,
             log_probs=log_probs,
             values=values,
             policy_version=self.global_step,
         )
+
+    def act_on_device(
+        self, obs: np.ndarray, mode: ActMode = ActMode.SAMPLE, epsilon: float = 0.0
+    ) -> tuple:
+        """Act on observations already on the device [N, D], reading nothing back: the
+        (actions int32, log π(a|s), V(s)) [N] device arrays, valid until the next Act of the
+        same shape (a captured graph's outputs). The caller enqueues its next work on the
+        trainer's stream (`on_device`). Only the shape and dtype are checked."""
+        D = self.config.model.obs_dim
+        if getattr(obs, "shape", None) is None or obs.ndim != 2 or obs.shape[1] != D:
+            raise InvalidInput("obs", f"an array of shape [N, {D}]", getattr(obs, "shape", obs))
+        if obs.dtype != self.dtype:
+            raise InvalidInput("obs", f"dtype {self.dtype}", f"dtype {obs.dtype}")
+        if not isinstance(mode, ActMode):
+            raise InvalidInput("mode", f"one of {[m.name for m in ActMode]}", mode)
+        if not 0.0 <= epsilon <= 1.0:
+            raise InvalidInput("epsilon", "a probability in [0, 1]", epsilon)
+        with self.on_device():
+            return self._act_outputs(obs, mode, epsilon)
+
+    def _act_outputs(self, x: np.ndarray, mode: ActMode, epsilon: float) -> tuple:
+        """Act's device work on device observations; advances the act counter."""
+        self.sequences["act_calls"].fill(int(self.counters["act_calls"][0]))
+        if self.graphs is None:
+            outputs = self._act_device(x, mode, epsilon)
+        else:
+            key = ("act", x.shape[0], mode)
+            if key not in self._static:
+                self._static[key] = (self.xp.empty(x.shape, self.dtype), self.xp.empty(1))
+            static_obs, static_epsilon = self._static[key]
+            static_obs[...] = x
+            static_epsilon.fill(float(epsilon))
+            outputs = self.graphs.run(
+                key, lambda: self._act_device(static_obs, mode, static_epsilon)
+            )
+        self.counters["act_calls"] += 1
+        return outputs
 
     def _act_device(self, x: np.ndarray, mode: ActMode, epsilon) -> tuple:
         """Act's device work: forwards and the action choice (what an Act graph captures)."""
@@ -648,7 +759,7 @@ class Trainer:
             self.config = with_overrides(self.config, [f"{k}={v!r}" for k, v in updates.items()])
         except ConfigError as error:
             raise InvalidInput("hyperparams", "values the config allows", str(error)) from None
-        with self._on_device():
+        with self.on_device():
             self.hp.refresh(self.config)  # in place: a captured graph reads the new values
         self.synchronize()
 
@@ -657,7 +768,7 @@ class Trainer:
         optim, replay, counters and rng (the seed; with the counters it fixes every future draw).
         """
         host = self.backend.to_host
-        with self._on_device():
+        with self.on_device():
             return {name: host(array) for name, array in self._state_arrays().items()}
 
     def _state_arrays(self) -> dict[str, np.ndarray]:
@@ -703,7 +814,7 @@ class Trainer:
             raise InvalidInput("rng/seed", "a valid train.seed", str(error)) from None
         self.config = config
         self.key = seed_key(seed)
-        with self._on_device():
+        with self.on_device():
             for name, array in self._state_targets().items():
                 self._assign(array, state[name])
             self._assign(self.key_on_device, np.array(self.key, dtype=np.uint32))
@@ -726,7 +837,7 @@ class Trainer:
         unknown = sorted(set(params) - set(self.params))
         if unknown:
             raise InvalidInput("params", "exactly this model's tensors", f"unknown {unknown[:5]}")
-        with self._on_device():
+        with self.on_device():
             for name, array in self.params.items():
                 self._assign(array, params[name])
         self.synchronize()

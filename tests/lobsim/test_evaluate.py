@@ -70,9 +70,9 @@ def test_metrics_of_a_tiny_run_are_consistent() -> None:
         env = LobSim(markets, cfg, seed)
         original, seen = env._reset, []
 
-        def reset(mask: np.ndarray, original=original, seen=seen, env=env) -> None:
+        def reset(original=original, seen=seen, env=env) -> None:
             seen.append(env.books.cash.copy())  # after the liquidation, before the reset
-            original(mask)
+            original()
 
         env._reset = reset  # type: ignore[method-assign]
         traces[name] = evaluate.play_episode(env, make(env))

@@ -1,0 +1,100 @@
+"""The in-process loop with the markets beside the learner: Act -> LobSim step -> Step, and on
+the GPU nothing leaves the device.
+
+The rollout is written into device buffers step by step (the actions of `Trainer.act_on_device`
+go straight into `LobSim.step`), everything on the trainer's stream, and the Step's one read of
+the device also brings back the rollout's statistics. So per Step the host waits for the device
+once. On NumPy the same code runs on the host (the CPU tests compare it with the host loop).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.lobsim.env import LABEL_DIM, LobSim
+from service.trainer.rollout import DeviceRollout
+from service.trainer.trainer import ActMode, StepResult, Trainer
+
+# The report vector a Step reads back with its statistics.
+REWARD_SUM, EPISODES, RETURN_SUM = range(3)
+
+
+@dataclass(frozen=True)
+class LoopStep:
+    """One Step of the loop: the Step's result and its rollout's statistics."""
+
+    result: StepResult
+    mean_reward: float  # mean reward per env step over the rollout
+    episodes: int  # episodes that ended during the rollout
+    return_sum: float  # sum of their returns
+
+
+class DeviceLoop:
+    """Collects `horizon`-step rollouts of `env` under the trainer's sampled policy and Steps
+    on them, all on the trainer's backend."""
+
+    def __init__(self, trainer: Trainer, env: LobSim, horizon: int) -> None:
+        if env.xp is not trainer.xp:
+            raise ValueError(
+                f"env: expected a LobSim on the trainer's backend ({trainer.backend.name})"
+            )
+        xp, dtype = trainer.xp, trainer.dtype
+        self.trainer, self.env, self.horizon = trainer, env, horizon
+        T, N, D = horizon, env.num_envs, trainer.config.model.obs_dim
+        with trainer.on_device():
+            self.obs = xp.empty((T + 1, N, D), dtype=dtype)
+            self.next_obs = xp.empty((T, N, D), dtype=dtype)
+            self.actions = xp.empty((T, N), dtype=np.int32)
+            self.rewards = xp.empty((T, N), dtype=dtype)
+            self.terminated = xp.empty((T, N), dtype=bool)
+            self.truncated = xp.empty((T, N), dtype=bool)
+            self.log_probs = xp.empty((T, N), dtype=dtype)
+            self.bce_labels = xp.empty((T, N), dtype=bool)
+            self.aux_targets = xp.empty((T, N, LABEL_DIM), dtype=dtype)
+            self.report = xp.zeros(3, dtype=np.float64)
+        if xp is not np:  # the env was built on another stream: let its work land first
+            xp.cuda.Device().synchronize()
+
+    def step(self) -> LoopStep:
+        """One rollout and one Step on it."""
+        trainer, env, xp = self.trainer, self.env, self.trainer.xp
+        with trainer.on_device():
+            self.obs[0] = env.reset()
+            self.report[...] = 0
+            for t in range(self.horizon):
+                actions, log_probs, _ = trainer.act_on_device(self.obs[t], ActMode.SAMPLE)
+                out = env.step(actions)
+                self.actions[t] = actions
+                self.log_probs[t] = log_probs
+                self.rewards[t] = out.reward
+                self.terminated[t] = out.terminated
+                self.truncated[t] = out.truncated
+                self.obs[t + 1] = out.obs
+                self.next_obs[t] = out.info.get("final_obs", out.obs)
+                self.bce_labels[t] = out.info["bce_prev"]
+                self.aux_targets[t] = out.info["aux_prev"]
+                self.report[EPISODES] += out.terminated.sum()
+                ended = xp.where(out.terminated, out.info["episode_return"], 0.0)
+                self.report[RETURN_SUM] += ended.sum()
+            self.report[REWARD_SUM] = self.rewards.sum()
+            rollout = DeviceRollout(
+                obs=self.obs,
+                next_obs=self.next_obs,
+                actions=self.actions,
+                rewards=self.rewards,
+                terminated=self.terminated,
+                truncated=self.truncated,
+                behavior_log_probs=self.log_probs,
+                bce_labels=self.bce_labels,
+                aux_targets=self.aux_targets,
+                policy_version=trainer.global_step,
+            )
+            result, report = trainer.step_on_device(rollout, self.report)
+        return LoopStep(
+            result=result,
+            mean_reward=float(report[REWARD_SUM]) / self.rewards.size,
+            episodes=int(report[EPISODES]),
+            return_sum=float(report[RETURN_SUM]),
+        )
