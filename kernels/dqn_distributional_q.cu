@@ -94,6 +94,73 @@ extern "C" __global__ void c51_q_values(const float* __restrict__ probs,
     q[row] = (float)acc;
 }
 
+// Sum of a double over the warp by a fixed xor butterfly (every lane gets the same value).
+static __device__ __forceinline__ double c51_warp_sum(double v)
+{
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The greedy action of each row by expected value, and its distribution (twin: c51_greedy):
+//   p(a) = softmax_z(logits[b, a, :]), q(a) = Σ_z p(a)_z z_z, a* = argmax_a q(a) (the first
+//   maximum, and the first NaN if any, as np.argmax), probs_best[b] = p(a*).
+// One warp per row; per action the softmax is c51_softmax's arithmetic (lane l holds atoms
+// l, l + 32, ...; fixed xor butterflies), and q sums its lanes' products in double in a fixed
+// butterfly, rounded once to float (c51_q_values sums the same products in double too). It
+// replaces softmax + q-values + argmax + gather of the target network: [B, A, Z] probabilities
+// are never written.
+extern "C" __global__ void c51_greedy(const float* __restrict__ logits,
+                                      const float* __restrict__ support,
+                                      int* __restrict__ best, float* __restrict__ probs_best,
+                                      int B)
+{
+    const long long b = c51_thread_index() >> 5;  // the same for the whole warp
+    const int lane = threadIdx.x & 31;
+    if (b >= B) return;
+    const float minus_inf = __int_as_float(0xff800000);
+    int chosen = 0;
+    float chosen_q = 0.0f;
+    float kept[C51_LANE_ATOMS];  // the chosen action's probabilities (this lane's atoms)
+    for (int a = 0; a < TRIDENT_A; ++a) {
+        const float* x = logits + (b * TRIDENT_A + a) * TRIDENT_Z;
+        float e[C51_LANE_ATOMS];
+        float m = minus_inf;
+        for (int k = 0; k < C51_LANE_ATOMS; ++k) {
+            const int z = lane + 32 * k;
+            e[k] = z < TRIDENT_Z ? x[z] : minus_inf;
+            m = c51_nanmax(m, e[k]);
+        }
+        for (int offset = 16; offset > 0; offset >>= 1)
+            m = c51_nanmax(m, __shfl_xor_sync(0xffffffffu, m, offset));
+        float sum = 0.0f;
+        for (int k = 0; k < C51_LANE_ATOMS; ++k) {
+            e[k] = lane + 32 * k < TRIDENT_Z ? expf(e[k] - m) : 0.0f;
+            sum += e[k];
+        }
+        for (int offset = 16; offset > 0; offset >>= 1)
+            sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+        double q = 0.0;
+        for (int k = 0; k < C51_LANE_ATOMS; ++k) {
+            const int z = lane + 32 * k;
+            e[k] = e[k] / sum;
+            if (z < TRIDENT_Z) q += (double)e[k] * (double)support[z];
+        }
+        const float qf = (float)c51_warp_sum(q);
+        const bool take = a == 0 || (chosen_q == chosen_q && (qf != qf || qf > chosen_q));
+        if (take) {
+            chosen = a;
+            chosen_q = qf;
+            for (int k = 0; k < C51_LANE_ATOMS; ++k) kept[k] = e[k];
+        }
+    }
+    for (int k = 0; k < C51_LANE_ATOMS; ++k) {
+        const int z = lane + 32 * k;
+        if (z < TRIDENT_Z) probs_best[b * TRIDENT_Z + z] = kept[k];
+    }
+    if (lane == 0) best[b] = chosen;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Cross-entropy of the taken action, one warp per batch row b (a = actions[b]); launch 32·B
 // threads. Lane l holds atoms l, l + 32, ...; lanes combine by the fixed xor butterfly (as in
@@ -102,12 +169,6 @@ extern "C" __global__ void c51_q_values(const float* __restrict__ probs,
 //   loss_per_row[b] = -Σ_z m_z log p_z                       (lane partials in double)
 //   grad_taken[b, z] = (p_z Σm - m_z) / B                    (Σm = 1 for a projected target)
 // The batch loss Σ_b loss_per_row[b] / B is c51_loss_mean's.
-static __device__ __forceinline__ double c51_warp_sum(double v)
-{
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-}
-
 extern "C" __global__ void c51_cross_entropy_fwd_bwd(const float* __restrict__ logits,
                                                      const int* __restrict__ actions,
                                                      const float* __restrict__ target,

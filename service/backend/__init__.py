@@ -33,6 +33,7 @@ OP_NAMES: tuple[str, ...] = (
     "c51_softmax",
     "c51_support",
     "c51_q_values",
+    "c51_greedy",
     "categorical_projection",
     "c51_support_clip_ratio",
     "c51_cross_entropy_fwd_bwd",

@@ -110,6 +110,14 @@ def c51_q_values(probs: Array, support: Array) -> Array:
     return probs @ support
 
 
+def c51_greedy(logits: Array, support: Array) -> tuple[Array, Array]:
+    """(a* [B] int32, p(s, a*) [B, Z]): each row's action of largest E[Z(s, a)] (the first on
+    ties) and its distribution, from logits [B, A, Z]."""
+    probs = c51_softmax(logits)
+    best = np.argmax(c51_q_values(probs, support), axis=1)
+    return best.astype(np.int32), probs[np.arange(logits.shape[0]), best]
+
+
 def _target_atoms(
     next_probs: Array,
     rewards: Array,

@@ -477,15 +477,15 @@ class Trainer:
         cfg, ops, hp = self.config, self.ops, self.hp
         A, Z, depth = cfg.model.num_actions, cfg.c51.num_atoms, cfg.model.depth
         h_next = model.encoder_fwd(ops, self.target, replay.next_obs, depth)[-1]
-        target_probs = model.q_distribution(ops, self.target, h_next, A, Z)
+        target_logits = model.head_fwd(ops, self.target, "q", h_next).reshape(-1, A, Z)
         if cfg.c51.double_dqn:  # the online network picks a*, the target network scores it
             h_online = model.encoder_fwd(ops, self.params, replay.next_obs, depth)[-1]
-            chooser = model.q_distribution(ops, self.params, h_online, A, Z)
-        else:
-            chooser = target_probs
-        best = self.xp.argmax(ops.c51_q_values(chooser, self.support), axis=1)
-        rows = self.xp.arange(best.shape[0]) * A + best  # one index array: a plain gather
-        next_probs = target_probs.reshape(-1, Z)[rows]
+            online_logits = model.head_fwd(ops, self.params, "q", h_online).reshape(-1, A, Z)
+            best, _ = ops.c51_greedy(online_logits, self.support)
+            rows = self.xp.arange(best.shape[0]) * A + best  # one index array: a plain gather
+            next_probs = ops.c51_softmax(target_logits).reshape(-1, Z)[rows]
+        else:  # a* and its distribution in one pass over the target's logits
+            _, next_probs = ops.c51_greedy(target_logits, self.support)
         args = (
             next_probs,
             replay.rewards,

@@ -82,6 +82,7 @@ def test_signatures_match_the_numpy_twins(ops: HeadOps) -> None:
         "c51_support",
         "c51_softmax",
         "c51_q_values",
+        "c51_greedy",
         "categorical_projection",
         "c51_support_clip_ratio",
         "c51_cross_entropy_fwd_bwd",
@@ -118,6 +119,32 @@ def test_c51_softmax_and_q_values(ops: HeadOps, rng: np.random.Generator, B: int
     support = npo.c51_support(V_MIN, V_MAX, Z, np.dtype(np.float32))
     p = npo.c51_softmax(logits)
     assert_close(ops.c51_q_values(dev(p), dev(support)), npo.c51_q_values(p, support), scale=V_MAX)
+
+
+@pytest.mark.parametrize("B", SIZES)
+def test_c51_greedy(ops: HeadOps, rng: np.random.Generator, B: int) -> None:
+    A, Z = ops.dims.A, ops.dims.Z
+    logits = normal(rng, B, A, Z, scale=3.0)
+    logits[0, 2] = logits[0, 1]  # a tie for the best: the first wins
+    logits[0, 1:3, -1] += 50.0
+    if B > 1:
+        logits[B - 1, A - 1, 0] = np.nan  # np.argmax picks the first NaN
+    support = npo.c51_support(V_MIN, V_MAX, Z, np.dtype(np.float32))
+    best, probs = ops.c51_greedy(dev(logits), dev(support))
+    want_best, want_probs = npo.c51_greedy(logits, support)
+    got_best, got_probs = host(best), host(probs)
+    assert got_best[0] == 1 and (B == 1 or got_best[B - 1] == A - 1)
+    if B > 1:
+        assert np.isnan(got_probs[B - 1]).all()
+    # q sums in another order than the twin's float32 dot: rows whose top two actions are
+    # within rounding of each other may pick either; they must be rare, the rest agree.
+    q = np.sort(npo.c51_q_values(npo.c51_softmax(logits), support), axis=1)
+    clear = q[:, -1] - q[:, -2] > 1e-5 * V_MAX
+    clear[[0, B - 1]] = True  # the tie row and the NaN row (decided above)
+    assert (~clear).sum() <= max(1, B // 200)
+    np.testing.assert_array_equal(got_best[clear], want_best[clear])
+    finite = clear & np.isfinite(want_probs).all(axis=1)
+    assert_close(probs[dev(np.flatnonzero(finite))], want_probs[finite])
 
 
 @pytest.mark.parametrize("B", SIZES)
