@@ -226,7 +226,7 @@ def _state_files(trainer: Trainer) -> dict[str, bytes]:
         group, _, rest = key.partition("/")
         groups.setdefault(group, {})[rest] = np.ascontiguousarray(array)
     files = {f"{group}.safetensors": save_tensors(tensors) for group, tensors in groups.items()}
-    config = json.dumps(trainer.config.to_dict(), sort_keys=True, indent=1) + "\n"
+    config = json.dumps(trainer.config.public_dict(), sort_keys=True, indent=1) + "\n"
     files[CONFIG] = config.encode()
     return files
 

@@ -187,6 +187,9 @@ class ServerConfig(_Section):
     act_max_batch: int = _f(1024, ge=1)  # max observations per batched act call
     # extra wait to fill an Act batch (ms); 0 batches what queued during the previous forward
     act_max_wait_ms: float = _f(0.0, ge=0)
+    # client authentication to enforce, checked at start-up: 'auto' (what auth_token and
+    # tls_client_ca turn on) or exactly 'none', 'token', 'mtls' or 'token+mtls' (TLS: tls_cert)
+    auth_mode: str = _f("auto", choices=("auto", "none", "token", "mtls", "token+mtls"))
     auth_token: str = ""  # bearer token required from clients; empty disables auth
     tls_cert: str = ""  # server certificate PEM path; empty disables TLS
     tls_key: str = ""  # server private key PEM path
@@ -275,6 +278,7 @@ class Config:
         if server.tls_client_ca and not server.tls_cert:
             raise ConfigError("server.tls_client_ca (mTLS) requires server.tls_cert and "
                               "server.tls_key")
+        _check_auth_mode(server)
         if self.model.dtype == "float64" and self.train.backend != "numpy":
             raise ConfigError(f"model.dtype = 'float64' requires train.backend = 'numpy' "
                               f"(float64 is for the numpy backend only); got train.backend = "
@@ -284,12 +288,35 @@ class Config:
         """Nested plain dict ``{section: {key: value}}``, JSON-serialisable."""
         return asdict(self)
 
+    def public_dict(self) -> dict[str, dict[str, Any]]:
+        """`to_dict()` without credentials — server.auth_token empty, server.auth_mode "auto" —
+        for what leaves the process: checkpoints' config.json and the service's config replies.
+        A restore keeps the running server's own server section, so nothing is lost."""
+        public = self.to_dict()
+        public["server"].update(auth_token="", auth_mode="auto")
+        return public
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Config":
         """Validated config from a nested dict (e.g. a checkpoint's); missing keys default."""
         raw: dict[str, dict[str, Any]] = {}
         _merge_tables(raw, d, source=None)
         return _build(raw)
+
+
+def _check_auth_mode(server: ServerConfig) -> None:
+    """An explicit server.auth_mode needs its mechanisms' settings, and no other's."""
+    if server.auth_mode == "auto":
+        return
+    wanted = server.auth_mode.split("+")
+    for mechanism, key, what in (("token", "auth_token", "a bearer token"),
+                                 ("mtls", "tls_client_ca", "the CA PEM of client certificates")):
+        if mechanism in wanted and not getattr(server, key):
+            raise ConfigError(f"server.auth_mode = {server.auth_mode!r} requires server.{key} "
+                              f"({what}); got none")
+        if mechanism not in wanted and getattr(server, key):
+            raise ConfigError(f"server.auth_mode = {server.auth_mode!r} does not use server.{key}"
+                              f"; expected it empty, or an auth_mode with {mechanism!r}")
 
 
 _SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(Config)}

@@ -190,7 +190,7 @@ class Engine:
         self._require_training("UpdateHyperparams")
         with self._lock:
             self.trainer.update_hyperparams(values)
-            return json.dumps(self.trainer.config.to_dict())
+            return json.dumps(self.trainer.config.public_dict())
 
     def status(self) -> Status:
         with self._lock:
@@ -199,7 +199,7 @@ class Engine:
                 global_step=trainer.global_step,
                 backend=trainer.backend.name,
                 device=trainer.backend.device,
-                config_json=json.dumps(trainer.config.to_dict()),
+                config_json=json.dumps(trainer.config.public_dict()),
                 param_digest=trainer.param_digest(),
                 inference_only=self.inference_only,
                 step_queue_depth=self._steps.depth,
