@@ -11,7 +11,9 @@ import re
 import shlex
 from typing import Any
 
-from service.config import ServerConfig, load_config
+import pytest
+
+from service.config import ConfigError, ServerConfig, load_config
 
 from .tools import (
     COMPOSE,
@@ -110,7 +112,11 @@ def test_compose_trident_service() -> None:
     published = {p.rsplit(":", 1)[-1] for p in trident["ports"]}
     assert published == {str(SERVER.port), str(SERVER.metrics_port)}
     env = {key: unset_default(str(value)) for key, value in trident["environment"].items()}
+    with pytest.raises(ConfigError, match=r"server\.auth_token"):  # no TRIDENT_TOKEN: no start
+        load_config(env=env)
+    env["TRIDENT_SERVER__AUTH_TOKEN"] = "a-token"
     assert_config_env_loads(env)
+    assert load_config(env=env).server.auth_mode == "token"
     grace = load_config(env=env).server.shutdown_grace_s
     assert seconds(trident["stop_grace_period"]) > grace + 30  # drain, then the final checkpoint
 
@@ -249,6 +255,7 @@ def test_actors_reach_the_service_and_fit_the_model() -> None:
     compose_env = {
         k: unset_default(str(v)) for k, v in compose_services()["trident"]["environment"].items()
     }
+    compose_env["TRIDENT_SERVER__AUTH_TOKEN"] = "token"  # TRIDENT_TOKEN set, as it must be
     for env in (k8s_env, compose_env):
         assert load_config(env=env).model.obs_dim == lobsim_obs_dim
 
