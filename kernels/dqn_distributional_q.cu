@@ -1,25 +1,31 @@
-// C51 distributional Q head: softmax over atoms, expected values, the cross-entropy loss and
-// its gradient for the taken action, and the head's backward from that gradient.
+// C51 distributional Q head: softmax over atoms, expected values, the greedy action, and the
+// head's forward and backward on replayed transitions for each row's taken action only.
 //
-// Twins (service/backend/numpy_ops.py): c51_softmax, c51_q_values, c51_cross_entropy_fwd_bwd,
-// c51_head_bwd. Wrapped by service/backend/cuda/head_ops.py (HeadOps), which launches every
-// entry with 256-thread blocks; the *_mean entry needs exactly one block of C51_REDUCE_THREADS.
+// Twins (service/backend/numpy_ops.py): c51_softmax, c51_q_values, c51_greedy,
+// c51_taken_loss_bwd. Wrapped by service/backend/cuda/head_ops.py (HeadOps); the *_mean entry
+// needs exactly one block of C51_REDUCE_THREADS, the c51_taken_* entries their own grids (below),
+// the rest 256-thread blocks.
 //
 // Layouts (row-major, float32 unless noted):
 //   logits, probs  [B, A, Z]   one "row" is one (b, a) pair: Z contiguous atoms
 //   support        [Z]         z_i = v_min + i Δz
 //   q              [B, A]
+//   h              [B, H]      encoder features of the replayed observations
+//   W, bias        [H, A·Z], [A·Z]   the head; action a owns columns a·Z .. a·Z + Z - 1
 //   actions        [B] int32   the replayed action a_b
 //   target         [B, Z]      projected target distribution m (categorical_projection.cu)
 //   grad_taken     [B, Z]      dL/dlogits[b, a_b, :]; every other action's slice is zero
-//   grad_logits    [B, A·Z]    grad_taken spread over the head's columns (c51_taken_to_dense)
+//   order          [B] int32   rows sorted by action, stably (c51_sort_actions); rows whose
+//                              action is outside [0, A) come last
+//   offsets        [A + 2] int32   action a's rows are order[offsets[a] .. offsets[a + 1]);
+//                              offsets[A] .. offsets[A + 1] the out-of-range ones
 //
 // Determinism: no atomics; each output has one writing thread and every sum runs in a fixed
-// order (atoms in index order, a fixed warp butterfly in c51_softmax, or the fixed 256-wide
-// tree of c51_loss_mean). The loader compiles with --fmad=false and IEEE division, so each float32
-// operation written here rounds where the twin's does; long sums accumulate in double.
+// order (atoms and features in index order, fixed warp butterflies, rows in sorted order, the
+// fixed 256-wide tree of c51_loss_mean, partials reduced by reduce_axis0). The loader compiles
+// with --fmad=false and IEEE division, so each float32 operation rounds where written.
 //
-// An action outside [0, A) cannot index the logits; its row gets a NaN loss (the trainer's
+// An action outside [0, A) cannot index the head; its row gets a NaN loss (the trainer's
 // non-finite guard then skips the update) and a zero gradient, and no weight column sees it.
 
 #include "common.cuh"
@@ -161,58 +167,6 @@ extern "C" __global__ void c51_greedy(const float* __restrict__ logits,
     if (lane == 0) best[b] = chosen;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Cross-entropy of the taken action, one warp per batch row b (a = actions[b]); launch 32·B
-// threads. Lane l holds atoms l, l + 32, ...; lanes combine by the fixed xor butterfly (as in
-// c51_softmax), so every lane holds the same max, sums and loss:
-//   log p_z = (l_z - max l) - log Σ exp(l - max l)          l = logits[b, a, :]
-//   loss_per_row[b] = -Σ_z m_z log p_z                       (lane partials in double)
-//   grad_taken[b, z] = (p_z Σm - m_z) / B                    (Σm = 1 for a projected target)
-// The batch loss Σ_b loss_per_row[b] / B is c51_loss_mean's.
-extern "C" __global__ void c51_cross_entropy_fwd_bwd(const float* __restrict__ logits,
-                                                     const int* __restrict__ actions,
-                                                     const float* __restrict__ target,
-                                                     float* __restrict__ loss_per_row,
-                                                     float* __restrict__ grad_taken, int B)
-{
-    const long long b = c51_thread_index() >> 5;  // the same for the whole warp
-    const int lane = threadIdx.x & 31;
-    if (b >= B) return;
-    const int a = actions[b];
-    const float* m = target + b * TRIDENT_Z;
-    float* g = grad_taken + b * TRIDENT_Z;
-    if (a < 0 || a >= TRIDENT_A) {  // no logits to read: NaN loss, zero gradient
-        for (int z = lane; z < TRIDENT_Z; z += 32) g[z] = 0.0f;
-        if (lane == 0) loss_per_row[b] = c51_nan();
-        return;
-    }
-    const float* x = logits + (b * TRIDENT_A + a) * TRIDENT_Z;
-    float mx = __int_as_float(0xff800000);  // -inf: NaN wins every c51_nanmax
-    for (int z = lane; z < TRIDENT_Z; z += 32) mx = c51_nanmax(mx, x[z]);
-    for (int offset = 16; offset > 0; offset >>= 1)
-        mx = c51_nanmax(mx, __shfl_xor_sync(0xffffffffu, mx, offset));
-    float sum = 0.0f;
-    double mass = 0.0;
-    for (int z = lane; z < TRIDENT_Z; z += 32) {
-        sum += expf(x[z] - mx);
-        mass += (double)m[z];
-    }
-    for (int offset = 16; offset > 0; offset >>= 1)
-        sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    mass = c51_warp_sum(mass);
-    const float log_norm = logf(sum);
-    const float mass_f = (float)mass;  // Σ_z m_z
-    const float batch = (float)B;
-    double ce = 0.0;
-    for (int z = lane; z < TRIDENT_Z; z += 32) {
-        const float log_p = (x[z] - mx) - log_norm;
-        ce += (double)(m[z] * log_p);
-        g[z] = (expf(log_p) * mass_f - m[z]) / batch;
-    }
-    ce = c51_warp_sum(ce);
-    if (lane == 0) loss_per_row[b] = (float)(-ce);
-}
-
 // loss[0] = Σ_b loss_per_row[b] / B. One block of C51_REDUCE_THREADS threads: thread t adds rows
 // t, t + 256, ... in index order (double), then a fixed-shape shared-memory tree
 // (trident_block_strided_sum, common.cuh).
@@ -225,21 +179,257 @@ extern "C" __global__ void c51_loss_mean(const float* __restrict__ loss_per_row,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backward of logits = h W + b when only the taken action's Z-slice of each row has a gradient
-// (twin: c51_head_bwd). c51_taken_to_dense spreads grad_taken into the dense gradient
-// grad_logits [B, A·Z] (zero outside each row's taken slice; a row whose action is outside
-// [0, A) is all zero), one thread per element; the wrapper then runs two cuBLAS GEMMs and
-// reduce_axis0 (grad_W = hᵀ G, grad_h = G Wᵀ, grad_b = Σ_b G): O(B·A·Z) scratch, no
-// O(B·H·A·Z), and GEMM speed (measured on the H200, bench/gpu_profile.py: the three
-// one-thread-per-output kernels this replaced took 352 µs of a 1.14 ms update at B = 4096).
-extern "C" __global__ void c51_taken_to_dense(const float* __restrict__ grad_taken,
-                                              const int* __restrict__ actions,
-                                              float* __restrict__ grad_logits, int B)
+// The head on replayed transitions, each row's taken action only (twin: c51_taken_loss_bwd).
+// Rows are first sorted by action so a block works on rows that share their W columns.
+//
+// c51_sort_actions: one block of C51_SORT_THREADS threads per key k in 0..A (k = A: actions
+// outside [0, A)). Block k counts the rows with a smaller key (offsets[k]), then walks the rows
+// in chunks; ballots give each row of key k its rank among them (rows in index order):
+// order[offsets[k] + rank] = row. Grid A + 1.
+#define C51_SORT_THREADS 256
+#define C51_SORT_WARPS (C51_SORT_THREADS / 32)
+
+static __device__ __forceinline__ int c51_key(const int* actions, int row)
 {
-    const long long idx = c51_thread_index();
-    if (idx >= (long long)B * C51_WIDTH) return;
-    const long long b = idx / C51_WIDTH;
-    const int col = (int)(idx % C51_WIDTH);  // a·Z + z
-    const bool taken = col / TRIDENT_Z == actions[b];
-    grad_logits[idx] = taken ? grad_taken[b * TRIDENT_Z + col % TRIDENT_Z] : 0.0f;
+    const int a = actions[row];
+    return (a >= 0 && a < TRIDENT_A) ? a : TRIDENT_A;
+}
+
+extern "C" __global__ void c51_sort_actions(const int* __restrict__ actions,
+                                            int* __restrict__ order, int* __restrict__ offsets,
+                                            int B)
+{
+    __shared__ int counts[C51_SORT_THREADS];
+    __shared__ int warp_base[C51_SORT_WARPS + 1];
+    const int key = blockIdx.x;
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    int below = 0;
+    for (int row = t; row < B; row += C51_SORT_THREADS) below += c51_key(actions, row) < key;
+    counts[t] = below;
+    __syncthreads();
+    for (int stride = C51_SORT_THREADS / 2; stride > 0; stride >>= 1) {
+        if (t < stride) counts[t] += counts[t + stride];
+        __syncthreads();
+    }
+    const int start = counts[0];
+    __syncthreads();  // counts is reused below
+    int placed = 0;
+    for (int base = 0; base < B; base += C51_SORT_THREADS) {
+        const int row = base + t;
+        const bool mine = row < B && c51_key(actions, row) == key;
+        const unsigned int ballot = __ballot_sync(0xffffffffu, mine);
+        if (lane == 0) counts[warp] = __popc(ballot);
+        __syncthreads();
+        if (t == 0) {
+            warp_base[0] = 0;
+            for (int w = 0; w < C51_SORT_WARPS; ++w) warp_base[w + 1] = warp_base[w] + counts[w];
+        }
+        __syncthreads();
+        if (mine) {
+            const int rank = warp_base[warp] + __popc(ballot & ((1u << lane) - 1u));
+            order[start + placed + rank] = row;
+        }
+        placed += warp_base[C51_SORT_WARPS];
+        __syncthreads();
+    }
+    if (t == 0) {
+        offsets[key] = start;
+        if (key == TRIDENT_A) offsets[TRIDENT_A + 1] = start + placed;
+    }
+}
+
+// c51_taken_fwd_bwd: block (tile, key) takes up to C51_TILE_ROWS consecutive rows of key's
+// segment of `order` (grid (ceil(B / C51_TILE_ROWS), A + 1); C51_TAKEN_THREADS threads).
+//   logits[r, z] = Σ_i h[r, i] W[i, a·Z + z] + bias[a·Z + z]
+//       (C51_KSPLIT thread groups each sum the features i ≡ group mod C51_KSPLIT in index
+//        order; the groups' sums are then added in group order)
+//   loss_per_row[r] = -Σ_z m_z log p_z, grad_taken[r, z] = (p_z Σm - m_z) / B
+//   grad_h[r, i] = Σ_z grad_taken[r, z] W[i, a·Z + z]            (z in index order)
+// The softmax and loss of a row run in one warp with c51_softmax's lane layout and butterflies.
+// Rows of key A (no valid action): NaN loss, zero grad_taken and grad_h. Shared memory:
+// C51_TILE_ROWS · (H + (C51_KSPLIT + 1) · Z) floats, at most C51_SHARED_FLOATS (HeadOps checks).
+#define C51_TAKEN_THREADS 256
+#define C51_Z_LANES (((TRIDENT_Z + 31) / 32) * 32 < 256 ? ((TRIDENT_Z + 31) / 32) * 32 : 256)
+#define C51_KSPLIT (C51_TAKEN_THREADS / C51_Z_LANES)
+#define C51_SHARED_FLOATS 10240
+#define C51_ROW_FLOATS (TRIDENT_H + (C51_KSPLIT + 1) * TRIDENT_Z)
+#define C51_TILE_FIT (C51_SHARED_FLOATS / C51_ROW_FLOATS)
+#define C51_TILE_ROWS (C51_TILE_FIT > 16 ? 16 : (C51_TILE_FIT < 1 ? 1 : C51_TILE_FIT))
+
+extern "C" __global__ void __launch_bounds__(C51_TAKEN_THREADS)
+c51_taken_fwd_bwd(const float* __restrict__ h, const float* __restrict__ W,
+                  const float* __restrict__ bias, const float* __restrict__ target,
+                  const int* __restrict__ order, const int* __restrict__ offsets,
+                  float* __restrict__ loss_per_row, float* __restrict__ grad_taken,
+                  float* __restrict__ grad_h, int B)
+{
+    __shared__ float features[C51_TILE_ROWS][TRIDENT_H];
+    __shared__ float partial[C51_KSPLIT][C51_TILE_ROWS][TRIDENT_Z];
+    __shared__ float grads[C51_TILE_ROWS][TRIDENT_Z];
+    __shared__ int rows[C51_TILE_ROWS];
+    const int key = blockIdx.y;
+    const int first = offsets[key] + blockIdx.x * C51_TILE_ROWS;
+    const int count = min(C51_TILE_ROWS, offsets[key + 1] - first);
+    if (count <= 0) return;  // the whole block: past this key's rows
+    const int t = threadIdx.x;
+    if (t < count) rows[t] = order[first + t];
+    __syncthreads();
+    if (key == TRIDENT_A) {  // no head columns to read
+        for (int r = 0; r < count; ++r) {
+            for (int z = t; z < TRIDENT_Z; z += C51_TAKEN_THREADS)
+                grad_taken[(long long)rows[r] * TRIDENT_Z + z] = 0.0f;
+            for (int i = t; i < TRIDENT_H; i += C51_TAKEN_THREADS)
+                grad_h[(long long)rows[r] * TRIDENT_H + i] = 0.0f;
+            if (t == 0) loss_per_row[rows[r]] = c51_nan();
+        }
+        return;
+    }
+    for (int r = 0; r < C51_TILE_ROWS; ++r)  // rows past `count` are zeros, never stored
+        for (int i = t; i < TRIDENT_H; i += C51_TAKEN_THREADS)
+            features[r][i] = r < count ? h[(long long)rows[r] * TRIDENT_H + i] : 0.0f;
+    __syncthreads();
+    const float* columns = W + key * TRIDENT_Z;  // W[i, a·Z + z] = columns[i·A·Z + z]
+    {
+        const int group = t / C51_Z_LANES;
+        for (int z = t % C51_Z_LANES; z < TRIDENT_Z; z += C51_Z_LANES) {
+            float acc[C51_TILE_ROWS];
+            for (int r = 0; r < C51_TILE_ROWS; ++r) acc[r] = 0.0f;
+#pragma unroll 8
+            for (int i = group; i < TRIDENT_H; i += C51_KSPLIT) {
+                const float w = columns[(long long)i * C51_WIDTH + z];
+                for (int r = 0; r < C51_TILE_ROWS; ++r) acc[r] += features[r][i] * w;
+            }
+            for (int r = 0; r < C51_TILE_ROWS; ++r) partial[group][r][z] = acc[r];
+        }
+    }
+    __syncthreads();
+    for (int e = t; e < C51_TILE_ROWS * TRIDENT_Z; e += C51_TAKEN_THREADS) {
+        const int r = e / TRIDENT_Z, z = e % TRIDENT_Z;
+        float logit = partial[0][r][z];
+        for (int g = 1; g < C51_KSPLIT; ++g) logit += partial[g][r][z];
+        grads[r][z] = r < count ? logit + bias[key * TRIDENT_Z + z] : 0.0f;  // logits, for now
+    }
+    __syncthreads();
+    const int lane = t & 31, warp = t >> 5;
+    const float batch = (float)B;
+    for (int r = warp; r < count; r += C51_TAKEN_THREADS / 32) {
+        const float* m = target + (long long)rows[r] * TRIDENT_Z;
+        float mx = __int_as_float(0xff800000);  // -inf: NaN wins every c51_nanmax
+        for (int z = lane; z < TRIDENT_Z; z += 32) mx = c51_nanmax(mx, grads[r][z]);
+        for (int offset = 16; offset > 0; offset >>= 1)
+            mx = c51_nanmax(mx, __shfl_xor_sync(0xffffffffu, mx, offset));
+        float sum = 0.0f;
+        double mass = 0.0;
+        for (int z = lane; z < TRIDENT_Z; z += 32) {
+            sum += expf(grads[r][z] - mx);
+            mass += (double)m[z];
+        }
+        for (int offset = 16; offset > 0; offset >>= 1)
+            sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+        mass = c51_warp_sum(mass);
+        const float log_norm = logf(sum);
+        const float mass_f = (float)mass;
+        double ce = 0.0;
+        for (int z = lane; z < TRIDENT_Z; z += 32) {
+            const float log_p = (grads[r][z] - mx) - log_norm;
+            ce += (double)(m[z] * log_p);
+            const float g = (expf(log_p) * mass_f - m[z]) / batch;
+            grads[r][z] = g;
+            grad_taken[(long long)rows[r] * TRIDENT_Z + z] = g;
+        }
+        ce = c51_warp_sum(ce);
+        if (lane == 0) loss_per_row[rows[r]] = (float)(-ce);
+    }
+    __syncthreads();
+    for (int i = t; i < TRIDENT_H; i += C51_TAKEN_THREADS) {
+        float acc[C51_TILE_ROWS];
+        for (int r = 0; r < C51_TILE_ROWS; ++r) acc[r] = 0.0f;
+        const float* w = columns + (long long)i * C51_WIDTH;
+#pragma unroll 4
+        for (int z = 0; z < TRIDENT_Z; ++z) {
+            const float wz = w[z];
+            for (int r = 0; r < C51_TILE_ROWS; ++r) acc[r] += grads[r][z] * wz;
+        }
+        for (int r = 0; r < count; ++r) grad_h[(long long)rows[r] * TRIDENT_H + i] = acc[r];
+    }
+}
+
+// c51_taken_grad_partials: the head's weight and bias gradients, per chunk of `chunk_rows`
+// rows of one action's segment (grid (chunks = ceil(B / chunk_rows), A, ceil(H / C51_I_TILE));
+// C51_GRAD_THREADS threads; the wrapper keeps chunks <= 64). Lanes run over atoms z (coalesced
+// writes), warps over C51_I_PER_WARP features each:
+//   partial_W[c, i, a·Z + z] = Σ_{rows k of chunk c of action a} h[k, i] grad_taken[k, z]
+//   partial_b[c, a·Z + z]    = Σ_k grad_taken[k, z]          (warp 0 of blocks blockIdx.z = 0)
+// rows in sorted order; a chunk past the action's rows writes zeros. reduce_axis0 over c then
+// gives grad_W and grad_b in a fixed order. Scratch: chunks · (H + 1) · A·Z floats.
+#define C51_GRAD_THREADS 256
+#define C51_GRAD_WARPS (C51_GRAD_THREADS / 32)
+#define C51_I_PER_WARP 1
+#define C51_I_TILE (C51_GRAD_WARPS * C51_I_PER_WARP)
+#define C51_STAGE_ROWS 32  // one row index per lane while staging
+static_assert(C51_STAGE_ROWS == 32 && C51_STAGE_ROWS % C51_GRAD_WARPS == 0, "stage layout");
+#define C51_Z_PER_LANE ((TRIDENT_Z + 31) / 32)
+
+extern "C" __global__ void __launch_bounds__(C51_GRAD_THREADS)
+c51_taken_grad_partials(const float* __restrict__ h, const float* __restrict__ grad_taken,
+                        const int* __restrict__ order, const int* __restrict__ offsets,
+                        float* __restrict__ partial_W, float* __restrict__ partial_b,
+                        int chunk_rows)
+{
+    __shared__ float hs[C51_STAGE_ROWS][C51_I_TILE];
+    __shared__ float gs[C51_STAGE_ROWS][TRIDENT_Z];
+    const int chunk = blockIdx.x, key = blockIdx.y, i0 = blockIdx.z * C51_I_TILE;
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int begin = offsets[key] + chunk * chunk_rows;
+    const int end = min(begin + chunk_rows, offsets[key + 1]);
+    float acc[C51_I_PER_WARP][C51_Z_PER_LANE];
+    float bacc[C51_Z_PER_LANE];
+    for (int j = 0; j < C51_Z_PER_LANE; ++j) {
+        bacc[j] = 0.0f;
+        for (int u = 0; u < C51_I_PER_WARP; ++u) acc[u][j] = 0.0f;
+    }
+    for (int base = begin; base < end; base += C51_STAGE_ROWS) {
+        const int n = min(C51_STAGE_ROWS, end - base);
+        // Every warp reads the stage's row indices at once (lane k holds row k), then stages
+        // its rows with all their loads in flight together.
+        const int lane_row = lane < n ? order[base + lane] : 0;
+#pragma unroll
+        for (int q = 0; q < C51_STAGE_ROWS / C51_GRAD_WARPS; ++q) {
+            const int k = warp + C51_GRAD_WARPS * q;
+            const long long row = __shfl_sync(0xffffffffu, lane_row, k);
+            if (k < n) {
+                for (int c = lane; c < C51_I_TILE; c += 32)
+                    hs[k][c] = i0 + c < TRIDENT_H ? h[row * TRIDENT_H + i0 + c] : 0.0f;
+                for (int z = lane; z < TRIDENT_Z; z += 32)
+                    gs[k][z] = grad_taken[row * TRIDENT_Z + z];
+            }
+        }
+        __syncthreads();
+        for (int k = 0; k < n; ++k) {
+            for (int j = 0; j < C51_Z_PER_LANE; ++j) {
+                const int z = lane + 32 * j;
+                const float g = z < TRIDENT_Z ? gs[k][z] : 0.0f;
+                bacc[j] += g;
+                for (int u = 0; u < C51_I_PER_WARP; ++u)
+                    acc[u][j] += hs[k][warp * C51_I_PER_WARP + u] * g;
+            }
+        }
+        __syncthreads();
+    }
+    const long long plane = (long long)chunk * TRIDENT_H * C51_WIDTH;
+    for (int u = 0; u < C51_I_PER_WARP; ++u) {
+        const int i = i0 + warp * C51_I_PER_WARP + u;
+        if (i >= TRIDENT_H) break;
+        for (int j = 0; j < C51_Z_PER_LANE; ++j) {
+            const int z = lane + 32 * j;
+            if (z < TRIDENT_Z)
+                partial_W[plane + (long long)i * C51_WIDTH + key * TRIDENT_Z + z] = acc[u][j];
+        }
+    }
+    if (blockIdx.z == 0 && warp == 0) {
+        for (int j = 0; j < C51_Z_PER_LANE; ++j) {
+            const int z = lane + 32 * j;
+            if (z < TRIDENT_Z) partial_b[(long long)chunk * C51_WIDTH + key * TRIDENT_Z + z] = bacc[j];
+        }
+    }
 }

@@ -377,3 +377,19 @@ def test_core_ops_match_numpy_signatures_and_kernel_constants() -> None:
     assert (threads, threads * items) == (core_ops.REDUCE_THREADS, core_ops.REDUCE_CHUNK)
     assert kernel_define("grad_h_accumulate.cu", "TRIDENT_MAX_HEADS") == core_ops.MAX_HEADS
     assert kernel_define("common.cuh", "TRIDENT_BLOCK") == core_ops.BLOCK
+
+
+def test_c51_taken_kernel_constants_match_the_wrapper() -> None:
+    pytest.importorskip("cupy", reason="cupy is not installed")
+    from service.backend.cuda import head_ops
+
+    for name in ("C51_SORT_THREADS", "C51_TAKEN_THREADS", "C51_GRAD_THREADS",
+                 "C51_SHARED_FLOATS"):  # fmt: skip
+        assert kernel_define("dqn_distributional_q.cu", name) == getattr(head_ops, name), name
+    warps = kernel_define("dqn_distributional_q.cu", "C51_GRAD_THREADS") // 32
+    per_warp = kernel_define("dqn_distributional_q.cu", "C51_I_PER_WARP")
+    assert warps * per_warp == head_ops.C51_I_TILE
+    assert head_ops.c51_tile_rows(256, 51) == 16  # 256 + 5 · 51 floats a row: 20 fit
+    assert head_ops.c51_tile_rows(1024, 101) == 7  # 1024 + 3 · 101: 7 fit
+    with pytest.raises(ValueError, match=r"model\.hidden_dim"):
+        head_ops.c51_tile_rows(10_000, 51)

@@ -194,6 +194,38 @@ def test_c51_cross_entropy_fwd_bwd(rng: np.random.Generator, B: int, mass: float
     np.testing.assert_array_equal(full_grad[other], 0.0)
 
 
+@pytest.mark.parametrize("B", [1, 7, 23])
+def test_c51_taken_loss_bwd(rng: np.random.Generator, B: int) -> None:
+    h, W, b = rng.normal(size=(B, H)), rng.normal(size=(H, A * Z)), rng.normal(size=A * Z)
+    actions = rng.integers(0, A, size=B)
+    target = _random_target(rng, B, 1.0)
+    ht, Wt, bt = t64(h, True), t64(W, True), t64(b, True)
+    logits = (ht @ Wt + bt).reshape(B, A, Z)[torch.arange(B), torch.from_numpy(actions)]
+    loss_t = -(t64(target) * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
+    loss_t.backward()
+    loss, grad_h, grad_W, grad_b = ops.c51_taken_loss_bwd(h, W, b, actions, target)
+    assert_rel(loss, loss_t, "loss")
+    assert_rel(grad_h, ht.grad, "grad_h")
+    assert_rel(grad_W, Wt.grad, "grad_W")
+    assert_rel(grad_b, bt.grad, "grad_b")
+
+
+def test_c51_taken_loss_bwd_bad_action_is_nan_without_gradient(rng: np.random.Generator) -> None:
+    B = 6
+    h, W, b = rng.normal(size=(B, H)), rng.normal(size=(H, A * Z)), rng.normal(size=A * Z)
+    actions = rng.integers(0, A, size=B)
+    target = _random_target(rng, B, 1.0)
+    _, clean_h, clean_W, clean_b = ops.c51_taken_loss_bwd(h[1:], W, b, actions[1:], target[1:])
+    actions[0] = A  # out of range
+    loss, grad_h, grad_W, grad_b = ops.c51_taken_loss_bwd(h, W, b, actions, target)
+    assert np.isnan(loss)
+    np.testing.assert_array_equal(grad_h[0], 0.0)
+    # the other rows' gradients are the clean batch's, scaled by its size (the mean is over B)
+    np.testing.assert_allclose(grad_h[1:] * B, clean_h * (B - 1), rtol=1e-12)
+    np.testing.assert_allclose(grad_W * B, clean_W * (B - 1), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(grad_b * B, clean_b * (B - 1), rtol=1e-12, atol=1e-15)
+
+
 def _dense_taken_grad(grad_taken: np.ndarray, actions: np.ndarray) -> np.ndarray:
     B = grad_taken.shape[0]
     dense = np.zeros((B, A * Z))

@@ -223,7 +223,7 @@ def c51_head_bwd(
     num_actions = width // num_atoms
     grad_W = np.zeros_like(W)
     grad_b = np.zeros(width, dtype=W.dtype)
-    grad_h = np.empty_like(h)
+    grad_h = np.zeros_like(h)  # a row whose action is outside [0, A) gets none
     for a in range(num_actions):
         rows = np.flatnonzero(actions == a)
         cols = slice(a * num_atoms, (a + 1) * num_atoms)
@@ -232,6 +232,24 @@ def c51_head_bwd(
         grad_b[cols] = reduce_axis0(g)
         grad_h[rows] = g @ W[:, cols].T
     return grad_h, grad_W, grad_b
+
+
+def c51_taken_loss_bwd(
+    h: Array, W: Array, b: Array, actions: Array, target: Array
+) -> tuple[Array, Array, Array, Array]:
+    """The C51 head on replayed transitions, forward and backward, computing only each row's
+    taken action: logits = h W[:, a·Z:(a+1)·Z] + b[a·Z:(a+1)·Z], the cross-entropy against the
+    target m, and (loss, grad_h [B, H], grad_W, grad_b). The other A - 1 actions' logits are
+    never formed (they get no gradient). A row whose action is outside [0, A) has a NaN loss
+    and no gradient."""
+    num_atoms = target.shape[1]
+    logits = np.full((h.shape[0], 1, num_atoms), np.nan, dtype=h.dtype)
+    for a in range(W.shape[1] // num_atoms):
+        rows = np.flatnonzero(actions == a)
+        cols = slice(a * num_atoms, (a + 1) * num_atoms)
+        logits[rows, 0] = h[rows] @ W[:, cols] + b[cols]
+    loss, grad_taken = c51_cross_entropy_fwd_bwd(logits, np.zeros_like(actions), target)
+    return (loss, *c51_head_bwd(h, W, actions, grad_taken, num_atoms))
 
 
 # --------------------------------------------------------------------------- PPO policy head

@@ -501,7 +501,7 @@ class Trainer:
         """One optimizer update on rollout rows `rows` (+ a replay batch when `use_q`), its
         statistics added to `totals`. Device work only: no host reads, no uploads."""
         cfg, ops, params, hp = self.config, self.ops, self.params, self.hp
-        depth, A, Z = cfg.model.depth, cfg.model.num_actions, cfg.c51.num_atoms
+        depth = cfg.model.depth
         sequence = self.sequences["updates_attempted"]
         replay = support_clip = None
         if use_q:
@@ -530,13 +530,10 @@ class Trainer:
         grad_h_q = None
         if replay is not None:
             h_q = h[on_policy:]
-            q_logits = model.head_fwd(ops, params, "q", h_q).reshape(-1, A, Z)
             self._join(target_ready)
-            losses["q"], grad_taken = ops.c51_cross_entropy_fwd_bwd(
-                q_logits, replay.actions, target
-            )
-            grad_h_taken, grads["q/W"], grads["q/b"] = ops.c51_head_bwd(
-                h_q, params["q/W"], replay.actions, grad_taken, Z
+            # Only each row's taken action is computed: its logits, loss and gradients.
+            losses["q"], grad_h_taken, grads["q/W"], grads["q/b"] = ops.c51_taken_loss_bwd(
+                h_q, params["q/W"], params["q/b"], replay.actions, target
             )
             lambda_q = hp.weights(["train.lambda_q"])
             grad_h_q = ops.grad_h_accumulate([grad_h_taken], lambda_q)

@@ -85,8 +85,7 @@ def test_signatures_match_the_numpy_twins(ops: HeadOps) -> None:
         "c51_greedy",
         "categorical_projection",
         "c51_support_clip_ratio",
-        "c51_cross_entropy_fwd_bwd",
-        "c51_head_bwd",
+        "c51_taken_loss_bwd",
         "log_softmax",
         "ppo_surrogate_fwd_bwd",
         "normalize_advantages",
@@ -147,46 +146,55 @@ def test_c51_greedy(ops: HeadOps, rng: np.random.Generator, B: int) -> None:
     assert_close(probs[dev(np.flatnonzero(finite))], want_probs[finite])
 
 
-@pytest.mark.parametrize("B", SIZES)
-def test_c51_cross_entropy_fwd_bwd(ops: HeadOps, rng: np.random.Generator, B: int) -> None:
-    A, Z = ops.dims.A, ops.dims.Z
-    logits = normal(rng, B, A, Z, scale=2.0)
-    actions = rng.integers(0, A, B).astype(np.int32)
-    target = distributions(rng, B, Z)
-    loss, grad = ops.c51_cross_entropy_fwd_bwd(dev(logits), dev(actions), dev(target))
-    want_loss, want_grad = npo.c51_cross_entropy_fwd_bwd(logits, actions, target)
-    assert loss.shape == ()
-    assert_close(loss, np.float32(want_loss))
-    assert_close(grad, want_grad)
-
-
-def test_c51_cross_entropy_bad_action_is_nan(ops: HeadOps, rng: np.random.Generator) -> None:
-    """An action outside [0, A) gives a NaN loss (the guard skips the update), a zero row."""
-    A, Z = ops.dims.A, ops.dims.Z
-    actions = np.array([0, A, -1], dtype=np.int32)
-    loss, grad = ops.c51_cross_entropy_fwd_bwd(
-        dev(normal(rng, 3, A, Z)), dev(actions), dev(distributions(rng, 3, Z))
-    )
-    assert np.isnan(host(loss))
-    assert np.all(host(grad)[1:] == 0) and np.all(np.isfinite(host(grad)))
-
-
-@pytest.mark.parametrize("B", SIZES)
-def test_c51_head_bwd(ops: HeadOps, rng: np.random.Generator, B: int) -> None:
+def taken_inputs(ops: HeadOps, rng: np.random.Generator, B: int) -> tuple[np.ndarray, ...]:
     H, A, Z = ops.dims.H, ops.dims.A, ops.dims.Z
     h = np.maximum(normal(rng, B, H), 0)
-    W = normal(rng, H, A * Z, scale=0.1)
-    actions = rng.integers(0, A, B).astype(np.int32)
-    if B > A:
-        actions[actions == A - 1] = 0  # one action never taken: its columns must be zero
-    grad_taken = normal(rng, B, Z, scale=1.0 / B)
-    got = ops.c51_head_bwd(dev(h), dev(W), dev(actions), dev(grad_taken), Z)
-    want = npo.c51_head_bwd(h, W, actions, grad_taken, Z)
-    for g, w in zip(got, want, strict=True):
+    W, b = normal(rng, H, A * Z, scale=0.1), normal(rng, A * Z, scale=0.5)
+    return h, W, b, distributions(rng, B, Z)
+
+
+@pytest.mark.parametrize("actions_drawn", ["uniform", "skewed"])
+@pytest.mark.parametrize("B", SIZES)
+def test_c51_taken_loss_bwd(
+    ops: HeadOps, rng: np.random.Generator, B: int, actions_drawn: str
+) -> None:
+    A, Z = ops.dims.A, ops.dims.Z
+    h, W, b, target = taken_inputs(ops, rng, B)
+    if actions_drawn == "uniform":
+        actions = rng.integers(0, A, B).astype(np.int32)
+        if B > A:
+            actions[actions == A - 1] = 0  # one action never taken: its columns must be zero
+    else:  # nearly every row on one action: many tiles and chunks of one segment
+        actions = np.where(rng.random(B) < 0.97, 2, rng.integers(0, A, B)).astype(np.int32)
+    got = ops.c51_taken_loss_bwd(dev(h), dev(W), dev(b), dev(actions), dev(target))
+    want = npo.c51_taken_loss_bwd(h, W, b, actions, target)
+    assert got[0].shape == ()
+    assert_close(got[0], np.float32(want[0]))
+    for g, w in zip(got[1:], want[1:], strict=True):
         assert_close(g, w)
-    if B > A:
-        assert np.all(host(got[1])[:, (A - 1) * Z :] == 0)
-        assert np.all(host(got[2])[(A - 1) * Z :] == 0)
+    if actions_drawn == "uniform" and B > A:
+        assert np.all(host(got[2])[:, (A - 1) * Z :] == 0)
+        assert np.all(host(got[3])[(A - 1) * Z :] == 0)
+
+
+def test_c51_taken_bad_action_is_nan_without_gradient(
+    ops: HeadOps, rng: np.random.Generator
+) -> None:
+    """An action outside [0, A) gives a NaN loss (the guard skips the update), a zero grad_h
+    row, and no weight column sees the row."""
+    A, B = ops.dims.A, 40
+    h, W, b, target = taken_inputs(ops, rng, B)
+    actions = rng.integers(0, A, B).astype(np.int32)
+    actions[[3, 17]] = [A, -1]
+    loss, grad_h, grad_W, grad_b = ops.c51_taken_loss_bwd(
+        dev(h), dev(W), dev(b), dev(actions), dev(target)
+    )
+    want = npo.c51_taken_loss_bwd(h, W, b, actions, target)
+    assert np.isnan(host(loss)) and np.isnan(want[0])
+    assert np.all(host(grad_h)[[3, 17]] == 0)
+    assert_close(grad_h, want[1])
+    assert_close(grad_W, want[2])
+    assert_close(grad_b, want[3])
 
 
 # --------------------------------------------------------------------------- projection
@@ -558,8 +566,8 @@ def test_every_op_twice_gives_the_same_bytes(ops: HeadOps, rng: np.random.Genera
     h, W = dev(normal(rng, B, H)), dev(normal(rng, H, A * Z))
     calls: list[Callable[[], object]] = [
         lambda: ops.c51_softmax(logits_q),
-        lambda: ops.c51_cross_entropy_fwd_bwd(logits_q, actions, target),
-        lambda: ops.c51_head_bwd(h, W, actions, target, Z),
+        lambda: ops.c51_greedy(logits_q, dev(npo.c51_support(V_MIN, V_MAX, Z, np.float32))),
+        lambda: ops.c51_taken_loss_bwd(h, W, W[0], actions, target),
         lambda: ops.categorical_projection(p, r, done, k, 0.99, V_MIN, V_MAX),
         lambda: ops.c51_support_clip_ratio(p, r, done, k, 0.99, V_MIN, V_MAX),
         lambda: ops.ppo_surrogate_fwd_bwd(logits, acts, behavior, adv, 0.2, 0.01),
@@ -593,23 +601,22 @@ def test_launches_are_validated(ops: HeadOps, rng: np.random.Generator) -> None:
     pi = dev(normal(rng, B, A))
     gamma32 = cupy.asarray(np.array([0.99], np.float32))
     v = dev(normal(rng, B))
+    h, W = dev(normal(rng, B, H)), dev(normal(rng, H, A * Z))
     cases = [
         (lambda: ops.c51_softmax(host(logits)), "logits: expected a cupy.ndarray"),
         (lambda: ops.c51_softmax(logits.astype(cupy.float64)), "logits: expected dtype float32"),
         (lambda: ops.c51_softmax(dev(normal(rng, B, A, Z + 1))), "logits: expected a cupy"),
         (
-            lambda: ops.c51_cross_entropy_fwd_bwd(logits, actions.astype(cupy.int64), target),
+            lambda: ops.c51_taken_loss_bwd(h, W, W[0], actions.astype(cupy.int64), target),
             "actions: expected dtype int32",
         ),
         (
-            lambda: ops.c51_cross_entropy_fwd_bwd(logits, actions, target[:, ::-1]),
+            lambda: ops.c51_taken_loss_bwd(h, W, W[0], actions, target[:, ::-1]),
             "target: expected a C-contiguous",
         ),
         (
-            lambda: ops.c51_head_bwd(
-                dev(normal(rng, B, H)), dev(normal(rng, H, A * Z)), actions, target, Z + 1
-            ),
-            "num_atoms",
+            lambda: ops.c51_taken_loss_bwd(h, W[:-1], W[0], actions, target),
+            "W: expected shape",
         ),
         (
             lambda: ops.categorical_projection(target, rewards, k, k, 0.99, V_MIN, V_MAX),

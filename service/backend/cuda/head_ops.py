@@ -33,7 +33,6 @@ import numpy as np
 
 from service.backend import numpy_ops
 from service.backend.cuda.core_ops import CoreOps
-from service.backend.cuda.gemm import gemm
 from service.backend.cuda.loader import CudaDims, load_kernel
 from service.backend.cuda.validate import F32 as _F32
 from service.backend.cuda.validate import FLAG_DTYPES as _FLAGS
@@ -48,6 +47,28 @@ Scalar = float | cupy.ndarray
 
 BLOCK = 256  # threads per block of the row / element kernels
 REDUCE_THREADS = 256  # the *_REDUCE_THREADS block size of the single-block mean kernels
+# dqn_distributional_q.cu's C51 taken-action kernels: sort and gradient block sizes, and the
+# weight-gradient chunking (chunks of at least C51_CHUNK_ROWS rows, at most C51_MAX_CHUNKS).
+C51_SORT_THREADS = 256
+C51_TAKEN_THREADS = 256
+C51_GRAD_THREADS = 256
+C51_I_TILE = 8  # features per c51_taken_grad_partials block (one per warp)
+C51_CHUNK_ROWS = 256
+C51_MAX_CHUNKS = 64
+C51_SHARED_FLOATS = 10240  # c51_taken_fwd_bwd's shared-memory budget per block
+
+
+def c51_tile_rows(H: int, Z: int) -> int:
+    """C51_TILE_ROWS of c51_taken_fwd_bwd: rows per block that fit its shared memory."""
+    z_lanes = min(256, -(-Z // 32) * 32)
+    row_floats = H + (C51_TAKEN_THREADS // z_lanes + 1) * Z
+    if row_floats > C51_SHARED_FLOATS:
+        raise ValueError(
+            f"model.hidden_dim + {C51_TAKEN_THREADS // z_lanes + 1} · c51.num_atoms = "
+            f"{row_floats}: expected at most {C51_SHARED_FLOATS} (one replayed row's features "
+            "and atoms must fit the C51 head kernel's shared memory)"
+        )
+    return min(16, C51_SHARED_FLOATS // row_floats)
 PPO_ROW_STATS = 5  # ppo_clipped_surrogate.cu: PPO_ROW_STATS columns of row_stats
 PPO_STATS = ("loss", "pg_loss", "entropy", "approx_kl", "clip_fraction")  # the twin's dict order
 
@@ -128,7 +149,8 @@ class HeadOps:
         self.__name__ = f"{type(self).__module__}.HeadOps"  # check_op_set's messages use it
         self._defines = dims.defines()
         self._unused: Array | None = None
-        self._core = CoreOps(dims)  # reduce_axis0 for the C51 head's bias gradient
+        self._core = CoreOps(dims)  # reduce_axis0 for the C51 head's gradients
+        self._tile_rows = c51_tile_rows(dims.H, dims.Z)
 
     def _unused_scalar(self) -> Array:
         """A float64 [1] device array for a scalar argument the kernel will not read."""
@@ -256,55 +278,53 @@ class HeadOps:
         self._reduce(file, "c51_support_clip_ratio_mean", (per_row, ratio, np.int32(B)))
         return ratio
 
-    def c51_cross_entropy_fwd_bwd(
-        self, logits: Array, actions: Array, target: Array
-    ) -> tuple[Array, Array]:
-        """(loss 0-d, grad_taken [B, Z]) of -Σ_z m log p(s, a) averaged over the batch.
-
-        An action outside [0, A) makes the loss NaN (the non-finite guard then skips the
-        update) and its gradient row zero; no host check is made.
-        """
-        A, Z = self.dims.A, self.dims.Z
-        logits, B = _batch("logits", logits, (A, Z))
-        actions = _array("actions", actions, _I32, shape=(B,))
-        target = _array("target", target, shape=(B, Z))
-        per_row = cupy.empty(B, dtype=cupy.float32)
-        grad = cupy.empty((B, Z), dtype=cupy.float32)
-        loss = _scalar_out()
-        file = "dqn_distributional_q.cu"
-        self._launch(
-            file,
-            "c51_cross_entropy_fwd_bwd",
-            _count("32·B", 32 * B),  # one warp per row
-            (logits, actions, target, per_row, grad, np.int32(B)),
-        )
-        self._reduce(file, "c51_loss_mean", (per_row, loss, np.int32(B)))
-        return loss, grad
-
-    def c51_head_bwd(
-        self, h: Array, W: Array, actions: Array, grad_taken: Array, num_atoms: int
-    ) -> tuple[Array, Array, Array]:
-        """(grad_h [B, H], grad_W [H, A·Z], grad_b [A·Z]) of logits = h W + b when only each
-        row's taken action has a gradient: that gradient spread densely over [B, A·Z], then
-        two GEMMs and a fixed-order column sum (dqn_distributional_q.cu explains why)."""
+    def c51_taken_loss_bwd(
+        self, h: Array, W: Array, b: Array, actions: Array, target: Array
+    ) -> tuple[Array, Array, Array, Array]:
+        """(loss 0-d, grad_h [B, H], grad_W [H, A·Z], grad_b [A·Z]) of the C51 head on
+        replayed rows, each row's taken action only: rows sorted by action, then one block
+        per tile of same-action rows for the logits, the cross-entropy and grad_h, and
+        per-chunk weight-gradient partials that reduce_axis0 sums in a fixed order
+        (dqn_distributional_q.cu). O(B·Z) work per feature instead of O(B·A·Z); scratch at
+        most 64 · (H + 1) · A·Z floats. An action outside [0, A) gives a NaN loss and a zero
+        gradient row; no host check is made."""
         H, A, Z = self.dims.H, self.dims.A, self.dims.Z
-        if num_atoms != Z:
-            raise ValueError(f"num_atoms: expected {Z} (the compiled Z), got {num_atoms!r}")
         h, B = _batch("h", h, (H,))
         W = _array("W", W, shape=(H, A * Z))
+        b = _array("b", b, shape=(A * Z,))
         actions = _array("actions", actions, _I32, shape=(B,))
-        grad_taken = _array("grad_taken", grad_taken, shape=(B, Z))
-        dense = cupy.empty((B, A * Z), dtype=cupy.float32)  # G: grad_taken spread over A·Z
-        self._launch(
-            "dqn_distributional_q.cu",
-            "c51_taken_to_dense",
-            _count("B·A·Z", B * A * Z),
-            (grad_taken, actions, dense, np.int32(B)),
+        target = _array("target", target, shape=(B, Z))
+        file, defines = "dqn_distributional_q.cu", self._defines
+        order = cupy.empty(B, dtype=cupy.int32)
+        offsets = cupy.empty(A + 2, dtype=cupy.int32)
+        per_row = cupy.empty(B, dtype=cupy.float32)
+        grad_taken = cupy.empty((B, Z), dtype=cupy.float32)
+        grad_h = cupy.empty((B, H), dtype=cupy.float32)
+        loss = _scalar_out()
+        chunk_rows = max(C51_CHUNK_ROWS, -(-B // C51_MAX_CHUNKS))
+        chunks = max(1, -(-B // chunk_rows))
+        partial_W = cupy.empty((chunks, H, A * Z), dtype=cupy.float32)
+        partial_b = cupy.empty((chunks, A * Z), dtype=cupy.float32)
+        if B:
+            load_kernel(file, "c51_sort_actions", defines)(
+                (A + 1,), (C51_SORT_THREADS,), (actions, order, offsets, np.int32(B))
+            )
+            load_kernel(file, "c51_taken_fwd_bwd", defines)(
+                (-(-B // self._tile_rows), A + 1),
+                (C51_TAKEN_THREADS,),
+                (h, W, b, target, order, offsets, per_row, grad_taken, grad_h, np.int32(B)),
+            )
+        else:
+            offsets.fill(0)
+        load_kernel(file, "c51_taken_grad_partials", defines)(
+            (chunks, A, -(-H // C51_I_TILE)),
+            (C51_GRAD_THREADS,),
+            (h, grad_taken, order, offsets, partial_W, partial_b, np.int32(chunk_rows)),
         )
-        grad_W = gemm(h, dense, trans_a=True)
-        grad_h = gemm(dense, W, trans_b=True)
-        grad_b = self._core.reduce_axis0(dense)
-        return grad_h, grad_W, grad_b
+        self._reduce(file, "c51_loss_mean", (per_row, loss, np.int32(B)))
+        grad_W = self._core.reduce_axis0(partial_W)
+        grad_b = self._core.reduce_axis0(partial_b)
+        return loss, grad_h, grad_W, grad_b
 
     # ----------------------------------------------------------------------- PPO policy head
     def log_softmax(self, logits: Array) -> Array:
