@@ -54,6 +54,16 @@ __host__ __device__ __forceinline__ uint4 trident_philox4x32_10(uint4 counter, u
     return c;
 }
 
+// out[0..3] = the four words of trident_philox4x32_10(counter, key).
+__device__ __forceinline__ void trident_philox_store(uint4 counter, uint2 key,
+                                                     unsigned int* __restrict__ out) {
+    const uint4 r = trident_philox4x32_10(counter, key);
+    out[0] = r.x;
+    out[1] = r.y;
+    out[2] = r.z;
+    out[3] = r.w;
+}
+
 // A draw in [0, 1) from the top 24 bits of u: (u >> 8) * 2^-24, exact in float32.
 __host__ __device__ __forceinline__ float trident_uniform01(unsigned int u) {
     return (float)(u >> 8) * 5.9604644775390625e-08f;  // 2^-24

@@ -54,15 +54,11 @@ static __device__ __forceinline__ long long c51_thread_index()
 //   p_z = exp(l_z - max_z l) / Σ_z exp(l_z - max_z l)
 #define C51_LANE_ATOMS ((TRIDENT_Z + 31) / 32)
 
-extern "C" __global__ void c51_softmax(const float* __restrict__ logits,
-                                       float* __restrict__ probs, int rows)
+// One row's softmax over its Z atoms in one warp: lane l gets p at atoms l, l + 32, ... in e[]
+// (0 past Z). c51_softmax's arithmetic, shared by c51_greedy.
+static __device__ __forceinline__ void c51_warp_softmax(const float* __restrict__ x, int lane,
+                                                        float (&e)[C51_LANE_ATOMS])
 {
-    const long long row = c51_thread_index() >> 5;  // the same for the whole warp
-    const int lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    const float* x = logits + row * TRIDENT_Z;
-    float* p = probs + row * TRIDENT_Z;
-    float e[C51_LANE_ATOMS];
     const float minus_inf = __int_as_float(0xff800000);
     float m = minus_inf;  // NaN wins every c51_nanmax, as in np.max
     for (int k = 0; k < C51_LANE_ATOMS; ++k) {
@@ -79,9 +75,20 @@ extern "C" __global__ void c51_softmax(const float* __restrict__ logits,
     }
     for (int offset = 16; offset > 0; offset >>= 1)
         sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    for (int k = 0; k < C51_LANE_ATOMS; ++k) e[k] = e[k] / sum;
+}
+
+extern "C" __global__ void c51_softmax(const float* __restrict__ logits,
+                                       float* __restrict__ probs, int rows)
+{
+    const long long row = c51_thread_index() >> 5;  // the same for the whole warp
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    float e[C51_LANE_ATOMS];
+    c51_warp_softmax(logits + row * TRIDENT_Z, lane, e);
     for (int k = 0; k < C51_LANE_ATOMS; ++k) {
         const int z = lane + 32 * k;
-        if (z < TRIDENT_Z) p[z] = e[k] / sum;
+        if (z < TRIDENT_Z) probs[row * TRIDENT_Z + z] = e[k];
     }
 }
 
@@ -124,32 +131,15 @@ extern "C" __global__ void c51_greedy(const float* __restrict__ logits,
     const long long b = c51_thread_index() >> 5;  // the same for the whole warp
     const int lane = threadIdx.x & 31;
     if (b >= B) return;
-    const float minus_inf = __int_as_float(0xff800000);
     int chosen = 0;
     float chosen_q = 0.0f;
     float kept[C51_LANE_ATOMS];  // the chosen action's probabilities (this lane's atoms)
     for (int a = 0; a < TRIDENT_A; ++a) {
-        const float* x = logits + (b * TRIDENT_A + a) * TRIDENT_Z;
         float e[C51_LANE_ATOMS];
-        float m = minus_inf;
-        for (int k = 0; k < C51_LANE_ATOMS; ++k) {
-            const int z = lane + 32 * k;
-            e[k] = z < TRIDENT_Z ? x[z] : minus_inf;
-            m = c51_nanmax(m, e[k]);
-        }
-        for (int offset = 16; offset > 0; offset >>= 1)
-            m = c51_nanmax(m, __shfl_xor_sync(0xffffffffu, m, offset));
-        float sum = 0.0f;
-        for (int k = 0; k < C51_LANE_ATOMS; ++k) {
-            e[k] = lane + 32 * k < TRIDENT_Z ? expf(e[k] - m) : 0.0f;
-            sum += e[k];
-        }
-        for (int offset = 16; offset > 0; offset >>= 1)
-            sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+        c51_warp_softmax(logits + (b * TRIDENT_A + a) * TRIDENT_Z, lane, e);
         double q = 0.0;
         for (int k = 0; k < C51_LANE_ATOMS; ++k) {
             const int z = lane + 32 * k;
-            e[k] = e[k] / sum;
             if (z < TRIDENT_Z) q += (double)e[k] * (double)support[z];
         }
         const float qf = (float)c51_warp_sum(q);

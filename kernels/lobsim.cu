@@ -310,17 +310,7 @@ extern "C" __global__ void lobsim_random_bits(unsigned int key0, unsigned int ke
 {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    uint4 c;
-    c.x = (unsigned int)i;
-    c.y = (unsigned int)(sequence & 0xffffffffull);
-    c.z = stream;
-    c.w = (unsigned int)(sequence >> 32);
-    uint2 key;
-    key.x = key0;
-    key.y = key1;
-    const uint4 r = trident_philox4x32_10(c, key);
-    out[4 * i] = r.x;
-    out[4 * i + 1] = r.y;
-    out[4 * i + 2] = r.z;
-    out[4 * i + 3] = r.w;
+    const uint4 c = make_uint4((unsigned int)i, (unsigned int)(sequence & 0xffffffffull), stream,
+                               (unsigned int)(sequence >> 32));
+    trident_philox_store(c, make_uint2(key0, key1), out + 4 * i);
 }

@@ -8,18 +8,8 @@ extern "C" __global__ void philox_test(const unsigned int* __restrict__ counters
                                        unsigned int* __restrict__ out) {
     const int stride = gridDim.x * blockDim.x;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        uint4 c;
-        c.x = counters[4 * i];
-        c.y = counters[4 * i + 1];
-        c.z = counters[4 * i + 2];
-        c.w = counters[4 * i + 3];
-        uint2 key;
-        key.x = key0;
-        key.y = key1;
-        const uint4 r = trident_philox4x32_10(c, key);
-        out[4 * i] = r.x;
-        out[4 * i + 1] = r.y;
-        out[4 * i + 2] = r.z;
-        out[4 * i + 3] = r.w;
+        const uint4 c = make_uint4(counters[4 * i], counters[4 * i + 1], counters[4 * i + 2],
+                                   counters[4 * i + 3]);
+        trident_philox_store(c, make_uint2(key0, key1), out + 4 * i);
     }
 }

@@ -11,8 +11,22 @@ from service.config import Config
 from service.errors import InvalidInput
 
 
+class _TimeMajor:
+    """[T, N] arrays of T steps of N envs: the shape of a rollout's actions."""
+
+    actions: np.ndarray
+
+    @property
+    def horizon(self) -> int:
+        return self.actions.shape[0]
+
+    @property
+    def num_envs(self) -> int:
+        return self.actions.shape[1]
+
+
 @dataclass(frozen=True)
-class Rollout:
+class Rollout(_TimeMajor):
     """What N actors saw over T steps, time-major.
 
     obs[T] is the bootstrap observation. Where `truncated[t, n]`, obs[t + 1, n] already belongs
@@ -32,14 +46,6 @@ class Rollout:
     bce_labels: np.ndarray | None = None  # [T, N] in {0, 1}
     aux_targets: np.ndarray | None = None  # [T, N, K] float
     policy_version: int | None = None  # the version the actor's Act calls returned
-
-    @property
-    def horizon(self) -> int:
-        return self.actions.shape[0]
-
-    @property
-    def num_envs(self) -> int:
-        return self.actions.shape[1]
 
     def float_fields(self) -> dict[str, np.ndarray]:
         """Every floating-point input, for the non-finite guard."""
@@ -123,7 +129,7 @@ def _validate_final_obs(rollout: Rollout, T: int, N: int, D: int) -> None:
 
 
 @dataclass(frozen=True)
-class DeviceRollout:
+class DeviceRollout(_TimeMajor):
     """A rollout already in the trainer's memory (the in-process GPU loop), time-major like
     `Rollout`, with the observation after every step given dense: `next_obs[t, n]` is s_{t+1}
     before any auto-reset (the final observation where the episode ended), since how many
@@ -144,14 +150,6 @@ class DeviceRollout:
     bce_labels: np.ndarray | None = None  # [T, N] bool or 0/1 integers
     aux_targets: np.ndarray | None = None  # [T, N, K] float
     policy_version: int | None = None
-
-    @property
-    def horizon(self) -> int:
-        return self.actions.shape[0]
-
-    @property
-    def num_envs(self) -> int:
-        return self.actions.shape[1]
 
     def float_fields(self) -> dict[str, np.ndarray]:
         """Every floating-point input, for the non-finite guard."""

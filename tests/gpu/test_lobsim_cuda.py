@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from service.backend.philox import Stream, random_bits, seed_key
 from service.config import LobsimConfig
 from service.lobsim.env import NUM_ACTIONS, LobSim
 
@@ -48,3 +49,14 @@ def test_cpu_and_gpu_markets_are_bit_identical(settings: dict) -> None:
     assert cpu.books.traded.sum() > 0 and (cpu.books.agent_px >= 0).any()
     if cfg.recentre_ticks == 2:
         assert (cpu.books.base != cpu.books.base[0]).any() or cpu.truncated_lots.any()
+
+
+@pytest.mark.parametrize("stream", [Stream.LOB_RESET, Stream.LOB_LATENCY])
+def test_device_random_bits_are_the_host_philox_words(stream: Stream) -> None:
+    rng = np.random.default_rng()
+    seed = int(rng.integers(1 << 31))
+    env = LobSim(8, LobsimConfig(), seed, backend="cuda")
+    for sequence in (0, int(rng.integers(1 << 32)), int(rng.integers(1 << 32, 1 << 62))):
+        n = int(rng.integers(1, 5000))
+        got = env._cuda.random_bits(stream, sequence, n).get()
+        np.testing.assert_array_equal(got, random_bits(seed_key(seed), stream, sequence, n))
