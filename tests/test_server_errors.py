@@ -398,62 +398,6 @@ def test_inference_only_server_acts_like_its_checkpoint(trained: Connected, tmp_
     assert not (trained.server.checkpoint_dir / "from-inference").exists()
 
 
-@pytest.fixture(scope="module")
-def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """A server whose Steps take a while and whose Step queue holds one."""
-    tmp = tmp_path_factory.mktemp("backpressure")
-    with running_server(tmp, "server.step_queue_size=1", "ppo.epochs=100") as server:
-        yield server
-
-
-def test_full_step_queue_is_resource_exhausted_at_once(slow: ServerProcess) -> None:
-    callers = 6
-    rollouts = [random_rollout(np.random.default_rng(i), T=16, N=16) for i in range(callers)]
-    start = threading.Barrier(callers)
-    outcomes: list[tuple[Code, float, str, str | None] | None] = [None] * callers
-
-    def call(i: int) -> None:
-        with TridentClient(slow.target) as client:
-            request = step_request(rollouts[i])
-            request_id = uuid.uuid4().hex
-            client.health()  # connect first, so that every Step leaves at once
-            start.wait()
-            began = time.perf_counter()
-            try:
-                client._stub.Step(request, metadata=(("x-request-id", request_id),), timeout=60)
-                code, details, echoed = Code.OK, "", request_id
-            except grpc.RpcError as error:
-                code, details = error.code(), error.details()
-                echoed = dict(error.trailing_metadata() or ()).get("x-request-id")
-            outcomes[i] = (code, time.perf_counter() - began, details, echoed == request_id)
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(callers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert all(outcome is not None for outcome in outcomes)
-    done = [o for o in outcomes if o[0] == Code.OK]
-    full = [o for o in outcomes if o[0] == Code.RESOURCE_EXHAUSTED]
-    assert len(done) + len(full) == callers, outcomes
-    assert done and full, outcomes  # one applying, one waiting, the others turned away
-    fastest_success = min(seconds for _, seconds, _, _ in done)
-    assert all(seconds < fastest_success for _, seconds, _, _ in full), outcomes
-    assert all("step queue" in details and echoed for _, _, details, echoed in full), outcomes
-
-    # Backing off and retrying gets every rejected Step applied, each exactly once.
-    with TridentClient(slow.target) as client:
-        for _ in full:
-            for attempt in range(200):
-                try:
-                    client.step(random_rollout(np.random.default_rng(100 + attempt), T=4, N=4))
-                    break
-                except grpc.RpcError as error:
-                    assert error.code() == Code.RESOURCE_EXHAUSTED
-                    time.sleep(0.05)
-        assert client.status().global_step == callers
-
-
 def test_step_whose_caller_left_is_never_applied(tmp_path: Path) -> None:
     # A wide model and a large rollout make the first Step take seconds on any machine, so the
     # second one is still queued when its 0.2 s deadline passes.

@@ -1,13 +1,12 @@
-"""Message size limit to the byte: `server.max_message_mb` MiB is read, one byte more is refused
-with RESOURCE_EXHAUSTED and changes nothing.
-
-The other limit, a full Step queue answering RESOURCE_EXHAUSTED at once while a later Step
-succeeds, is covered by test_full_step_queue_is_resource_exhausted_at_once in
-tests/test_server_errors.py and is not repeated here.
-"""
+"""Limits: the message size to the byte (`server.max_message_mb` MiB is read, one byte more is
+refused with RESOURCE_EXHAUSTED and changes nothing), and a full Step queue (the next Step gets
+RESOURCE_EXHAUSTED at once, a later one succeeds)."""
 
 from __future__ import annotations
 
+import threading
+import time
+import uuid
 from collections.abc import Iterator
 
 import grpc
@@ -18,7 +17,9 @@ from serverproc import ServerProcess, random_rollout, running_server
 from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
-from service.client.client import step_request
+from service.client.client import TridentClient, step_request
+
+Code = grpc.StatusCode
 
 MAX_MB = 1
 LIMIT = MAX_MB * 1024 * 1024
@@ -74,3 +75,67 @@ def test_one_byte_over_the_limit_is_resource_exhausted(server: ServerProcess, me
     assert digest(server) == before
     # The server still serves normal requests.
     assert call(server, method, base(method)) == grpc.StatusCode.OK
+
+
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server whose Steps take a while and whose Step queue holds one."""
+    tmp = tmp_path_factory.mktemp("backpressure")
+    with running_server(tmp, "server.step_queue_size=1", "ppo.epochs=100") as server:
+        yield server
+
+
+def test_full_step_queue_is_resource_exhausted_at_once(
+    slow: ServerProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    callers = 6
+    rollouts = [random_rollout(np.random.default_rng(i), T=16, N=16) for i in range(callers)]
+    start = threading.Barrier(callers)
+    outcomes: list[tuple[Code, float, str, str | None] | None] = [None] * callers
+
+    def call(i: int) -> None:
+        with TridentClient(slow.target) as client:
+            request = step_request(rollouts[i])
+            request_id = uuid.uuid4().hex
+            client.health()  # connect first, so that every Step leaves at once
+            start.wait()
+            began = time.perf_counter()
+            try:
+                client._stub.Step(request, metadata=(("x-request-id", request_id),), timeout=60)
+                code, details, echoed = Code.OK, "", request_id
+            except grpc.RpcError as error:
+                code, details = error.code(), error.details()
+                echoed = dict(error.trailing_metadata() or ()).get("x-request-id")
+            outcomes[i] = (code, time.perf_counter() - began, details, echoed == request_id)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(callers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert all(outcome is not None for outcome in outcomes)
+    done = [o for o in outcomes if o[0] == Code.OK]
+    full = [o for o in outcomes if o[0] == Code.RESOURCE_EXHAUSTED]
+    assert len(done) + len(full) == callers, outcomes
+    assert done and full, outcomes  # one applying, one waiting, the others turned away
+    fastest_success = min(seconds for _, seconds, _, _ in done)
+    assert all(seconds < fastest_success for _, seconds, _, _ in full), outcomes
+    assert all("step queue" in details and echoed for _, _, details, echoed in full), outcomes
+    with capsys.disabled():
+        print(
+            f"\n[limits] {callers} simultaneous Steps into a queue of 1: {len(done)} OK, "
+            f"{len(full)} RESOURCE_EXHAUSTED within {max(s for _, s, _, _ in full) * 1e3:.0f} ms "
+            f"(the first OK took {fastest_success:.2f} s); each retried later and applied"
+        )
+
+    # Backing off and retrying gets every rejected Step applied, each exactly once.
+    with TridentClient(slow.target) as client:
+        for _ in full:
+            for attempt in range(200):
+                try:
+                    client.step(random_rollout(np.random.default_rng(100 + attempt), T=4, N=4))
+                    break
+                except grpc.RpcError as error:
+                    assert error.code() == Code.RESOURCE_EXHAUSTED
+                    time.sleep(0.05)
+        assert client.status().global_step == callers
