@@ -34,7 +34,7 @@ from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
 from service.lobsim.vector import LobSimVectorEnv
 from service.trainer.loop import EnvStep, VectorEnv, collect_rollout
 from service.trainer.rollout import Rollout
-from service.trainer.trainer import ActMode
+from service.trainer.trainer import ActMode, ActResult
 
 if TYPE_CHECKING:  # Gymnasium is optional (pip install 'trident[gym]')
     from gymnasium.vector import VectorEnv as GymnasiumVector
@@ -194,6 +194,14 @@ def send_step(client: TridentClient, rollout: Rollout) -> StepReply | None:
     raise AssertionError("unreachable")
 
 
+def latency_ms(name: str, seconds: list[float]) -> str:
+    """`NAME p50 X ms p99 Y ms` of the wall times `seconds`."""
+    if not seconds:
+        return f"{name} p50 n/a p99 n/a"
+    p50, p99 = np.percentile(np.asarray(seconds) * 1e3, [50, 99])
+    return f"{name} p50 {p50:.2f} ms p99 {p99:.2f} ms"
+
+
 def run_actor(
     client: TridentClient,
     env: str,
@@ -204,8 +212,10 @@ def run_actor(
     rollout_len: int,
     seed: int,
     log_every: int,
+    duration_s: float | None = None,
 ) -> int:
-    """Send `steps` Steps of `rollout_len` x `num_envs` env steps; print progress."""
+    """Send `steps` Steps of `rollout_len` x `num_envs` env steps (or stop after the first Step
+    that ends `duration_s` after the start); print progress, then a `done:` summary line."""
     for name, value in (
         ("--num-envs", num_envs), ("--steps", steps), ("--rollout-len", rollout_len),
         ("--log-every", log_every),
@@ -214,6 +224,8 @@ def run_actor(
             raise ActorError(f"{name}: expected a positive integer, got {value}")
     if not 0 <= seed < 2**63:
         raise ActorError(f"--seed: expected an integer in [0, 2**63), got {seed}")
+    if duration_s is not None and not duration_s > 0:
+        raise ActorError(f"--duration: expected a positive number of seconds, got {duration_s}")
     with open_env(env, num_envs, lobsim, seed) as (vec_env, dims):
         check_dims(client.status(), dims, env)
         print(
@@ -222,15 +234,30 @@ def run_actor(
             flush=True,
         )
         started = time.perf_counter()
-        sent = env_steps = 0
+        sent = applied = dropped = env_steps = 0
+        act_s: list[float] = []
+        step_s: list[float] = []
+
+        def act(obs: np.ndarray) -> ActResult:
+            called = time.perf_counter()
+            result = client.act(obs, ActMode.SAMPLE)
+            act_s.append(time.perf_counter() - called)
+            return result
+
         while sent < steps:
-            act = lambda obs: client.act(obs, ActMode.SAMPLE)  # noqa: E731
+            if duration_s is not None and time.perf_counter() - started >= duration_s:
+                break
             rollout = collect_rollout(act, vec_env, rollout_len)
             env_steps += rollout_len * num_envs
+            called = time.perf_counter()
             reply = send_step(client, rollout)
+            step_s.append(time.perf_counter() - called)
             if reply is None:
+                dropped += 1
                 continue
             sent += 1
+            if reply.updates_applied:
+                applied += 1
             if sent % log_every and sent != steps:
                 continue
             returns = vec_env.take_returns()
@@ -243,4 +270,10 @@ def run_actor(
                 f"episode return {episodes} | {losses}{skipped}",
                 flush=True,
             )
+        print(
+            f"done: {sent} Steps ({applied} applied, {dropped} dropped as stale), "
+            f"{len(act_s)} Acts in {time.perf_counter() - started:.1f} s | "
+            f"{latency_ms('Step', step_s)} | {latency_ms('Act', act_s)}",
+            flush=True,
+        )
     return 0

@@ -141,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     actor.add_argument("--env", required=True, help="lobsim or gymnasium:ID (Discrete actions)")
     actor.add_argument("--num-envs", type=int, default=16, help="environments in this process")
     actor.add_argument("--steps", type=int, default=100, help="Steps to send, then exit")
+    actor.add_argument(
+        "--duration",
+        type=float,
+        metavar="SECONDS",
+        help="also exit after the first Step that ends this long after the start",
+    )
     actor.add_argument("--rollout-len", type=int, default=16, help="env steps per Step")
     actor.add_argument("--seed", type=int, default=0, help="environment seed")
     actor.add_argument("--log-every", type=int, default=10, help="Steps between progress lines")
@@ -327,6 +333,7 @@ def run_actor_command(args: argparse.Namespace) -> int:
             rollout_len=args.rollout_len,
             seed=args.seed,
             log_every=args.log_every,
+            duration_s=args.duration,
         )
 
 

@@ -83,6 +83,8 @@ def test_actor_trains_the_server_on_lobsim(tmp_path: Path) -> None:
     assert [line.split()[1] for line in progress] == ["1/2", "2/2"]
     assert "episode return n/a" not in progress[0]  # 8 steps of a 4-step horizon
     assert "bce " in progress[-1] and "aux " in progress[-1]  # the labels reached the server
+    assert lines[-1].startswith("done: 2 Steps (2 applied, 0 dropped as stale), 16 Acts in ")
+    assert " | Step p50 " in lines[-1] and " | Act p50 " in lines[-1]
 
 
 def cartpole(num_envs: int, **kwargs: object) -> gymnasium.vector.VectorEnv:

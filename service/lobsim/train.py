@@ -122,7 +122,8 @@ def run_train_lobsim(
                 returns[:] = [0, 0.0]
 
         for _ in range(remaining):
-            on_step(trainer.global_step, next_step())
+            progress = next_step()  # before reading global_step: the Step advances it
+            on_step(trainer.global_step, progress)
     elapsed = time.perf_counter() - started
     plot_learning_curve(log_csv, curve_png)
     print(

@@ -1,0 +1,16 @@
+# Long-running checks; each documents itself in bench/README.md and records its last result in
+# bench/results/. PYTHONPATH: the scripts import `service` from this checkout, installed or not.
+export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
+
+.PHONY: soak crash
+
+# 16 actors train one server for 10 minutes (NumPy backend): errors, Step accounting, RSS drift,
+# promtool on the scrape; writes bench/results/soak.json, exits 1 if a criterion fails.
+soak:
+	python3 bench/soak.py --actors 16 --duration 600
+
+# 200 SIGKILLs at random moments of checkpoint saves on a real server, a restart after each:
+# writes bench/results/crash_trials.json.
+crash:
+	TRIDENT_CRASH_TRIALS=200 TRIDENT_CRASH_RESULTS=bench/results/crash_trials.json \
+		python3 -m pytest tests/reliability/test_crash.py -k sigkill -s

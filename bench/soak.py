@@ -1,0 +1,689 @@
+"""Soak: N `trident actor` processes train one `trident serve` (NumPy backend) for a while.
+
+    make soak                                     # 16 actors, 600 s (the issue's soak)
+    python bench/soak.py --actors 4 --duration 60
+
+The server is a real subprocess on 127.0.0.1 (ports picked by the OS) with LobSim's model shape
+and a bearer token (random per run); each actor runs `--num-envs` LobSim markets and stops by
+itself after `--duration` seconds (`trident actor --duration`), printing a `done:` line with its
+Step count and its own Step and Act wall-time p50 / p99. While they run, the script samples the
+server's VmRSS and /metrics.
+Criteria, each a line of the table and an entry of `failures`:
+
+- errors: 0. Counted: actor exit codes, actor stderr output, rollouts dropped as stale, actors
+  without a `done:` line, the server's `trident_rpc_errors_total` (every method and code),
+  `trident_checkpoint_failures_total`, server log lines at WARNING / ERROR or not JSON, and
+  the server's exit status after SIGTERM.
+- Steps: the actors' applied Steps add up to the final `trident_steps_total`.
+- RSS drift: the slope of a least-squares line through the server's VmRSS after the warm-up,
+  in % per 10 minutes (see `rss_drift`), below `--max-drift-pct`.
+- `promtool check metrics` on the last scrape: exit 0 and no output.
+
+Latency is recorded, not bounded: the actors' own p50 / p99 (an RPC's whole wall time, queueing
+behind the other actors' Steps included) and the server's histograms (the engine's Step and the
+batched Act forward). Writes JSON (command, date, machine, settings, figures, RSS series) to
+--out and exits 1 when a criterion fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import datetime as dt
+import json
+import math
+import os
+import platform
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.config import LobsimConfig
+from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
+
+TEN_MINUTES_S = 600.0
+TOKEN = "<random per run>"  # what the report shows of the bearer token
+STARTUP_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 60.0
+DONE = re.compile(
+    r"^done: (?P<sent>\d+) Steps \((?P<applied>\d+) applied, (?P<dropped>\d+) dropped as stale\), "
+    r"(?P<acts>\d+) Acts in (?P<seconds>[\d.]+) s \| "
+    r"Step p50 (?P<step_p50>[\d.]+) ms p99 (?P<step_p99>[\d.]+) ms \| "
+    r"Act p50 (?P<act_p50>[\d.]+) ms p99 (?P<act_p99>[\d.]+) ms$"
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a soak runs and the bound on RSS drift it checks."""
+
+    actors: int = 16
+    duration_s: float = 600.0
+    num_envs: int = 4  # LobSim markets per actor
+    rollout_len: int = 16
+    # Small enough to fill during the warm-up, so that the drift does not count the replay
+    # buffer's own pages being touched for the first time.
+    replay_capacity: int = 16_384
+    warmup_frac: float = 0.1  # RSS before this share of the run (or the replay filling) is left out
+    max_drift_pct: float = 1.0  # per 10 minutes
+    seed: int = 0
+
+    def server_sets(self, token: str) -> list[str]:
+        """The server's `--set` settings: LobSim's model shape on the NumPy backend, a bearer
+        token (so every call passes the auth interceptor, as deployed), defaults otherwise,
+        except three the soak needs to be error-free by design:
+
+        - `server.step_queue_size` = actors: each actor has at most one Step in flight, so a
+          queue that long never answers RESOURCE_EXHAUSTED;
+        - `train.max_policy_lag` = 4 x actors: a rollout's T Acts and its Step wait behind
+          about one Step of every other actor, so the default (4) would drop rollouts as stale
+          (FAILED_PRECONDITION) by design, not by fault;
+        - `replay.capacity` (see above)."""
+        return [
+            "train.backend=numpy",
+            f"model.obs_dim={observation_dim(LobsimConfig())}",
+            f"model.num_actions={NUM_ACTIONS}",
+            f"model.aux_dim={LABEL_DIM}",
+            f"server.step_queue_size={self.actors}",
+            f"train.max_policy_lag={4 * self.actors}",
+            f"replay.capacity={self.replay_capacity}",
+            f"train.seed={self.seed}",
+            f"server.auth_token={token}",
+        ]
+
+    @property
+    def sample_interval_s(self) -> float:
+        """Between two RSS / metrics samples: 1 s, shorter for runs under 10 minutes."""
+        return min(1.0, max(0.25, self.duration_s / TEN_MINUTES_S))
+
+
+# ------------------------------------------------------------------------------- processes
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the soak dies, even by SIGKILL (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def spawn(
+    command: list[str], cwd: Path, stdout: IO[str] | int, stderr: IO[str] | int
+) -> subprocess.Popen[str]:
+    """Start `command` with no TRIDENT_* variables (they would change the server's config)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIDENT_")}
+    return subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=stderr,
+        text=True,
+        preexec_fn=_die_with_parent,
+    )
+
+
+def stop(process: subprocess.Popen[str], timeout_s: float) -> int:
+    """SIGTERM if still running, wait `timeout_s`, then SIGKILL; the exit status."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
+
+
+@dataclass
+class Server:
+    """`trident serve` with its stderr (JSON lines) drained by a thread."""
+
+    process: subprocess.Popen[str]
+    port: int = 0
+    metrics_port: int = 0
+    serving: threading.Event = field(default_factory=threading.Event)
+    steps_logged: int = 0
+    problems: list[str] = field(default_factory=list)  # WARNING / ERROR lines, non-JSON lines
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=40))
+    drainer: threading.Thread | None = None
+
+    def drain(self) -> None:
+        assert self.process.stderr is not None
+        for raw in self.process.stderr:
+            line = raw.rstrip()
+            self.tail.append(line)
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            if not isinstance(record, dict):
+                self.problems.append(line)
+                continue
+            if record.get("level") in ("WARNING", "ERROR"):
+                self.problems.append(line)
+            if record.get("event") == "step":
+                self.steps_logged += 1
+            elif record.get("event") == "serving" and not self.serving.is_set():
+                self.port, self.metrics_port = int(record["port"]), int(record["metrics_port"])
+                self.serving.set()
+        self.serving.set()  # the process ended: wake the waiter
+
+    def metrics_text(self) -> str:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.read().decode()
+
+    def rss_bytes(self) -> int | None:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        return None
+
+
+def start_server(settings: Settings, workdir: Path, token: str) -> Server:
+    command = [
+        sys.executable, "-m", "service.cli", "serve", "--port", "0", "--metrics-port", "0",
+        "--checkpoint-dir", str(workdir / "checkpoints"),
+    ]  # fmt: skip
+    for setting in settings.server_sets(token):
+        command += ["--set", setting]
+    server = Server(spawn(command, workdir, subprocess.DEVNULL, subprocess.PIPE))
+    server.drainer = threading.Thread(target=server.drain, name="server-stderr", daemon=True)
+    server.drainer.start()
+    if not server.serving.wait(STARTUP_TIMEOUT_S) or not server.port:
+        stop(server.process, STOP_TIMEOUT_S)
+        raise RuntimeError("server did not start:\n" + "\n".join(server.tail))
+    return server
+
+
+def actor_command(settings: Settings, target: str, index: int, token: str) -> list[str]:
+    return [
+        sys.executable, "-m", "service.cli", "actor", "--server", target, "--token", token,
+        "--env", "lobsim", "--num-envs", str(settings.num_envs),
+        "--rollout-len", str(settings.rollout_len),
+        "--duration", f"{settings.duration_s:g}", "--steps", str(2**62),
+        "--seed", str(settings.seed + index), "--log-every", "100",
+    ]  # fmt: skip
+
+
+# ------------------------------------------------------------------------------- metrics
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def parse_metrics(text: str) -> Samples:
+    """Every sample of a scrape, by sample name: [(labels, value)]."""
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return samples
+
+
+def total(samples: Samples, name: str) -> float:
+    """The sum of every series of `name` (0 when absent)."""
+    return sum(value for _, value in samples.get(name, []))
+
+
+def histogram(samples: Samples, name: str) -> dict[str, float | None]:
+    """Count, mean and p50 / p99 of histogram `name`, the quantiles interpolated within buckets
+    as PromQL's histogram_quantile does (a quantile in the +Inf bucket reads as the highest
+    finite bound)."""
+    buckets = sorted((float(labels["le"]), value) for labels, value in samples[f"{name}_bucket"])
+    count = total(samples, f"{name}_count")
+    figures: dict[str, float | None] = {
+        "count": count,
+        "mean_ms": 1e3 * total(samples, f"{name}_sum") / count if count else None,
+    }
+    for q in (0.5, 0.99):
+        quantile = None
+        if count:
+            rank, lower, below = q * count, 0.0, 0.0
+            for bound, cumulative in buckets:
+                if cumulative >= rank:
+                    quantile = lower
+                    if math.isfinite(bound):
+                        quantile += (bound - lower) * (rank - below) / (cumulative - below)
+                    break
+                lower, below = bound, cumulative
+        figures[f"p{round(q * 100)}_ms"] = None if quantile is None else 1e3 * quantile
+    return figures
+
+
+def promtool_check(promtool: str | None, text: str) -> dict[str, Any]:
+    """`promtool check metrics` on a scrape: clean when it exits 0 and prints nothing."""
+    if promtool is None:
+        return {"ran": False, "clean": False, "output": "promtool not found"}
+    done = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
+    output = (done.stdout + done.stderr).strip()
+    return {
+        "ran": True,
+        "clean": done.returncode == 0 and not output,
+        "exit": done.returncode,
+        "output": output,
+    }
+
+
+# ------------------------------------------------------------------------------- RSS
+def rss_drift(series: list[tuple[float, int, float]], settings: Settings) -> dict[str, Any]:
+    """The least-squares line through the VmRSS samples from `start` (the later of the warm-up
+    and the replay buffer being full) to the end of the run: its change over that span in %,
+    and its slope in % per 10 minutes, both relative to the line's value at `start`.
+
+    A line through every sample rather than the difference of two windows: the RSS wanders by
+    about 1 MiB over minutes (allocator arenas and Python's object pools grow and shrink while
+    the memory in use stays flat), which moves a window's median by as much as the drift the
+    soak bounds. `series` holds (seconds since the actors started, RSS bytes,
+    trident_samples_total)."""
+    D = settings.duration_s
+    filled = next((t for t, _, s in series if s >= settings.replay_capacity), None)
+    start = max(settings.warmup_frac * D, filled if filled is not None else math.inf)
+    figures: dict[str, Any] = {"replay_full_at_s": filled, "start_s": start}
+    points = np.array([(t, rss / 2**20) for t, rss, _ in series if start <= t <= D])
+    if start > 0.75 * D or len(points) < 10:
+        figures["error"] = "the replay buffer did not fill before the last quarter of the run"
+        return figures
+    slope, intercept = np.polyfit(points[:, 0], points[:, 1], 1)
+    at_start, at_end = intercept + slope * start, intercept + slope * points[-1, 0]
+    figures.update(
+        start_mib=round(float(at_start), 2),
+        end_mib=round(float(at_end), 2),
+        min_mib=round(float(points[:, 1].min()), 2),
+        max_mib=round(float(points[:, 1].max()), 2),
+        change_pct=round(float(100 * (at_end - at_start) / at_start), 4),
+        pct_per_10min=round(float(100 * slope * TEN_MINUTES_S / at_start), 4),
+    )
+    return figures
+
+
+def throughput(series: list[tuple[float, int, float]], duration_s: float) -> list[float | None]:
+    """Samples trained per second in each tenth of the run (steady progress: no tenth near 0)."""
+    rates: list[float | None] = []
+    for tenth in range(10):
+        inside = [(t, s) for t, _, s in series if tenth <= 10 * t / duration_s < tenth + 1]
+        if len(inside) < 2:
+            rates.append(None)
+            continue
+        (t0, s0), (t1, s1) = inside[0], inside[-1]
+        rates.append(round((s1 - s0) / (t1 - t0), 1))
+    return rates
+
+
+# ------------------------------------------------------------------------------- the run
+def run_soak(settings: Settings, workdir: Path, promtool: str | None) -> dict[str, Any]:
+    """Run the soak in `workdir` and return its figures (see `failures` for the verdict)."""
+    token = secrets.token_urlsafe(24)
+    server = start_server(settings, workdir, token)
+    actors: list[subprocess.Popen[str]] = []
+    logs: list[tuple[Path, Path]] = []
+    series: list[tuple[float, int, float]] = []
+    max_lag = 0.0
+    scrape_failures = 0
+    server_exit: int | None = None
+    try:
+        target = f"127.0.0.1:{server.port}"
+        started = time.monotonic()
+        for index in range(settings.actors):
+            out, err = workdir / f"actor{index}.out", workdir / f"actor{index}.err"
+            with out.open("w") as stdout, err.open("w") as stderr:
+                actors.append(
+                    spawn(actor_command(settings, target, index, token), workdir, stdout, stderr)
+                )
+            logs.append((out, err))
+        # Each actor stops after its first Step that ends `duration` after its own start.
+        deadline = started + settings.duration_s + STARTUP_TIMEOUT_S + STOP_TIMEOUT_S
+
+        def busy() -> bool:
+            return server.process.poll() is None and any(a.poll() is None for a in actors)
+
+        while busy() and time.monotonic() < deadline:
+            try:
+                samples = parse_metrics(server.metrics_text())
+            except OSError:
+                scrape_failures += 1
+            else:
+                rss = server.rss_bytes()
+                if rss is not None:
+                    filled = total(samples, "trident_samples_total")
+                    series.append((time.monotonic() - started, rss, filled))
+                max_lag = max(max_lag, total(samples, "trident_policy_lag"))
+            time.sleep(settings.sample_interval_s)
+        elapsed = time.monotonic() - started
+        unfinished = [i for i, a in enumerate(actors) if a.poll() is None]
+        for actor in actors:
+            stop(actor, STOP_TIMEOUT_S)
+        try:
+            text = server.metrics_text()
+        except OSError:
+            text = ""
+    finally:
+        for actor in actors:
+            stop(actor, STOP_TIMEOUT_S)
+        server_exit = stop(server.process, STOP_TIMEOUT_S)
+        if server.drainer is not None:
+            server.drainer.join(STOP_TIMEOUT_S)  # its last lines are read before counting
+    samples = parse_metrics(text)
+    return {
+        "elapsed_s": round(elapsed, 1),
+        "actors": [
+            actor_figures(a, out, err, i in unfinished)
+            for i, (a, (out, err)) in enumerate(zip(actors, logs, strict=True))
+        ],
+        "server": {
+            "exit": server_exit,
+            "problem_lines": server.problems[:20],
+            "problem_line_count": len(server.problems),
+            "steps_logged": server.steps_logged,
+            "tail": list(server.tail) if server_exit != 0 else [],
+        },
+        "metrics": metric_figures(samples) if text else None,
+        "max_policy_lag_sampled": max_lag,
+        "scrape_failures": scrape_failures,
+        "promtool": promtool_check(promtool, text)
+        if text
+        else {"ran": False, "clean": False, "output": "no final scrape"},
+        "rss": rss_drift(series, settings),
+        "samples_per_s_by_tenth": throughput(series, settings.duration_s),
+        "rss_series": [[round(t, 2), rss, s] for t, rss, s in series],
+    }
+
+
+def actor_figures(
+    actor: subprocess.Popen[str], out: Path, err: Path, unfinished: bool
+) -> dict[str, Any]:
+    """An actor's exit status, its `done:` line's figures and any stderr output."""
+    lines = out.read_text().splitlines()
+    done = DONE.match(lines[-1]) if lines else None
+    figures: dict[str, Any] = {
+        "exit": actor.returncode,
+        "unfinished": unfinished,
+        "stderr": err.read_text()[-2000:],
+        "done": None,
+    }
+    if done is not None:
+        figures["done"] = {k: float(v) if "." in v else int(v) for k, v in done.groupdict().items()}
+    else:
+        figures["stdout_tail"] = lines[-5:]
+    return figures
+
+
+def metric_figures(samples: Samples) -> dict[str, Any]:
+    return {
+        "steps_total": total(samples, "trident_steps_total"),
+        "global_step": total(samples, "trident_global_step"),
+        "samples_total": total(samples, "trident_samples_total"),
+        "rpc_errors_total": total(samples, "trident_rpc_errors_total"),
+        "rpc_errors": {
+            f"{labels['method']} {labels['code']}": value
+            for labels, value in samples.get("trident_rpc_errors_total", [])
+            if value
+        },
+        "checkpoint_failures_total": total(samples, "trident_checkpoint_failures_total"),
+        "skipped_updates_total": total(samples, "trident_skipped_updates_total"),
+        "step_engine": histogram(samples, "trident_step_duration_seconds"),
+        "act_forward": histogram(samples, "trident_act_duration_seconds"),
+        "act_batch_mean": total(samples, "trident_act_batch_size_sum")
+        / max(1.0, total(samples, "trident_act_batch_size_count")),
+    }
+
+
+def summary(results: dict[str, Any]) -> dict[str, Any]:
+    """Errors, Step counts and the actors' latency over all actors."""
+    actors = results["actors"]
+    done = [a["done"] for a in actors if a["done"] is not None]
+    metrics = results["metrics"] or {}
+    errors = {
+        "actor_exit_nonzero": sum(a["exit"] != 0 for a in actors),
+        "actor_without_done_line": len(actors) - len(done),
+        "actor_unfinished": sum(a["unfinished"] for a in actors),
+        "actor_stderr": sum(bool(a["stderr"].strip()) for a in actors),
+        "rollouts_dropped_stale": sum(d["dropped"] for d in done),
+        "server_rpc_errors": int(metrics.get("rpc_errors_total", 0)),
+        "server_checkpoint_failures": int(metrics.get("checkpoint_failures_total", 0)),
+        "server_problem_log_lines": results["server"]["problem_line_count"],
+        "server_exit_nonzero": int(results["server"]["exit"] != 0),
+        "no_final_scrape": int(not metrics),
+        "scrape_failures": results["scrape_failures"],
+    }
+
+    def spread(key: str) -> dict[str, float | None]:
+        values = [d[key] for d in done]
+        return {
+            "min": min(values, default=None),
+            "median": median(values),
+            "max": max(values, default=None),
+        }
+
+    return {
+        "errors": errors,
+        "error_count": sum(errors.values()),
+        "steps_sent": sum(d["sent"] for d in done),
+        "steps_applied": sum(d["applied"] for d in done),
+        "acts": sum(d["acts"] for d in done),
+        "steps_per_actor": spread("sent"),
+        # Per-actor quantiles; the pooled p99 is at most the largest actor's p99.
+        "step_p50_ms": spread("step_p50"),
+        "step_p99_ms": spread("step_p99"),
+        "act_p50_ms": spread("act_p50"),
+        "act_p99_ms": spread("act_p99"),
+    }
+
+
+def median(values: list[float]) -> float | None:
+    return float(np.median(values)) if values else None
+
+
+def failures(report: dict[str, Any]) -> dict[str, str]:
+    """The criteria a report fails, by name: errors, steps, rss, promtool."""
+    settings, results, total_ = report["settings"], report["results"], report["summary"]
+    failed = {}
+    if total_["error_count"]:
+        found = {k: v for k, v in total_["errors"].items() if v}
+        failed["errors"] = f"expected 0 errors, got {found}"
+    steps_total = (results["metrics"] or {}).get("steps_total")
+    if not total_["steps_applied"] or total_["steps_applied"] != steps_total:
+        failed["steps"] = (
+            f"expected the actors' applied Steps ({total_['steps_applied']}) > 0 and equal to "
+            f"trident_steps_total ({steps_total})"
+        )
+    rss = results["rss"]
+    if "error" in rss:
+        failed["rss"] = f"RSS drift not measurable: {rss['error']}"
+    elif not abs(rss["pct_per_10min"]) < settings["max_drift_pct"]:
+        failed["rss"] = (
+            f"expected |RSS drift| < {settings['max_drift_pct']} % per 10 minutes, got "
+            f"{rss['pct_per_10min']:+.3f} % ({rss['start_mib']} -> {rss['end_mib']} MiB)"
+        )
+    if not results["promtool"]["clean"]:
+        failed["promtool"] = f"promtool check metrics: {results['promtool']['output']!r}"
+    return failed
+
+
+# ------------------------------------------------------------------------------- report
+def machine() -> dict[str, Any]:
+    model = platform.processor()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "platform": platform.platform(),
+        "cpu_model": model,
+        "cpu_count": os.cpu_count(),
+        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "python": platform.python_version(),
+    }
+
+
+def versions() -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for name in ("numpy", "grpcio", "protobuf", "prometheus-client", "trident"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        found["git_commit"] = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    return found
+
+
+def busy_cpu_s() -> float:
+    """Busy CPU seconds of the whole machine so far (/proc/stat)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s() -> float:
+    """CPU seconds of this process and its waited-for children (server and actors)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def soak(settings: Settings, workdir: Path, promtool: str | None) -> dict[str, Any]:
+    """`run_soak` with the report around it: command, date, machine, settings, summary."""
+    busy, own, began = busy_cpu_s(), own_cpu_s(), time.monotonic()
+    load = os.getloadavg()
+    results = run_soak(settings, workdir, promtool)
+    wall = time.monotonic() - began
+    foreign = max(0.0, busy_cpu_s() - busy - (own_cpu_s() - own))
+    return {
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "versions": versions(),
+        "load_avg_before_after": [list(load), list(os.getloadavg())],
+        # CPU time other processes used during the run, as a share of the machine.
+        "other_processes_cpu_share": round(foreign / (wall * (os.cpu_count() or 1)), 4),
+        "settings": {
+            **asdict(settings),
+            "server_set": settings.server_sets(TOKEN),
+            "actor_command": shlex.join(actor_command(settings, "HOST:PORT", 0, TOKEN)),
+        },
+        "summary": summary(results),
+        "results": results,
+        "runtime_s": round(wall, 1),
+    }
+
+
+def print_table(report: dict[str, Any], failed: dict[str, str]) -> None:
+    s, total_, results = report["settings"], report["summary"], report["results"]
+    metrics, rss = results["metrics"] or {}, results["rss"]
+
+    def ms(figures: dict[str, Any], key: str) -> str:
+        value = figures.get(key)
+        return "n/a" if value is None else f"{value:.1f}"
+
+    def mark(name: str) -> str:
+        return "FAIL" if name in failed else "ok"
+
+    drift = (
+        rss.get("error")
+        or f"{rss['pct_per_10min']:+.3f} %/10 min ({rss['start_mib']} -> {rss['end_mib']} MiB)"
+    )
+    step, act = metrics.get("step_engine", {}), metrics.get("act_forward", {})
+    rates = [r for r in results["samples_per_s_by_tenth"] if r is not None]
+    rows = [
+        ("errors", str(total_["error_count"]), "0", mark("errors")),
+        ("Steps: actors applied / trident_steps_total",
+         f"{total_['steps_applied']} / {metrics.get('steps_total', float('nan')):.0f}", "equal",
+         mark("steps")),
+        ("server RSS drift", drift, f"< {s['max_drift_pct']} %", mark("rss")),
+        ("promtool check metrics", results["promtool"]["output"] or "clean", "clean",
+         mark("promtool")),
+        ("Step RPC p50 / p99 ms (actors: median / max)",
+         f"{ms(total_['step_p50_ms'], 'median')} / {ms(total_['step_p99_ms'], 'max')}", "", ""),
+        ("Act RPC p50 / p99 ms (actors: median / max)",
+         f"{ms(total_['act_p50_ms'], 'median')} / {ms(total_['act_p99_ms'], 'max')}", "", ""),
+        ("engine Step p50 / p99 ms (histogram)",
+         f"{ms(step, 'p50_ms')} / {ms(step, 'p99_ms')}", "", ""),
+        ("Act forward p50 / p99 ms (histogram)",
+         f"{ms(act, 'p50_ms')} / {ms(act, 'p99_ms')}", "", ""),
+        ("Acts / Steps sent", f"{total_['acts']} / {total_['steps_sent']}", "", ""),
+        ("Steps per actor: min / max",
+         f"{total_['steps_per_actor']['min']} / {total_['steps_per_actor']['max']}", "", ""),
+        ("samples/s by tenth of the run: min / max",
+         f"{min(rates, default=None)} / {max(rates, default=None)}", "", ""),
+    ]  # fmt: skip
+    print(
+        f"\nSoak: {s['actors']} actors x {s['num_envs']} LobSim markets, rollouts "
+        f"{s['rollout_len']}x{s['num_envs']}, {s['duration_s']:g} s; ran {report['runtime_s']} s, "
+        f"other processes' CPU share {report['other_processes_cpu_share']:.1%}"
+    )
+    width = max(len(r[0]) for r in rows)
+    value_width = max(len(r[1]) for r in rows)
+    for name, value, limit, ok in rows:
+        print(f"{name:<{width}}  {value:<{value_width}}  {limit:<8}  {ok}")
+    for name, message in failed.items():
+        print(f"FAILED {name}: {message}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    defaults = Settings()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--actors", type=int, default=defaults.actors)
+    parser.add_argument("--duration", type=float, default=defaults.duration_s, help="seconds")
+    parser.add_argument(
+        "--num-envs", type=int, default=defaults.num_envs, help="LobSim markets per actor"
+    )
+    parser.add_argument("--rollout-len", type=int, default=defaults.rollout_len)
+    parser.add_argument("--replay-capacity", type=int, default=defaults.replay_capacity)
+    parser.add_argument("--warmup-frac", type=float, default=defaults.warmup_frac)
+    parser.add_argument(
+        "--max-drift-pct",
+        type=float,
+        default=defaults.max_drift_pct,
+        help="bound on |RSS drift|, %% per 10 minutes",
+    )
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--out", type=Path, default=Path("bench/results/soak.json"))
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings = Settings(
+        actors=args.actors,
+        duration_s=args.duration,
+        num_envs=args.num_envs,
+        rollout_len=args.rollout_len,
+        replay_capacity=args.replay_capacity,
+        warmup_frac=args.warmup_frac,
+        max_drift_pct=args.max_drift_pct,
+        seed=args.seed,
+    )
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up the children first
+    with tempfile.TemporaryDirectory(prefix="trident-soak-") as tmp:
+        report = soak(settings, Path(tmp), shutil.which("promtool"))
+    failed = failures(report)
+    report["failures"] = failed
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print_table(report, failed)
+    print(f"wrote {args.out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The CI-fast soak: bench/soak.py's own run with 4 actors for 20 s (`make soak` runs 16 for
+10 minutes). One run per module; each criterion is its own test: no errors, every Step in
+`trident_steps_total`, the server's RSS flat after the warm-up, `promtool check metrics` clean,
+latency recorded by every actor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from deploy.tools import find_binary, require_binary
+
+from bench.soak import Settings, failures, soak
+
+pytestmark = pytest.mark.slow
+
+SETTINGS = Settings(
+    actors=4,
+    duration_s=20.0,
+    num_envs=8,  # 128 samples a Step: the replay fills within the warm-up on a busy 2-core box
+    replay_capacity=1024,
+    warmup_frac=0.4,  # the actors' start-up (imports on 2 cores) takes the first seconds
+)
+# The line through 12 s of RSS samples, extrapolated to 10 minutes, multiplies the RSS's
+# ordinary wander (~0.5 MiB of ~75 MiB while allocator pools settle) by 50: the short run bounds
+# the line's change over its own span instead. 2 % of ~75 MiB is 1.5 MiB over the ~20 Steps of
+# that span: a leak of the order of one rollout per Step (request bytes, decoded arrays and
+# replay transitions, ~100 KiB at 16x8) would cross it.
+MAX_RSS_CHANGE_PCT = 2.0
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return soak(SETTINGS, tmp_path_factory.mktemp("soak"), find_binary("promtool"))
+
+
+def test_no_errors(report: dict[str, Any]) -> None:
+    assert "errors" not in failures(report), report["results"]
+
+
+def test_every_step_is_counted_by_the_server(report: dict[str, Any]) -> None:
+    assert "steps" not in failures(report), report["summary"]
+    metrics = report["results"]["metrics"]
+    assert metrics["global_step"] == metrics["steps_total"] == report["summary"]["steps_sent"]
+    assert report["results"]["server"]["steps_logged"] == report["summary"]["steps_sent"]
+
+
+def test_server_rss_is_flat_after_the_warm_up(report: dict[str, Any]) -> None:
+    rss = report["results"]["rss"]
+    assert "error" not in rss, rss
+    assert abs(rss["change_pct"]) < MAX_RSS_CHANGE_PCT, rss
+
+
+def test_every_actor_records_step_and_act_latency(report: dict[str, Any]) -> None:
+    actors = [actor["done"] for actor in report["results"]["actors"]]
+    assert all(done is not None for done in actors), report["results"]["actors"]
+    for done in actors:
+        assert done["acts"] == SETTINGS.rollout_len * (done["sent"] + done["dropped"])
+        assert 0 < done["step_p50"] <= done["step_p99"] and 0 < done["act_p50"] <= done["act_p99"]
+    step = report["results"]["metrics"]["step_engine"]
+    assert step["count"] == report["summary"]["steps_sent"] and step["p99_ms"] is not None
+
+
+def test_promtool_finds_no_problem_in_the_scrape(report: dict[str, Any]) -> None:
+    require_binary("promtool", "install Debian's prometheus package")
+    assert "promtool" not in failures(report), report["results"]["promtool"]
