@@ -301,7 +301,8 @@ class Trainer:
         batch, next_obs = self._prepare(rollout, actions, truncated_rows, guard)
         transitions = nstep_transitions(rollout, next_obs, c51.n_step, gamma, self.dtype)
         transitions = replace(transitions, actions=actions.reshape(-1))
-        before = self.replay.insert(transitions, guard == 0)
+        # A host-checked rollout (the zero guard) needs no masked insert: its rows are valid.
+        before = self.replay.insert(transitions, None if guard is self._no_guard else guard == 0)
         prepared = time.perf_counter()  # "prepare": values, GAE and the replay insert
 
         order, bounds = self._minibatch_plan(batch.actions.shape[0])
