@@ -2,12 +2,16 @@
 # bench/results/. PYTHONPATH: the scripts import `service` from this checkout, installed or not.
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: soak crash
+.PHONY: soak crash long
 
 # 16 actors train one server for 10 minutes (NumPy backend): errors, Step accounting, RSS drift,
 # promtool on the scrape; writes bench/results/soak.json, exits 1 if a criterion fails.
 soak:
 	python3 bench/soak.py --actors 16 --duration 600
+
+# LobSim's invariants over 10,000 random steps on 64 markets (CI runs 3,000).
+long:
+	TRIDENT_LOBSIM_STEPS=10000 python3 -m pytest tests/lobsim/test_env.py -k invariants -s
 
 # 200 SIGKILLs at random moments of checkpoint saves on a real server, a restart after each:
 # writes bench/results/crash_trials.json.

@@ -39,15 +39,53 @@ def profile_update(B: int, replays: int) -> dict:
     torch.cuda.synchronize()
     time_us: collections.Counter = collections.Counter()
     launches: collections.Counter = collections.Counter()
-    for event in prof.events():
-        if event.device_type == DeviceType.CUDA:
-            time_us[event.name[:120]] += event.time_range.elapsed_us()
-            launches[event.name[:120]] += 1
+    device_events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    for event in device_events:
+        time_us[event.name[:120]] += event.time_range.elapsed_us()
+        launches[event.name[:120]] += 1
     rows = [
         {"kernel": name, "launches": launches[name] / replays, "us": us / replays}
         for name, us in time_us.most_common()
     ]
-    return {"B": B, "replays": replays, "busy_us": sum(r["us"] for r in rows), "kernels": rows}
+    return {
+        "B": B,
+        "replays": replays,
+        "busy_us": sum(r["us"] for r in rows),
+        "kernels": rows,
+        **timeline(device_events, replays),
+    }
+
+
+def timeline(events: list, replays: int) -> dict:
+    """The span of one replay (replays run back to back on one stream, so the k-th block of
+    events by start time is the k-th replay), the time no kernel ran in it, and its events."""
+    events = sorted(events, key=lambda e: e.time_range.start)
+    per_replay = len(events) // replays
+    spans, idle = [], []
+    for k in range(replays):
+        block = events[k * per_replay : (k + 1) * per_replay]
+        start = block[0].time_range.start
+        spans.append(max(e.time_range.end for e in block) - start)
+        covered, reach = 0.0, start
+        for e in block:  # union of [start, end) intervals, in start order
+            covered += max(0.0, e.time_range.end - max(reach, e.time_range.start))
+            reach = max(reach, e.time_range.end)
+        idle.append(spans[-1] - covered)
+    middle = events[(replays // 2) * per_replay : (replays // 2 + 1) * per_replay]
+    origin = middle[0].time_range.start
+    return {
+        "replay_span_us_median": sorted(spans)[replays // 2],
+        "replay_idle_us_median": sorted(idle)[replays // 2],
+        "timeline": [
+            {
+                "start_us": round(e.time_range.start - origin, 2),
+                "us": round(e.time_range.elapsed_us(), 2),
+                "stream": e.thread,
+                "kernel": e.name[:80],
+            }
+            for e in middle
+        ],
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -62,7 +100,11 @@ def main(argv: list[str] | None = None) -> None:
     for B in args.sizes:
         result = profile_update(B, args.replays)
         report["results"].append(result)
-        print(f"\nB={B}: device busy {result['busy_us']:.1f} us per update")
+        print(
+            f"\nB={B}: device busy {result['busy_us']:.1f} us per update; one replay spans "
+            f"{result['replay_span_us_median']:.1f} us, {result['replay_idle_us_median']:.1f} "
+            "us of it with no kernel running (medians)"
+        )
         print(f"{'us':>8} {'launches':>8}  kernel")
         for row in result["kernels"][: args.top]:
             print(f"{row['us']:8.1f} {row['launches']:8.1f}  {row['kernel']}")

@@ -54,10 +54,11 @@ def test_kernel_files_present() -> None:
 
 @pytest.mark.parametrize("file", CU_FILES)
 def test_kernel_compiles_with_nvcc(nvcc: str, file: str, tmp_path: Path) -> None:
-    """nvcc -arch=sm_90 -std=c++17 -I kernels -c, plus the loader's NVRTC options."""
+    """nvcc -arch=sm_90 -std=c++17 -I kernels -cubin, plus the loader's NVRTC options: the
+    device code compiled to sm_90 machine code (what NVRTC does at run time), no host pass."""
     extra = [opt for opt in loader.COMPILE_OPTIONS if opt != "-std=c++17"]
-    cmd = [nvcc, "-arch=sm_90", "-std=c++17", *extra, "-I", str(KERNELS), "-c"]
-    cmd += [str(KERNELS / file), "-o", str(tmp_path / "out.o")]
+    cmd = [nvcc, "-arch=sm_90", "-std=c++17", *extra, "-I", str(KERNELS), "-cubin"]
+    cmd += [str(KERNELS / file), "-o", str(tmp_path / "out.cubin")]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stdout}\n{result.stderr}"
 
@@ -344,6 +345,8 @@ CORE_OPS = (
     "linear_bwd",
     "linear_bwd_input",
     "linear_bwd_params",
+    "linear_heads_fwd",
+    "linear_heads_bwd",
     "bias_relu_fwd",
     "bias_relu_bwd",
     "reduce_axis0",
@@ -377,6 +380,8 @@ def test_core_ops_match_numpy_signatures_and_kernel_constants() -> None:
     assert (threads, threads * items) == (core_ops.REDUCE_THREADS, core_ops.REDUCE_CHUNK)
     assert kernel_define("grad_h_accumulate.cu", "TRIDENT_MAX_HEADS") == core_ops.MAX_HEADS
     assert kernel_define("common.cuh", "TRIDENT_BLOCK") == core_ops.BLOCK
+    assert kernel_define("linear_heads.cu", "LINEAR_HEADS_MAX") == core_ops.LINEAR_HEADS_MAX
+    assert kernel_define("linear_heads.cu", "LINEAR_HEADS_WARPS") == core_ops.LINEAR_HEADS_WARPS
 
 
 def test_c51_taken_kernel_constants_match_the_wrapper() -> None:

@@ -25,6 +25,8 @@ OP_NAMES: tuple[str, ...] = (
     "linear_bwd",
     "linear_bwd_input",
     "linear_bwd_params",
+    "linear_heads_fwd",
+    "linear_heads_bwd",
     "bias_relu_fwd",
     "bias_relu_bwd",
     "reduce_axis0",

@@ -51,6 +51,21 @@ def linear_bwd_params(x: Array, grad_y: Array) -> tuple[Array, Array]:
     return x.T @ grad_y, reduce_axis0(grad_y)
 
 
+def linear_heads_fwd(h: Array, Ws: Sequence[Array], bs: Sequence[Array]) -> list[Array]:
+    """[h W_j + b_j for each head j]: several narrow heads on one input (one launch on CUDA)."""
+    return [linear_fwd(h, W, b) for W, b in zip(Ws, bs, strict=True)]
+
+
+def linear_heads_bwd(
+    h: Array, Ws: Sequence[Array], grad_ys: Sequence[Array], weights: Sequence[float]
+) -> tuple[Array, list[Array], list[Array]]:
+    """Gradients of `linear_heads_fwd`: (grad_h = Σ_j λ_j g_j W_jᵀ summed in head order as
+    `grad_h_accumulate` does, [grad_W_j = hᵀ g_j], [grad_b_j = Σ_b g_j])."""
+    parts = [linear_bwd(h, W, g) for W, g in zip(Ws, grad_ys, strict=True)]
+    grad_h = grad_h_accumulate([grad_x for grad_x, _, _ in parts], weights)
+    return grad_h, [grad_W for _, grad_W, _ in parts], [grad_b for _, _, grad_b in parts]
+
+
 def bias_relu_fwd(z: Array, b: Array) -> Array:
     """h = max(z + b, 0): the bias add and ReLU fused after the GEMM z = x W."""
     h = z + b

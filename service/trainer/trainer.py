@@ -577,14 +577,22 @@ class Trainer:
         gradients into `losses` / `grads`; returns (their λ-weighted encoder gradient, the PPO
         statistics)."""
         ops, params, hp, ppo = self.ops, self.params, self.hp, self.config.ppo
-        grad_h_heads: list[np.ndarray] = []
+        heads = ["pi", "v"]
+        if batch.bce_labels is not None:  # the perception heads train when labels came
+            heads.append("bce")
+        if batch.aux_targets is not None:
+            heads.append("aux")
+        Ws = [params[f"{head}/W"] for head in heads]
+        bs = [params[f"{head}/b"] for head in heads]
+        outputs = dict(zip(heads, ops.linear_heads_fwd(h_pol, Ws, bs), strict=True))
+        grad_outputs: list[np.ndarray] = []
 
         # Policy head: PPO clipped surrogate + entropy bonus.
         advantages = batch.advantages[rows]
         if ppo.norm_adv:
             advantages = ops.normalize_advantages(advantages)
         pi_stats, grad_logits = ops.ppo_surrogate_fwd_bwd(
-            model.head_fwd(ops, params, "pi", h_pol),
+            outputs["pi"],
             batch.actions[rows],
             batch.behavior_log_probs[rows],
             advantages,
@@ -592,44 +600,30 @@ class Trainer:
             hp["ppo.ent_coef"],
         )
         losses["pi"] = pi_stats["loss"]
-        self._head_bwd("pi", h_pol, grad_logits, grads, grad_h_heads)
+        grad_outputs.append(grad_logits)
 
         # Value head: 0.5 (v - R)², optionally clipped around the rollout-time value.
-        v_loss, grad_v = ops.value_fwd_bwd(
-            model.head_fwd(ops, params, "v", h_pol)[:, 0],
+        losses["v"], grad_v = ops.value_fwd_bwd(
+            outputs["v"][:, 0],
             batch.returns[rows],
             batch.old_values[rows],
             hp["ppo.value_clip_eps"] if ppo.clip_value_loss else None,
         )
-        losses["v"] = v_loss
-        self._head_bwd("v", h_pol, grad_v[:, None], grads, grad_h_heads)
+        grad_outputs.append(grad_v[:, None])
 
-        # Perception heads, when the rollout carries their labels.
-        if batch.bce_labels is not None:
-            u = model.head_fwd(ops, params, "bce", h_pol)[:, 0]
-            losses["bce"], grad_u = ops.bce_fwd_bwd(u, batch.bce_labels[rows])
-            self._head_bwd("bce", h_pol, grad_u[:, None], grads, grad_h_heads)
-        if batch.aux_targets is not None:
-            pred = model.head_fwd(ops, params, "aux", h_pol)
-            losses["aux"], grad_pred = ops.aux_mse_fwd_bwd(pred, batch.aux_targets[rows])
-            self._head_bwd("aux", h_pol, grad_pred, grads, grad_h_heads)
+        # Perception heads.
+        if "bce" in outputs:
+            losses["bce"], grad_u = ops.bce_fwd_bwd(outputs["bce"][:, 0], batch.bce_labels[rows])
+            grad_outputs.append(grad_u[:, None])
+        if "aux" in outputs:
+            losses["aux"], grad_pred = ops.aux_mse_fwd_bwd(outputs["aux"], batch.aux_targets[rows])
+            grad_outputs.append(grad_pred)
 
-        lambdas = hp.weights([f"train.lambda_{head}" for head in losses])
-        return ops.grad_h_accumulate(grad_h_heads, lambdas), pi_stats
-
-    def _head_bwd(
-        self,
-        head: str,
-        h: np.ndarray,
-        grad_out: np.ndarray,
-        grads: dict[str, np.ndarray],
-        grad_h_heads: list[np.ndarray],
-    ) -> None:
-        """Backward through a linear head; queue its share of the encoder gradient."""
-        grad_h, grads[f"{head}/W"], grads[f"{head}/b"] = self.ops.linear_bwd(
-            h, self.params[f"{head}/W"], grad_out
-        )
-        grad_h_heads.append(grad_h)
+        lambdas = hp.weights([f"train.lambda_{head}" for head in heads])
+        grad_h, grad_Ws, grad_bs = ops.linear_heads_bwd(h_pol, Ws, grad_outputs, lambdas)
+        for head, grad_W, grad_b in zip(heads, grad_Ws, grad_bs, strict=True):
+            grads[f"{head}/W"], grads[f"{head}/b"] = grad_W, grad_b
+        return grad_h, pi_stats
 
     def _apply(
         self,

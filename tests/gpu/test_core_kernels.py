@@ -187,6 +187,57 @@ def test_grad_h_accumulate(core: CoreOps, rng: np.random.Generator, B: int, coun
     assert same_bytes(core.grad_h_accumulate([dev(g) for g in grads], on_device), got)
 
 
+# --------------------------------------------------------------------------- narrow heads
+HEAD_WIDTHS = [(9, 1, 1, 3), (9, 1), (1,), (40, 1, 17, 2)]  # 17 and 40: several column passes
+
+
+@pytest.mark.parametrize("B", (*SIZES, 20000))
+@pytest.mark.parametrize("widths", HEAD_WIDTHS, ids=lambda w: "w" + "-".join(map(str, w)))
+def test_linear_heads(
+    ops: CoreOps, rng: np.random.Generator, B: int, widths: tuple[int, ...]
+) -> None:
+    """The fused narrow heads against per-head linear_fwd / linear_bwd + grad_h_accumulate."""
+    H = ops.dims.H
+    h = np.maximum(normal(rng, B, H), 0)
+    Ws = [normal(rng, H, w) for w in widths]
+    bs = [normal(rng, w) for w in widths]
+    gs = [normal(rng, B, w) for w in widths]
+    weights = [float(x) for x in rng.uniform(0.1, 2.0, len(widths))]
+    ah = np.abs(h)
+    outs = ops.linear_heads_fwd(dev(h), [dev(W) for W in Ws], [dev(b) for b in bs])
+    for got, want, W, b in zip(outs, npo.linear_heads_fwd(h, Ws, bs), Ws, bs, strict=True):
+        assert_close(got, want, scale=float(np.max(ah @ np.abs(W) + np.abs(b))))
+    grad_h, grad_Ws, grad_bs = ops.linear_heads_bwd(
+        dev(h), [dev(W) for W in Ws], [dev(g) for g in gs], weights
+    )
+    want_h, want_Ws, want_bs = npo.linear_heads_bwd(h, Ws, gs, weights)
+    bound = sum(w * (np.abs(g) @ np.abs(W).T) for w, g, W in zip(weights, gs, Ws, strict=True))
+    assert_close(grad_h, want_h, scale=float(np.max(bound)))
+    for got_W, got_b, want_W, want_b, g in zip(grad_Ws, grad_bs, want_Ws, want_bs, gs, strict=True):
+        assert_close(got_W, want_W, scale=float(np.max(ah.T @ np.abs(g))))
+        assert_close(got_b, want_b, scale=float(np.max(np.abs(g).sum(axis=0))))
+    again = ops.linear_heads_bwd(dev(h), [dev(W) for W in Ws], [dev(g) for g in gs], weights)
+    assert same_bytes(again[0], grad_h)
+    repeated = zip(again[1] + again[2], grad_Ws + grad_bs, strict=True)
+    assert all(same_bytes(a, b) for a, b in repeated)
+
+
+def test_linear_heads_bad_input(core: CoreOps, rng: np.random.Generator) -> None:
+    h = dev(normal(rng, 5, 256))
+    Ws = [dev(normal(rng, 256, 9)), dev(normal(rng, 256, 1))]
+    bs = [dev(normal(rng, 9)), dev(normal(rng, 1))]
+    with pytest.raises(ValueError, match=r"Ws\[1\]: expected shape \[256, width >= 1\]"):
+        core.linear_heads_fwd(h, [Ws[0], dev(normal(rng, 255, 1))], bs)
+    with pytest.raises(ValueError, match=r"bs\[0\]: expected shape \[9\]"):
+        core.linear_heads_fwd(h, Ws, [dev(normal(rng, 8)), bs[1]])
+    with pytest.raises(ValueError, match=r"Ws: expected 1 to 4 arrays, got 5"):
+        core.linear_heads_fwd(h, Ws * 2 + Ws[:1], bs * 2 + bs[:1])
+    with pytest.raises(ValueError, match=r"grad_ys\[1\]: expected shape \[5, 1\]"):
+        core.linear_heads_bwd(h, Ws, [dev(normal(rng, 5, 9)), dev(normal(rng, 4, 1))], [1.0, 1.0])
+    with pytest.raises(ValueError, match=r"weights: expected 2 numbers, got 1"):
+        core.linear_heads_bwd(h, Ws, [dev(normal(rng, 5, 9)), dev(normal(rng, 5, 1))], [1.0])
+
+
 # --------------------------------------------------------------------------- AdamW
 @pytest.mark.parametrize("n", (*SIZES, 256 * 256))
 def test_adamw_three_steps(core: CoreOps, rng: np.random.Generator, n: int) -> None:

@@ -40,6 +40,10 @@ REDUCE_CHUNK = 2048  # grad_norm_clip.cu: TRIDENT_REDUCE_CHUNK (threads x items)
 SINGLE_PASS_MAX_ROWS = 1024  # reduce_axis0: above this, fixed row chunks first
 CHUNK_ROWS = 64  # reduce_axis0_partials: rows summed per partial
 MAX_HEADS = 8  # grad_h_accumulate.cu: TRIDENT_MAX_HEADS
+LINEAR_HEADS_MAX = 4  # linear_heads.cu: heads per launch
+LINEAR_HEADS_WARPS = 8  # linear_heads.cu: rows (warps) per block of linear_heads_fwd
+LINEAR_HEADS_CHUNK_ROWS = 32  # rows per weight-gradient partial, up to ...
+LINEAR_HEADS_MAX_CHUNKS = 256  # ... this many partials (then the chunks grow)
 MAX_TENSORS = 16  # common.cuh: TRIDENT_MAX_TENSORS, tensors per multi-tensor launch
 MULTI_CHUNK = 4 * BLOCK  # elements per block of adamw_multi and target_refresh_multi
 STEP_STATS, STEP_NORM = 10, 5  # step_stats.cu: statistics per update, the float64 one
@@ -67,6 +71,15 @@ def _int32(name: str, value: int, minimum: int = 0) -> np.int32:
     if not minimum <= int(value) < 2**31:
         raise ValueError(f"{name}: expected an int in [{minimum}, 2**31), got {value}")
     return np.int32(value)
+
+
+def _slots(arrays: list[Array]) -> list[Array]:
+    """`arrays` padded to LINEAR_HEADS_MAX pointer slots (the padding is never read)."""
+    return arrays + [arrays[0]] * (LINEAR_HEADS_MAX - len(arrays))
+
+
+def _widths(widths: list[int]) -> list[np.int32]:
+    return [np.int32(w) for w in widths] + [np.int32(0)] * (LINEAR_HEADS_MAX - len(widths))
 
 
 def _groups(items: list) -> list[list]:
@@ -140,6 +153,101 @@ class CoreOps:
             raise ValueError(f"grad_y: expected {x.shape[0]} rows, got {list(grad_y.shape)}")
         return gemm(x, grad_y, trans_a=True), self.reduce_axis0(grad_y)
 
+    # ----------------------------------------------------------------------- narrow heads
+    def linear_heads_fwd(self, h: Array, Ws: Sequence[Array], bs: Sequence[Array]) -> list[Array]:
+        """[h W_j + b_j for each head j]: up to LINEAR_HEADS_MAX heads in one launch
+        (linear_heads.cu), for heads too narrow for a GEMM to pay."""
+        h, Ws, widths = self._linear_heads(h, Ws)
+        bs = list(bs)
+        if len(bs) != len(Ws):
+            raise ValueError(f"bs: expected {len(Ws)} arrays, got {len(bs)}")
+        bs = [
+            _array(f"bs[{j}]", b, shape=(w,))
+            for j, (b, w) in enumerate(zip(bs, widths, strict=True))
+        ]
+        rows = h.shape[0]
+        outs = [cupy.empty((rows, w), dtype=cupy.float32) for w in widths]
+        if rows:
+            kernel = self._kernel("linear_heads.cu", "linear_heads_fwd")
+            blocks = min(-(-rows // LINEAR_HEADS_WARPS), MAX_BLOCKS)
+            kernel(
+                (blocks,),
+                (32 * LINEAR_HEADS_WARPS,),
+                (h, *_slots(Ws), *_slots(bs), *_slots(outs), *_widths(widths), len(Ws), rows),
+            )
+        return outs
+
+    def linear_heads_bwd(
+        self,
+        h: Array,
+        Ws: Sequence[Array],
+        grad_ys: Sequence[Array],
+        weights: Sequence[float] | Array,
+    ) -> tuple[Array, list[Array], list[Array]]:
+        """(grad_h = Σ_j λ_j g_j W_jᵀ in head order, [grad_W_j = hᵀ g_j], [grad_b_j = Σ_b g_j])
+        for the heads of `linear_heads_fwd` (linear_heads.cu; the weight gradients as fixed
+        row-chunk partials reduced in chunk order)."""
+        h, Ws, widths = self._linear_heads(h, Ws)
+        grad_ys = list(grad_ys)
+        if len(grad_ys) != len(Ws):
+            raise ValueError(f"grad_ys: expected {len(Ws)} arrays, got {len(grad_ys)}")
+        rows = h.shape[0]
+        grad_ys = [
+            _array(f"grad_ys[{j}]", g, shape=(rows, w))
+            for j, (g, w) in enumerate(zip(grad_ys, widths, strict=True))
+        ]
+        w = self._head_weights(weights, len(Ws))
+        H, count = self.dims.H, np.int32(len(Ws))
+        grad_h = cupy.empty_like(h)
+        grad_Ws = [cupy.empty_like(W) for W in Ws]
+        grad_bs = [cupy.empty(width, dtype=cupy.float32) for width in widths]
+        if grad_h.size:
+            self._kernel("linear_heads.cu", "linear_heads_bwd_input")(
+                _blocks(grad_h.size),
+                (BLOCK,),
+                (*_slots(grad_ys), *_slots(Ws), *_widths(widths), w, count, grad_h, rows),
+            )
+        chunks = max(1, min(-(-rows // LINEAR_HEADS_CHUNK_ROWS), LINEAR_HEADS_MAX_CHUNKS))
+        chunk_rows = max(1, -(-rows // chunks))
+        partials = cupy.empty((chunks, H + 1, sum(widths)), dtype=cupy.float32)
+        self._kernel("linear_heads.cu", "linear_heads_grad_partials")(
+            (chunks,),
+            (BLOCK,),
+            (h, *_slots(grad_ys), *_widths(widths), count, rows, np.int32(chunk_rows), partials),
+        )
+        self._kernel("linear_heads.cu", "linear_heads_grad_reduce")(
+            _blocks(partials[0].size),
+            (BLOCK,),
+            (partials, np.int32(chunks), *_widths(widths), count, *_slots(grad_Ws),
+             *_slots(grad_bs)),
+        )  # fmt: skip
+        return grad_h, grad_Ws, grad_bs
+
+    def _linear_heads(self, h: Array, Ws: Sequence[Array]) -> tuple[Array, list[Array], list]:
+        """Checked (h [rows, H], the heads' W_j [H, w_j], their widths)."""
+        H = self.dims.H
+        h = _array("h", h, ndim=2)
+        if h.shape[1] != H:
+            raise ValueError(f"h: expected shape [rows, {H}], got {list(h.shape)}")
+        _int32("h.shape[0]", h.shape[0])
+        Ws = list(Ws)
+        if not 1 <= len(Ws) <= LINEAR_HEADS_MAX:
+            raise ValueError(f"Ws: expected 1 to {LINEAR_HEADS_MAX} arrays, got {len(Ws)}")
+        Ws = [_array(f"Ws[{j}]", W, ndim=2) for j, W in enumerate(Ws)]
+        for j, W in enumerate(Ws):
+            if W.shape[0] != H or W.shape[1] < 1:
+                raise ValueError(f"Ws[{j}]: expected shape [{H}, width >= 1], got {list(W.shape)}")
+        return h, Ws, [W.shape[1] for W in Ws]
+
+    def _head_weights(self, weights: Sequence[float] | Array, count: int) -> Array:
+        """The heads' λ as a float64 device array [count] (numbers are uploaded)."""
+        if isinstance(weights, cupy.ndarray):
+            return _array("weights", weights, (np.dtype(np.float64),), shape=(count,))
+        values = list(weights)
+        if len(values) != count:
+            raise ValueError(f"weights: expected {count} numbers, got {len(values)}")
+        return cupy.asarray([_number(f"weights[{i}]", v) for i, v in enumerate(values)])
+
     # ----------------------------------------------------------------------- encoder epilogue
     def bias_relu_fwd(self, z: Array, b: Array) -> Array:
         """h = max(z + b, 0) for z [rows, H], b [H] (encoder.cu)."""
@@ -212,13 +320,7 @@ class CoreOps:
             raise ValueError(f"grads: expected 1 to {MAX_HEADS} arrays, got {len(grads)}")
         first = _array("grads[0]", grads[0])
         checked = [first] + [_same(f"grads[{i}]", g, first) for i, g in enumerate(grads[1:], 1)]
-        if isinstance(weights, cupy.ndarray):
-            w = _array("weights", weights, (np.dtype(np.float64),), shape=(len(grads),))
-        else:
-            values = list(weights)
-            if len(values) != len(grads):
-                raise ValueError(f"weights: expected {len(grads)} numbers, got {len(values)}")
-            w = cupy.asarray([_number(f"weights[{i}]", v) for i, v in enumerate(values)])
+        w = self._head_weights(weights, len(grads))
         out = cupy.empty_like(first)
         if first.size:
             slots = checked + [first] * (MAX_HEADS - len(checked))  # unused slots: never read
