@@ -169,7 +169,8 @@ extern "C" __global__ void c51_loss_mean(const float* __restrict__ loss_per_row,
 }
 
 // ---------------------------------------------------------------------------------------------
-// The head on replayed transitions, each row's taken action only (twin: c51_taken_loss_bwd).
+// The head on replayed transitions, each row's taken action only (twins: c51_taken_loss_bwd,
+// c51_taken_grad_params).
 // Rows are first sorted by action so a block works on rows that share their W columns.
 //
 // c51_sort_actions: one block of C51_SORT_THREADS threads per key k in 0..A (k = A: actions

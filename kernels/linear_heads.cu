@@ -3,135 +3,197 @@
 // one launch per pass instead of a GEMM, a bias add, a weight GEMM and a bias reduction each.
 // Twins: numpy_ops.linear_heads_fwd / linear_heads_bwd (linear_fwd, linear_bwd and
 // grad_h_accumulate per head). Up to LINEAR_HEADS_MAX heads; head j has W_j [TRIDENT_H, w_j],
-// b_j [w_j], output and gradient [rows, w_j], all row-major. Unused pointer slots are never read.
-// No atomics; every sum runs in an order fixed by the shapes.
+// b_j [w_j], output and gradient [rows, w_j], all row-major; the heads' S = Σ w_j columns are
+// numbered s = 0..S-1, head 0's first. Unused pointer slots are never read.
+// Every kernel works on tiles of rows staged in dynamic shared memory (the wrapper sizes them);
+// no atomics, and every sum runs in an order fixed by the shapes.
 #include "common.cuh"
 
 #define LINEAR_HEADS_MAX 4
-#define LINEAR_HEADS_COLS 16  // output columns accumulated per pass of the partials kernel
-#define LINEAR_HEADS_WARPS 8  // rows per block of the forward kernel (one warp per row)
-#define LINEAR_HEADS_SLICE ((TRIDENT_H + 31) / 32)
+#define LINEAR_HEADS_TILE 16  // rows per tile of the backward input kernel (its accumulators)
+#define LINEAR_HEADS_COLS 32  // columns per register pass
 
 #define LINEAR_HEADS_TABLE(type, name) \
     type const name[LINEAR_HEADS_MAX] = {name##0, name##1, name##2, name##3}
 
-// out_j[r, c] = Σ_k h[r, k] W_j[k, c] + b_j[c]. One warp per row: lane l holds h[r, l + 32 i]
-// and the warp sums its lanes' partial dot products with a fixed butterfly.
-extern "C" __global__ void __launch_bounds__(32 * LINEAR_HEADS_WARPS)
-    linear_heads_fwd(const float* __restrict__ h, const float* W0, const float* W1,
-                     const float* W2, const float* W3, const float* b0, const float* b1,
-                     const float* b2, const float* b3, float* out0, float* out1, float* out2,
-                     float* out3, int width0, int width1, int width2, int width3, int count,
-                     int rows) {
+// head[s], col[s]: the head of column s and its column within that head; returns S.
+__device__ __forceinline__ int linear_heads_columns(const int* width, int count, int* head,
+                                                    int* col) {
+    int columns = 0;
+    for (int j = 0; j < count; ++j) columns += width[j];
+    for (int s = threadIdx.x; s < columns; s += blockDim.x) {
+        int j = 0, c = s;
+        while (c >= width[j]) c -= width[j++];
+        head[s] = j;
+        col[s] = c;
+    }
+    return columns;
+}
+
+// out_j[r, c] = Σ_k h[r, k] W_j[k, c] + b_j[c]. A block stages tile_rows rows of h (row stride
+// H + 1: no bank conflicts) and gives each (row, column) output one thread; k is summed in four
+// interleaved partial sums, added in a fixed order. Shared: tile_rows·(H + 1) floats + 2·S ints.
+extern "C" __global__ void linear_heads_fwd(const float* __restrict__ h, const float* W0,
+                                            const float* W1, const float* W2, const float* W3,
+                                            const float* b0, const float* b1, const float* b2,
+                                            const float* b3, float* out0, float* out1,
+                                            float* out2, float* out3, int width0, int width1,
+                                            int width2, int width3, int count, int rows,
+                                            int tile_rows) {
+    extern __shared__ float shared[];
     LINEAR_HEADS_TABLE(const float*, W);
     LINEAR_HEADS_TABLE(const float*, b);
     LINEAR_HEADS_TABLE(float*, out);
     const int width[LINEAR_HEADS_MAX] = {width0, width1, width2, width3};
-    const int lane = threadIdx.x % 32;
-    const int warps = gridDim.x * LINEAR_HEADS_WARPS;
-    for (int r = blockIdx.x * LINEAR_HEADS_WARPS + threadIdx.x / 32; r < rows; r += warps) {
-        float hv[LINEAR_HEADS_SLICE];
-#pragma unroll
-        for (int i = 0; i < LINEAR_HEADS_SLICE; ++i) {
-            const int k = lane + 32 * i;
-            hv[i] = k < TRIDENT_H ? h[(long long)r * TRIDENT_H + k] : 0.0f;
+    const int stride = TRIDENT_H + 1;
+    const int all = width0 + width1 + width2 + width3;
+    float* hs = shared;
+    int* head = (int*)(shared + tile_rows * stride);
+    int* col = head + all;
+    const int columns = linear_heads_columns(width, count, head, col);
+    for (int row0 = blockIdx.x * tile_rows; row0 < rows; row0 += gridDim.x * tile_rows) {
+        const int n = min(tile_rows, rows - row0);
+        __syncthreads();  // the table is written; the previous tile's readers are done
+        for (int i = threadIdx.x; i < n * TRIDENT_H; i += blockDim.x) {
+            hs[(i / TRIDENT_H) * stride + i % TRIDENT_H] = h[(long long)row0 * TRIDENT_H + i];
         }
-        for (int j = 0; j < count; ++j) {
-            const int w = width[j];
-            for (int c = 0; c < w; ++c) {
-                float partial = 0.0f;
-#pragma unroll
-                for (int i = 0; i < LINEAR_HEADS_SLICE; ++i) {
-                    const int k = lane + 32 * i;
-                    if (k < TRIDENT_H) partial += hv[i] * W[j][k * w + c];
-                }
-#pragma unroll
-                for (int offset = 16; offset > 0; offset /= 2) {
-                    partial += __shfl_xor_sync(0xffffffffu, partial, offset);
-                }
-                if (lane == 0) out[j][(long long)r * w + c] = partial + b[j][c];
+        __syncthreads();
+        for (int o = threadIdx.x; o < n * columns; o += blockDim.x) {
+            const int r = o / columns, s = o % columns;
+            const int j = head[s], c = col[s], w = width[j];
+            const float* x = hs + r * stride;
+            const float* wc = W[j] + c;
+            float p0 = 0.0f, p1 = 0.0f, p2 = 0.0f, p3 = 0.0f;
+            int k = 0;
+            for (; k + 4 <= TRIDENT_H; k += 4) {
+                p0 += x[k] * wc[k * w];
+                p1 += x[k + 1] * wc[(k + 1) * w];
+                p2 += x[k + 2] * wc[(k + 2) * w];
+                p3 += x[k + 3] * wc[(k + 3) * w];
             }
+            for (; k < TRIDENT_H; ++k) p0 += x[k] * wc[k * w];
+            out[j][(long long)(row0 + r) * w + c] = ((p0 + p1) + (p2 + p3)) + b[j][c];
         }
     }
 }
 
-// grad_h[r, k] = Σ_j λ_j (Σ_c g_j[r, c] W_j[k, c]): the heads' encoder gradients, summed in head
-// order with each λ rounded to float32 (grad_h_accumulate's arithmetic). One thread per element.
-extern "C" __global__ void linear_heads_bwd_input(const float* g0, const float* g1,
-                                                  const float* g2, const float* g3,
-                                                  const float* W0, const float* W1,
-                                                  const float* W2, const float* W3, int width0,
-                                                  int width1, int width2, int width3,
-                                                  const double* __restrict__ weights, int count,
-                                                  float* __restrict__ grad_h, int rows) {
+// Stages tile rows [row0, row0 + n) of the heads' gradients, concatenated, into gs [n, S]
+// (each scaled by its head's λ when `lambda` is given).
+__device__ __forceinline__ void linear_heads_stage(const float* const* g, const int* width,
+                                                   const int* head, const int* col,
+                                                   const float* lambda, int columns, int row0,
+                                                   int n, float* gs) {
+    for (int i = threadIdx.x; i < n * columns; i += blockDim.x) {
+        const int r = i / columns, s = i % columns, j = head[s];
+        const float v = g[j][(long long)(row0 + r) * width[j] + col[s]];
+        gs[i] = lambda ? lambda[j] * v : v;
+    }
+}
+
+// grad_h[r, k] = Σ_s (λ_j(s) g[r, s]) W[k, s]: the heads' encoder gradients, each head's weight
+// λ (rounded to float32, as grad_h_accumulate does) applied to its gradient rows. Grid: x over
+// tiles of LINEAR_HEADS_TILE rows (grid-stride), y over blocks of k; thread k keeps
+// LINEAR_HEADS_COLS of its W row in registers per pass. Shared: TILE·S floats + 2·S ints.
+extern "C" __global__ void linear_heads_bwd_input(
+    const float* g0, const float* g1, const float* g2, const float* g3, const float* W0,
+    const float* W1, const float* W2, const float* W3, int width0, int width1, int width2,
+    int width3, const double* __restrict__ weights, int count, float* __restrict__ grad_h,
+    int rows) {
+    extern __shared__ float shared[];
     LINEAR_HEADS_TABLE(const float*, g);
     LINEAR_HEADS_TABLE(const float*, W);
     const int width[LINEAR_HEADS_MAX] = {width0, width1, width2, width3};
     float lambda[LINEAR_HEADS_MAX];
 #pragma unroll
     for (int j = 0; j < LINEAR_HEADS_MAX; ++j) lambda[j] = j < count ? (float)weights[j] : 0.0f;
-    const long long total = (long long)rows * TRIDENT_H;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long r = i / TRIDENT_H;
-        const int k = (int)(i % TRIDENT_H);
-        float sum = 0.0f;
-        for (int j = 0; j < count; ++j) {
-            const int w = width[j];
-            float dot = 0.0f;
-            for (int c = 0; c < w; ++c) dot += g[j][r * w + c] * W[j][k * w + c];
-            sum = j == 0 ? lambda[0] * dot : sum + lambda[j] * dot;
+    const int all = width0 + width1 + width2 + width3;
+    float* gs = shared;
+    int* head = (int*)(shared + LINEAR_HEADS_TILE * all);
+    int* col = head + all;
+    const int columns = linear_heads_columns(width, count, head, col);
+    const int k = blockIdx.y * blockDim.x + threadIdx.x;
+    for (int row0 = blockIdx.x * LINEAR_HEADS_TILE; row0 < rows;
+         row0 += gridDim.x * LINEAR_HEADS_TILE) {
+        const int n = min(LINEAR_HEADS_TILE, rows - row0);
+        __syncthreads();
+        linear_heads_stage(g, width, head, col, lambda, columns, row0, n, gs);
+        __syncthreads();
+        if (k >= TRIDENT_H) continue;
+        float acc[LINEAR_HEADS_TILE];
+#pragma unroll
+        for (int r = 0; r < LINEAR_HEADS_TILE; ++r) acc[r] = 0.0f;
+        for (int s0 = 0; s0 < columns; s0 += LINEAR_HEADS_COLS) {
+            float wk[LINEAR_HEADS_COLS];
+#pragma unroll
+            for (int c = 0; c < LINEAR_HEADS_COLS; ++c) {
+                const int s = s0 + c;
+                wk[c] = s < columns ? W[head[s]][k * width[head[s]] + col[s]] : 0.0f;
+            }
+#pragma unroll
+            for (int r = 0; r < LINEAR_HEADS_TILE; ++r) {
+                if (r < n) {
+#pragma unroll
+                    for (int c = 0; c < LINEAR_HEADS_COLS; ++c) {
+                        if (s0 + c < columns) acc[r] += gs[r * columns + s0 + c] * wk[c];
+                    }
+                }
+            }
         }
-        grad_h[i] = sum;
+#pragma unroll
+        for (int r = 0; r < LINEAR_HEADS_TILE; ++r) {
+            if (r < n) grad_h[(long long)(row0 + r) * TRIDENT_H + k] = acc[r];
+        }
     }
 }
 
-// partials[q, k, s] = Σ_{r in chunk q} x[r, k] g[r, s] for k < TRIDENT_H (x = h), and the same
-// with x = 1 for k = TRIDENT_H (the bias row), rows ascending. s runs over the heads' columns
-// concatenated (head 0's first). Chunk q = rows [q·chunk_rows, (q+1)·chunk_rows); one block per
-// chunk (grid-stride), threads over k.
+// partials[q, k, s] = Σ_{r in chunk q} x[r, k] g[r, s], rows ascending, with x = h for
+// k < TRIDENT_H and x = 1 for k = TRIDENT_H (the bias row). Chunk q = rows
+// [q·chunk_rows, (q+1)·chunk_rows); one block per chunk (grid-stride), threads over k.
+// Shared: chunk_rows·S floats + 2·S ints.
 extern "C" __global__ void linear_heads_grad_partials(
     const float* __restrict__ h, const float* g0, const float* g1, const float* g2,
     const float* g3, int width0, int width1, int width2, int width3, int count, int rows,
     int chunk_rows, float* __restrict__ partials) {
+    extern __shared__ float shared[];
     LINEAR_HEADS_TABLE(const float*, g);
     const int width[LINEAR_HEADS_MAX] = {width0, width1, width2, width3};
-    int columns = 0;
-    for (int j = 0; j < count; ++j) columns += width[j];
+    const int all = width0 + width1 + width2 + width3;
+    float* gs = shared;
+    int* head = (int*)(shared + chunk_rows * all);
+    int* col = head + all;
+    const int columns = linear_heads_columns(width, count, head, col);
     const int chunks = (rows + chunk_rows - 1) / chunk_rows;
     for (int q = blockIdx.x; q < chunks; q += gridDim.x) {
         const int begin = q * chunk_rows;
-        const int end = min(rows, begin + chunk_rows);
+        const int n = min(chunk_rows, rows - begin);
+        __syncthreads();
+        linear_heads_stage(g, width, head, col, nullptr, columns, begin, n, gs);
+        __syncthreads();
         for (int k = threadIdx.x; k <= TRIDENT_H; k += blockDim.x) {
             float* out = partials + ((long long)q * (TRIDENT_H + 1) + k) * columns;
-            int s0 = 0;
-            for (int j = 0; j < count; ++j) {
-                const int w = width[j];
-                for (int c0 = 0; c0 < w; c0 += LINEAR_HEADS_COLS) {
-                    float acc[LINEAR_HEADS_COLS];
+            for (int s0 = 0; s0 < columns; s0 += LINEAR_HEADS_COLS) {
+                float acc[LINEAR_HEADS_COLS];
 #pragma unroll
-                    for (int c = 0; c < LINEAR_HEADS_COLS; ++c) acc[c] = 0.0f;
-                    for (int r = begin; r < end; ++r) {
-                        const float x = k < TRIDENT_H ? h[(long long)r * TRIDENT_H + k] : 1.0f;
-                        const float* grow = g[j] + (long long)r * w + c0;
-#pragma unroll
-                        for (int c = 0; c < LINEAR_HEADS_COLS; ++c) {
-                            if (c0 + c < w) acc[c] += x * grow[c];
-                        }
-                    }
+                for (int c = 0; c < LINEAR_HEADS_COLS; ++c) acc[c] = 0.0f;
+                for (int r = 0; r < n; ++r) {
+                    const float x =
+                        k < TRIDENT_H ? h[(long long)(begin + r) * TRIDENT_H + k] : 1.0f;
 #pragma unroll
                     for (int c = 0; c < LINEAR_HEADS_COLS; ++c) {
-                        if (c0 + c < w) out[s0 + c0 + c] = acc[c];
+                        if (s0 + c < columns) acc[c] += x * gs[r * columns + s0 + c];
                     }
                 }
-                s0 += w;
+#pragma unroll
+                for (int c = 0; c < LINEAR_HEADS_COLS; ++c) {
+                    if (s0 + c < columns) out[s0 + c] = acc[c];
+                }
             }
         }
     }
 }
 
-// grad_W_j[k, c] = Σ_q partials[q, k, s_j + c] (k < TRIDENT_H), grad_b_j[c] = the same at
-// k = TRIDENT_H, chunks ascending. One thread per output.
+// grad_W_j[k, c] = Σ_q partials[q, k, s] (k < TRIDENT_H), grad_b_j[c] = the same at
+// k = TRIDENT_H, chunks ascending, s the column of (j, c). One thread per output.
 extern "C" __global__ void linear_heads_grad_reduce(const float* __restrict__ partials,
                                                     int chunks, int width0, int width1,
                                                     int width2, int width3, int count,

@@ -381,7 +381,7 @@ def test_core_ops_match_numpy_signatures_and_kernel_constants() -> None:
     assert kernel_define("grad_h_accumulate.cu", "TRIDENT_MAX_HEADS") == core_ops.MAX_HEADS
     assert kernel_define("common.cuh", "TRIDENT_BLOCK") == core_ops.BLOCK
     assert kernel_define("linear_heads.cu", "LINEAR_HEADS_MAX") == core_ops.LINEAR_HEADS_MAX
-    assert kernel_define("linear_heads.cu", "LINEAR_HEADS_WARPS") == core_ops.LINEAR_HEADS_WARPS
+    assert kernel_define("linear_heads.cu", "LINEAR_HEADS_TILE") == core_ops.LINEAR_HEADS_TILE
 
 
 def test_c51_taken_kernel_constants_match_the_wrapper() -> None:

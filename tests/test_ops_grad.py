@@ -203,7 +203,8 @@ def test_c51_taken_loss_bwd(rng: np.random.Generator, B: int) -> None:
     logits = (ht @ Wt + bt).reshape(B, A, Z)[torch.arange(B), torch.from_numpy(actions)]
     loss_t = -(t64(target) * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
     loss_t.backward()
-    loss, grad_h, grad_W, grad_b = ops.c51_taken_loss_bwd(h, W, b, actions, target)
+    loss, grad_h, grad_taken = ops.c51_taken_loss_bwd(h, W, b, actions, target)
+    grad_W, grad_b = ops.c51_taken_grad_params(h, actions, grad_taken, A)
     assert_rel(loss, loss_t, "loss")
     assert_rel(grad_h, ht.grad, "grad_h")
     assert_rel(grad_W, Wt.grad, "grad_W")
@@ -215,11 +216,14 @@ def test_c51_taken_loss_bwd_bad_action_is_nan_without_gradient(rng: np.random.Ge
     h, W, b = rng.normal(size=(B, H)), rng.normal(size=(H, A * Z)), rng.normal(size=A * Z)
     actions = rng.integers(0, A, size=B)
     target = _random_target(rng, B, 1.0)
-    _, clean_h, clean_W, clean_b = ops.c51_taken_loss_bwd(h[1:], W, b, actions[1:], target[1:])
+    _, clean_h, clean_taken = ops.c51_taken_loss_bwd(h[1:], W, b, actions[1:], target[1:])
+    clean_W, clean_b = ops.c51_taken_grad_params(h[1:], actions[1:], clean_taken, A)
     actions[0] = A  # out of range
-    loss, grad_h, grad_W, grad_b = ops.c51_taken_loss_bwd(h, W, b, actions, target)
+    loss, grad_h, grad_taken = ops.c51_taken_loss_bwd(h, W, b, actions, target)
+    grad_W, grad_b = ops.c51_taken_grad_params(h, actions, grad_taken, A)
     assert np.isnan(loss)
     np.testing.assert_array_equal(grad_h[0], 0.0)
+    np.testing.assert_array_equal(grad_taken[0], 0.0)
     # the other rows' gradients are the clean batch's, scaled by its size (the mean is over B)
     np.testing.assert_allclose(grad_h[1:] * B, clean_h * (B - 1), rtol=1e-12)
     np.testing.assert_allclose(grad_W * B, clean_W * (B - 1), rtol=1e-12, atol=1e-15)
@@ -236,7 +240,9 @@ def _dense_taken_grad(grad_taken: np.ndarray, actions: np.ndarray) -> np.ndarray
 
 
 @pytest.mark.parametrize("B", [1, 7, 23])
-def test_c51_head_bwd(rng: np.random.Generator, B: int) -> None:
+def test_c51_taken_grads(rng: np.random.Generator, B: int) -> None:
+    """c51_taken_grad_h and c51_taken_grad_params: the head's backward from the taken action's
+    logit gradient alone, against autograd through the dense head."""
     h, W, b = rng.normal(size=(B, H)), rng.normal(size=(H, A * Z)), rng.normal(size=A * Z)
     missing = int(rng.integers(A))  # this action gets no rows
     present = np.array([a for a in range(A) if a != missing])
@@ -245,7 +251,8 @@ def test_c51_head_bwd(rng: np.random.Generator, B: int) -> None:
     ht, Wt, bt = t64(h, True), t64(W, True), t64(b, True)
     logits = ht @ Wt + bt
     logits.backward(t64(_dense_taken_grad(grad_taken, actions)))
-    grad_h, grad_W, grad_b = ops.c51_head_bwd(h, W, actions, grad_taken, Z)
+    grad_h = ops.c51_taken_grad_h(W, actions, grad_taken)
+    grad_W, grad_b = ops.c51_taken_grad_params(h, actions, grad_taken, A)
     assert_rel(grad_h, ht.grad, "grad_h")
     assert_rel(grad_W, Wt.grad, "grad_W")
     assert_rel(grad_b, bt.grad, "grad_b")
@@ -266,7 +273,8 @@ def test_c51_loss_through_head_end_to_end(rng: np.random.Generator) -> None:
     loss_t.backward()
     logits = ops.linear_fwd(h, W, b).reshape(B, A, Z)
     loss, grad_taken = ops.c51_cross_entropy_fwd_bwd(logits, actions, target)
-    grad_h, grad_W, grad_b = ops.c51_head_bwd(h, W, actions, grad_taken, Z)
+    grad_h = ops.c51_taken_grad_h(W, actions, grad_taken)
+    grad_W, grad_b = ops.c51_taken_grad_params(h, actions, grad_taken, A)
     assert_rel(loss, loss_t, "loss")
     assert_rel(grad_h, ht.grad, "grad_h")
     assert_rel(grad_W, Wt.grad, "grad_W")

@@ -39,6 +39,7 @@ OP_NAMES: tuple[str, ...] = (
     "categorical_projection",
     "c51_support_clip_ratio",
     "c51_taken_loss_bwd",
+    "c51_taken_grad_params",
     "log_softmax",
     "ppo_surrogate_fwd_bwd",
     "normalize_advantages",

@@ -212,7 +212,8 @@ def c51_cross_entropy_fwd_bwd(logits: Array, actions: Array, target: Array) -> t
 
     Returns (loss, grad_taken [B, Z]): the gradient with respect to the taken action's
     logits, (p_z Σm - m_z) / B. The other actions' logits get zero gradient, so they are
-    never materialised; `c51_head_bwd` consumes the taken-action form directly.
+    never materialised; `c51_taken_grad_h` and `c51_taken_grad_params` consume the
+    taken-action form directly.
     """
     batch = logits.shape[0]
     taken = logits[np.arange(batch), actions]  # [B, Z]
@@ -225,38 +226,47 @@ def c51_cross_entropy_fwd_bwd(logits: Array, actions: Array, target: Array) -> t
     return loss, grad
 
 
-def c51_head_bwd(
-    h: Array, W: Array, actions: Array, grad_taken: Array, num_atoms: int
-) -> tuple[Array, Array, Array]:
-    """Backward of logits = h W + b ([B, A·Z]) when only the taken action has a gradient.
+def c51_taken_grad_h(W: Array, actions: Array, grad_taken: Array) -> Array:
+    """grad_h of logits = h W + b ([B, A·Z]) when only the taken action has a gradient:
+    grad_h_row = g_row W[:, a_row·Z:(a_row+1)·Z]ᵀ, one GEMM per action over its rows (never the
+    dense [B, A·Z] gradient); a row whose action is outside [0, A) gets none."""
+    num_atoms = grad_taken.shape[1]
+    grad_h = np.zeros((grad_taken.shape[0], W.shape[0]), dtype=W.dtype)
+    for a in range(W.shape[1] // num_atoms):
+        rows = np.flatnonzero(actions == a)
+        grad_h[rows] = grad_taken[rows] @ W[:, a * num_atoms : (a + 1) * num_atoms].T
+    return grad_h
 
-    grad_W[:, a·Z:(a+1)·Z] = Σ_{rows with action a} h_rowᵀ g_row, grad_b likewise, and
-    grad_h_row = g_row W[:, a_row·Z:(a_row+1)·Z]ᵀ — one GEMM per action over its rows
-    (rows taken in index order), never the dense [B, A·Z] gradient.
-    """
-    width = W.shape[1]
-    num_actions = width // num_atoms
-    grad_W = np.zeros_like(W)
-    grad_b = np.zeros(width, dtype=W.dtype)
-    grad_h = np.zeros_like(h)  # a row whose action is outside [0, A) gets none
+
+def c51_taken_grad_params(
+    h: Array, actions: Array, grad_taken: Array, num_actions: int
+) -> tuple[Array, Array]:
+    """(grad_W [H, A·Z], grad_b [A·Z]) of logits = h W + b when only the taken action has a
+    gradient: grad_W[:, a·Z:(a+1)·Z] = Σ_{rows with action a} h_rowᵀ g_row, grad_b likewise
+    (rows in index order). A separate op from `c51_taken_loss_bwd` so that the encoder's
+    backward need not wait for it."""
+    num_atoms = grad_taken.shape[1]
+    width = num_actions * num_atoms
+    grad_W = np.zeros((h.shape[1], width), dtype=h.dtype)
+    grad_b = np.zeros(width, dtype=h.dtype)
     for a in range(num_actions):
         rows = np.flatnonzero(actions == a)
         cols = slice(a * num_atoms, (a + 1) * num_atoms)
         g = grad_taken[rows]
         grad_W[:, cols] = h[rows].T @ g
         grad_b[cols] = reduce_axis0(g)
-        grad_h[rows] = g @ W[:, cols].T
-    return grad_h, grad_W, grad_b
+    return grad_W, grad_b
 
 
 def c51_taken_loss_bwd(
     h: Array, W: Array, b: Array, actions: Array, target: Array
-) -> tuple[Array, Array, Array, Array]:
-    """The C51 head on replayed transitions, forward and backward, computing only each row's
-    taken action: logits = h W[:, a·Z:(a+1)·Z] + b[a·Z:(a+1)·Z], the cross-entropy against the
-    target m, and (loss, grad_h [B, H], grad_W, grad_b). The other A - 1 actions' logits are
-    never formed (they get no gradient). A row whose action is outside [0, A) has a NaN loss
-    and no gradient."""
+) -> tuple[Array, Array, Array]:
+    """The C51 head on replayed transitions, forward and backward to its input, computing only
+    each row's taken action: logits = h W[:, a·Z:(a+1)·Z] + b[a·Z:(a+1)·Z], the cross-entropy
+    against the target m, and (loss, grad_h [B, H], grad_taken [B, Z]); `c51_taken_grad_params`
+    turns grad_taken into the weight gradients. The other A - 1 actions' logits are never
+    formed (they get no gradient). A row whose action is outside [0, A) has a NaN loss and no
+    gradient (a zero grad_taken row)."""
     num_atoms = target.shape[1]
     logits = np.full((h.shape[0], 1, num_atoms), np.nan, dtype=h.dtype)
     for a in range(W.shape[1] // num_atoms):
@@ -264,7 +274,9 @@ def c51_taken_loss_bwd(
         cols = slice(a * num_atoms, (a + 1) * num_atoms)
         logits[rows, 0] = h[rows] @ W[:, cols] + b[cols]
     loss, grad_taken = c51_cross_entropy_fwd_bwd(logits, np.zeros_like(actions), target)
-    return (loss, *c51_head_bwd(h, W, actions, grad_taken, num_atoms))
+    valid = (actions >= 0) & (actions < W.shape[1] // num_atoms)
+    grad_taken[~valid] = 0
+    return loss, c51_taken_grad_h(W, actions, grad_taken), grad_taken
 
 
 # --------------------------------------------------------------------------- PPO policy head

@@ -171,8 +171,9 @@ class Trainer:
         self._no_guard = xp.zeros(1, dtype=self.dtype)  # a host-checked rollout's guard
         self.stream = None if xp is np else xp.cuda.Stream(non_blocking=True)
         # Side streams for independent work inside an update (the target network, the
-        # on-policy heads), joined back by events: in a captured graph, parallel branches.
-        self._side_streams = [] if xp is np else [xp.cuda.Stream(non_blocking=True) for _ in "ab"]
+        # on-policy heads, weight gradients), joined back by events: in a captured graph,
+        # parallel branches.
+        self._side_streams = [] if xp is np else [xp.cuda.Stream(non_blocking=True) for _ in "abc"]
         self.graphs = None
         if self.stream is not None and config.train.cuda_graphs:
             from service.backend.cuda.capture import CapturedCalls
@@ -528,29 +529,33 @@ class Trainer:
         (grad_h, pi_stats), policy_ready = self._fork(
             lambda: self._on_policy_heads(batch, rows, h[:on_policy], grads, losses), lane=1
         )
+        # Weight gradients overlap the rest of the backward chain (the C51 head's on their own
+        # lane, the encoder layers' on lane 0). Their functions (holding the arrays they read)
+        # stay referenced until joined: a freed input could otherwise be reused by the chain
+        # while they still read it.
+        aside: list[tuple[object, Callable]] = []
+
+        def beside(fn: Callable[[], T], lane: int = 0) -> T:
+            result, token = self._fork(fn, lane)
+            aside.append((token, fn))
+            return result
+
         grad_h_q = None
         if replay is not None:
             h_q = h[on_policy:]
             self._join(target_ready)
             # Only each row's taken action is computed: its logits, loss and gradients.
-            losses["q"], grad_h_taken, grads["q/W"], grads["q/b"] = ops.c51_taken_loss_bwd(
+            losses["q"], grad_h_taken, grad_taken = ops.c51_taken_loss_bwd(
                 h_q, params["q/W"], params["q/b"], replay.actions, target
             )
+            A = cfg.model.num_actions
+            q_params = lambda: ops.c51_taken_grad_params(h_q, replay.actions, grad_taken, A)  # noqa: E731
+            grads["q/W"], grads["q/b"] = beside(q_params, lane=2)
             lambda_q = hp.weights(["train.lambda_q"])
             grad_h_q = ops.grad_h_accumulate([grad_h_taken], lambda_q)
         self._join(policy_ready)
         if grad_h_q is not None:
             grad_h = _stack_rows(xp, grad_h, grad_h_q)
-        # Each layer's weight gradients overlap the rest of the backward chain. Their functions
-        # (holding the arrays they read) stay referenced until joined: a freed input could
-        # otherwise be reused by the chain while they still read it.
-        aside: list[tuple[object, Callable]] = []
-
-        def beside(fn: Callable[[], T]) -> T:
-            result, token = self._fork(fn)
-            aside.append((token, fn))
-            return result
-
         grads.update(model.encoder_bwd(ops, params, activations, grad_h, depth, beside))
         for token, _fn in aside:
             self._join(token)

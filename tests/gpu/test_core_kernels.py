@@ -191,7 +191,7 @@ def test_grad_h_accumulate(core: CoreOps, rng: np.random.Generator, B: int, coun
 HEAD_WIDTHS = [(9, 1, 1, 3), (9, 1), (1,), (40, 1, 17, 2)]  # 17 and 40: several column passes
 
 
-@pytest.mark.parametrize("B", (*SIZES, 20000))
+@pytest.mark.parametrize("B", (0, *SIZES, 20000))
 @pytest.mark.parametrize("widths", HEAD_WIDTHS, ids=lambda w: "w" + "-".join(map(str, w)))
 def test_linear_heads(
     ops: CoreOps, rng: np.random.Generator, B: int, widths: tuple[int, ...]
@@ -206,16 +206,16 @@ def test_linear_heads(
     ah = np.abs(h)
     outs = ops.linear_heads_fwd(dev(h), [dev(W) for W in Ws], [dev(b) for b in bs])
     for got, want, W, b in zip(outs, npo.linear_heads_fwd(h, Ws, bs), Ws, bs, strict=True):
-        assert_close(got, want, scale=float(np.max(ah @ np.abs(W) + np.abs(b))))
+        assert_close(got, want, scale=float(np.max(ah @ np.abs(W) + np.abs(b), initial=0.0)))
     grad_h, grad_Ws, grad_bs = ops.linear_heads_bwd(
         dev(h), [dev(W) for W in Ws], [dev(g) for g in gs], weights
     )
     want_h, want_Ws, want_bs = npo.linear_heads_bwd(h, Ws, gs, weights)
     bound = sum(w * (np.abs(g) @ np.abs(W).T) for w, g, W in zip(weights, gs, Ws, strict=True))
-    assert_close(grad_h, want_h, scale=float(np.max(bound)))
+    assert_close(grad_h, want_h, scale=float(np.max(bound, initial=0.0)))
     for got_W, got_b, want_W, want_b, g in zip(grad_Ws, grad_bs, want_Ws, want_bs, gs, strict=True):
-        assert_close(got_W, want_W, scale=float(np.max(ah.T @ np.abs(g))))
-        assert_close(got_b, want_b, scale=float(np.max(np.abs(g).sum(axis=0))))
+        assert_close(got_W, want_W, scale=float(np.max(ah.T @ np.abs(g), initial=0.0)))
+        assert_close(got_b, want_b, scale=float(np.max(np.abs(g).sum(axis=0), initial=0.0)))
     again = ops.linear_heads_bwd(dev(h), [dev(W) for W in Ws], [dev(g) for g in gs], weights)
     assert same_bytes(again[0], grad_h)
     repeated = zip(again[1] + again[2], grad_Ws + grad_bs, strict=True)
@@ -234,6 +234,9 @@ def test_linear_heads_bad_input(core: CoreOps, rng: np.random.Generator) -> None
         core.linear_heads_fwd(h, Ws * 2 + Ws[:1], bs * 2 + bs[:1])
     with pytest.raises(ValueError, match=r"grad_ys\[1\]: expected shape \[5, 1\]"):
         core.linear_heads_bwd(h, Ws, [dev(normal(rng, 5, 9)), dev(normal(rng, 4, 1))], [1.0, 1.0])
+    wide = [dev(normal(rng, 256, 300)), dev(normal(rng, 256, 213))]
+    with pytest.raises(ValueError, match=r"Ws: expected widths adding up to at most 512"):
+        core.linear_heads_fwd(h, wide, [dev(normal(rng, 300)), dev(normal(rng, 213))])
     with pytest.raises(ValueError, match=r"weights: expected 2 numbers, got 1"):
         core.linear_heads_bwd(h, Ws, [dev(normal(rng, 5, 9)), dev(normal(rng, 5, 1))], [1.0])
 

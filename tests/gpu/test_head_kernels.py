@@ -86,6 +86,7 @@ def test_signatures_match_the_numpy_twins(ops: HeadOps) -> None:
         "categorical_projection",
         "c51_support_clip_ratio",
         "c51_taken_loss_bwd",
+        "c51_taken_grad_params",
         "log_softmax",
         "ppo_surrogate_fwd_bwd",
         "normalize_advantages",
@@ -172,9 +173,14 @@ def test_c51_taken_loss_bwd(
     assert_close(got[0], np.float32(want[0]))
     for g, w in zip(got[1:], want[1:], strict=True):
         assert_close(g, w)
+    # The weight gradients from the twin's grad_taken: this op checked alone.
+    grad_W, grad_b = ops.c51_taken_grad_params(dev(h), dev(actions), dev(want[2]), A)
+    want_W, want_b = npo.c51_taken_grad_params(h, actions, want[2], A)
+    assert_close(grad_W, want_W)
+    assert_close(grad_b, want_b)
     if actions_drawn == "uniform" and B > A:
-        assert np.all(host(got[2])[:, (A - 1) * Z :] == 0)
-        assert np.all(host(got[3])[(A - 1) * Z :] == 0)
+        assert np.all(host(grad_W)[:, (A - 1) * Z :] == 0)
+        assert np.all(host(grad_b)[(A - 1) * Z :] == 0)
 
 
 def test_c51_taken_bad_action_is_nan_without_gradient(
@@ -186,15 +192,18 @@ def test_c51_taken_bad_action_is_nan_without_gradient(
     h, W, b, target = taken_inputs(ops, rng, B)
     actions = rng.integers(0, A, B).astype(np.int32)
     actions[[3, 17]] = [A, -1]
-    loss, grad_h, grad_W, grad_b = ops.c51_taken_loss_bwd(
+    loss, grad_h, grad_taken = ops.c51_taken_loss_bwd(
         dev(h), dev(W), dev(b), dev(actions), dev(target)
     )
+    grad_W, grad_b = ops.c51_taken_grad_params(dev(h), dev(actions), grad_taken, A)
     want = npo.c51_taken_loss_bwd(h, W, b, actions, target)
+    want_W, want_b = npo.c51_taken_grad_params(h, actions, want[2], A)
     assert np.isnan(host(loss)) and np.isnan(want[0])
-    assert np.all(host(grad_h)[[3, 17]] == 0)
+    assert np.all(host(grad_h)[[3, 17]] == 0) and np.all(host(grad_taken)[[3, 17]] == 0)
     assert_close(grad_h, want[1])
-    assert_close(grad_W, want[2])
-    assert_close(grad_b, want[3])
+    assert_close(grad_taken, want[2])
+    assert_close(grad_W, want_W)
+    assert_close(grad_b, want_b)
 
 
 # --------------------------------------------------------------------------- projection
@@ -568,6 +577,7 @@ def test_every_op_twice_gives_the_same_bytes(ops: HeadOps, rng: np.random.Genera
         lambda: ops.c51_softmax(logits_q),
         lambda: ops.c51_greedy(logits_q, dev(npo.c51_support(V_MIN, V_MAX, Z, np.float32))),
         lambda: ops.c51_taken_loss_bwd(h, W, W[0], actions, target),
+        lambda: ops.c51_taken_grad_params(h, actions, target, A),
         lambda: ops.categorical_projection(p, r, done, k, 0.99, V_MIN, V_MAX),
         lambda: ops.c51_support_clip_ratio(p, r, done, k, 0.99, V_MIN, V_MAX),
         lambda: ops.ppo_surrogate_fwd_bwd(logits, acts, behavior, adv, 0.2, 0.01),
@@ -617,6 +627,14 @@ def test_launches_are_validated(ops: HeadOps, rng: np.random.Generator) -> None:
         (
             lambda: ops.c51_taken_loss_bwd(h, W[:-1], W[0], actions, target),
             "W: expected shape",
+        ),
+        (
+            lambda: ops.c51_taken_grad_params(h, actions, target[:-1], A),
+            "grad_taken: expected shape",
+        ),
+        (
+            lambda: ops.c51_taken_grad_params(h, actions, target, A + 1),
+            f"num_actions: expected {A}",
         ),
         (
             lambda: ops.categorical_projection(target, rewards, k, k, 0.99, V_MIN, V_MAX),

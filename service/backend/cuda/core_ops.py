@@ -41,9 +41,11 @@ SINGLE_PASS_MAX_ROWS = 1024  # reduce_axis0: above this, fixed row chunks first
 CHUNK_ROWS = 64  # reduce_axis0_partials: rows summed per partial
 MAX_HEADS = 8  # grad_h_accumulate.cu: TRIDENT_MAX_HEADS
 LINEAR_HEADS_MAX = 4  # linear_heads.cu: heads per launch
-LINEAR_HEADS_WARPS = 8  # linear_heads.cu: rows (warps) per block of linear_heads_fwd
-LINEAR_HEADS_CHUNK_ROWS = 32  # rows per weight-gradient partial, up to ...
-LINEAR_HEADS_MAX_CHUNKS = 256  # ... this many partials (then the chunks grow)
+LINEAR_HEADS_TILE = 16  # linear_heads.cu: rows per tile (linear_heads_bwd_input's accumulators)
+LINEAR_HEADS_MAX_COLUMNS = 512  # Σ head widths: a tile of gradients fits in SHARED_BYTES
+LINEAR_HEADS_CHUNK_ROWS = 32  # rows per weight-gradient partial, at least; more rows when
+LINEAR_HEADS_CHUNKS = 128  # that would make more partials than this
+SHARED_BYTES = 48 * 1024  # dynamic shared memory a block may take without opting in
 MAX_TENSORS = 16  # common.cuh: TRIDENT_MAX_TENSORS, tensors per multi-tensor launch
 MULTI_CHUNK = 4 * BLOCK  # elements per block of adamw_multi and target_refresh_multi
 STEP_STATS, STEP_NORM = 10, 5  # step_stats.cu: statistics per update, the float64 one
@@ -165,16 +167,18 @@ class CoreOps:
             _array(f"bs[{j}]", b, shape=(w,))
             for j, (b, w) in enumerate(zip(bs, widths, strict=True))
         ]
-        rows = h.shape[0]
+        rows, columns = h.shape[0], sum(widths)
         outs = [cupy.empty((rows, w), dtype=cupy.float32) for w in widths]
         if rows:
-            kernel = self._kernel("linear_heads.cu", "linear_heads_fwd")
-            blocks = min(-(-rows // LINEAR_HEADS_WARPS), MAX_BLOCKS)
-            kernel(
-                (blocks,),
-                (32 * LINEAR_HEADS_WARPS,),
-                (h, *_slots(Ws), *_slots(bs), *_slots(outs), *_widths(widths), len(Ws), rows),
-            )
+            table = 2 * columns * 4  # linear_heads_columns' head / col ints
+            tile = min(LINEAR_HEADS_TILE, (SHARED_BYTES - table) // (4 * (self.dims.H + 1)))
+            self._kernel("linear_heads.cu", "linear_heads_fwd")(
+                (min(-(-rows // tile), MAX_BLOCKS),),
+                (BLOCK,),
+                (h, *_slots(Ws), *_slots(bs), *_slots(outs), *_widths(widths), len(Ws), rows,
+                 np.int32(tile)),
+                shared_mem=4 * tile * (self.dims.H + 1) + table,
+            )  # fmt: skip
         return outs
 
     def linear_heads_bwd(
@@ -197,23 +201,32 @@ class CoreOps:
             for j, (g, w) in enumerate(zip(grad_ys, widths, strict=True))
         ]
         w = self._head_weights(weights, len(Ws))
-        H, count = self.dims.H, np.int32(len(Ws))
+        H, count, columns = self.dims.H, np.int32(len(Ws)), sum(widths)
+        table = 2 * columns * 4  # linear_heads_columns' head / col ints
         grad_h = cupy.empty_like(h)
         grad_Ws = [cupy.empty_like(W) for W in Ws]
         grad_bs = [cupy.empty(width, dtype=cupy.float32) for width in widths]
+        if not rows:  # nothing to sum: zero gradients, as hᵀ g and Σ_b g of no rows are
+            for grad in grad_Ws + grad_bs:
+                grad.fill(0)
+            return grad_h, grad_Ws, grad_bs
         if grad_h.size:
             self._kernel("linear_heads.cu", "linear_heads_bwd_input")(
-                _blocks(grad_h.size),
+                (min(-(-rows // LINEAR_HEADS_TILE), MAX_BLOCKS), -(-H // BLOCK)),
                 (BLOCK,),
                 (*_slots(grad_ys), *_slots(Ws), *_widths(widths), w, count, grad_h, rows),
+                shared_mem=4 * LINEAR_HEADS_TILE * columns + table,
             )
-        chunks = max(1, min(-(-rows // LINEAR_HEADS_CHUNK_ROWS), LINEAR_HEADS_MAX_CHUNKS))
-        chunk_rows = max(1, -(-rows // chunks))
-        partials = cupy.empty((chunks, H + 1, sum(widths)), dtype=cupy.float32)
+        # Fixed row chunks (about LINEAR_HEADS_CHUNKS of them), each staged in shared memory.
+        chunk_rows = max(LINEAR_HEADS_CHUNK_ROWS, -(-rows // LINEAR_HEADS_CHUNKS))
+        chunk_rows = min(chunk_rows, (SHARED_BYTES - table) // (4 * columns))
+        chunks = max(1, -(-rows // chunk_rows))
+        partials = cupy.empty((chunks, H + 1, columns), dtype=cupy.float32)
         self._kernel("linear_heads.cu", "linear_heads_grad_partials")(
             (chunks,),
-            (BLOCK,),
+            (min(-(-(H + 1) // 32) * 32, 1024),),  # one thread per k, the bias row included
             (h, *_slots(grad_ys), *_widths(widths), count, rows, np.int32(chunk_rows), partials),
+            shared_mem=4 * chunk_rows * columns + table,
         )
         self._kernel("linear_heads.cu", "linear_heads_grad_reduce")(
             _blocks(partials[0].size),
@@ -237,7 +250,13 @@ class CoreOps:
         for j, W in enumerate(Ws):
             if W.shape[0] != H or W.shape[1] < 1:
                 raise ValueError(f"Ws[{j}]: expected shape [{H}, width >= 1], got {list(W.shape)}")
-        return h, Ws, [W.shape[1] for W in Ws]
+        widths = [W.shape[1] for W in Ws]
+        if sum(widths) > LINEAR_HEADS_MAX_COLUMNS:
+            raise ValueError(
+                f"Ws: expected widths adding up to at most {LINEAR_HEADS_MAX_COLUMNS}, got "
+                f"{widths} (the heads' columns are staged in shared memory)"
+            )
+        return h, Ws, widths
 
     def _head_weights(self, weights: Sequence[float] | Array, count: int) -> Array:
         """The heads' λ as a float64 device array [count] (numbers are uploaded)."""

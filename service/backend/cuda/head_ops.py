@@ -280,51 +280,71 @@ class HeadOps:
 
     def c51_taken_loss_bwd(
         self, h: Array, W: Array, b: Array, actions: Array, target: Array
-    ) -> tuple[Array, Array, Array, Array]:
-        """(loss 0-d, grad_h [B, H], grad_W [H, A·Z], grad_b [A·Z]) of the C51 head on
-        replayed rows, each row's taken action only: rows sorted by action, then one block
-        per tile of same-action rows for the logits, the cross-entropy and grad_h, and
-        per-chunk weight-gradient partials that reduce_axis0 sums in a fixed order
-        (dqn_distributional_q.cu). O(B·Z) work per feature instead of O(B·A·Z); scratch at
-        most 64 · (H + 1) · A·Z floats. An action outside [0, A) gives a NaN loss and a zero
-        gradient row; no host check is made."""
+    ) -> tuple[Array, Array, Array]:
+        """(loss 0-d, grad_h [B, H], grad_taken [B, Z]) of the C51 head on replayed rows, each
+        row's taken action only: rows sorted by action, then one block per tile of same-action
+        rows for the logits, the cross-entropy, grad_taken and grad_h
+        (dqn_distributional_q.cu). O(B·Z) work per feature instead of O(B·A·Z). An action
+        outside [0, A) gives a NaN loss and zero gradient rows; no host check is made."""
         H, A, Z = self.dims.H, self.dims.A, self.dims.Z
         h, B = _batch("h", h, (H,))
         W = _array("W", W, shape=(H, A * Z))
         b = _array("b", b, shape=(A * Z,))
         actions = _array("actions", actions, _I32, shape=(B,))
         target = _array("target", target, shape=(B, Z))
-        file, defines = "dqn_distributional_q.cu", self._defines
-        order = cupy.empty(B, dtype=cupy.int32)
-        offsets = cupy.empty(A + 2, dtype=cupy.int32)
         per_row = cupy.empty(B, dtype=cupy.float32)
         grad_taken = cupy.empty((B, Z), dtype=cupy.float32)
         grad_h = cupy.empty((B, H), dtype=cupy.float32)
         loss = _scalar_out()
+        if B:
+            order, offsets = self._sort_actions(actions)
+            load_kernel("dqn_distributional_q.cu", "c51_taken_fwd_bwd", self._defines)(
+                (-(-B // self._tile_rows), A + 1),
+                (C51_TAKEN_THREADS,),
+                (h, W, b, target, order, offsets, per_row, grad_taken, grad_h, np.int32(B)),
+            )
+        self._reduce("dqn_distributional_q.cu", "c51_loss_mean", (per_row, loss, np.int32(B)))
+        return loss, grad_h, grad_taken
+
+    def c51_taken_grad_params(
+        self, h: Array, actions: Array, grad_taken: Array, num_actions: int
+    ) -> tuple[Array, Array]:
+        """(grad_W [H, A·Z], grad_b [A·Z]) from `c51_taken_loss_bwd`'s grad_taken: rows sorted
+        by action, per-chunk partials of each action's columns, summed by reduce_axis0 in a
+        fixed order (dqn_distributional_q.cu); scratch at most 64 · (H + 1) · A·Z floats. Rows
+        whose action is outside [0, A) are not read."""
+        H, A, Z = self.dims.H, self.dims.A, self.dims.Z
+        if num_actions != A:
+            raise ValueError(f"num_actions: expected {A} (the compiled A), got {num_actions}")
+        h, B = _batch("h", h, (H,))
+        actions = _array("actions", actions, _I32, shape=(B,))
+        grad_taken = _array("grad_taken", grad_taken, shape=(B, Z))
         chunk_rows = max(C51_CHUNK_ROWS, -(-B // C51_MAX_CHUNKS))
         chunks = max(1, -(-B // chunk_rows))
         partial_W = cupy.empty((chunks, H, A * Z), dtype=cupy.float32)
         partial_b = cupy.empty((chunks, A * Z), dtype=cupy.float32)
         if B:
-            load_kernel(file, "c51_sort_actions", defines)(
-                (A + 1,), (C51_SORT_THREADS,), (actions, order, offsets, np.int32(B))
-            )
-            load_kernel(file, "c51_taken_fwd_bwd", defines)(
-                (-(-B // self._tile_rows), A + 1),
-                (C51_TAKEN_THREADS,),
-                (h, W, b, target, order, offsets, per_row, grad_taken, grad_h, np.int32(B)),
-            )
+            order, offsets = self._sort_actions(actions)
         else:
-            offsets.fill(0)
-        load_kernel(file, "c51_taken_grad_partials", defines)(
+            order, offsets = cupy.empty(0, dtype=cupy.int32), cupy.zeros(A + 2, dtype=cupy.int32)
+        load_kernel("dqn_distributional_q.cu", "c51_taken_grad_partials", self._defines)(
             (chunks, A, -(-H // C51_I_TILE)),
             (C51_GRAD_THREADS,),
             (h, grad_taken, order, offsets, partial_W, partial_b, np.int32(chunk_rows)),
         )
-        self._reduce(file, "c51_loss_mean", (per_row, loss, np.int32(B)))
-        grad_W = self._core.reduce_axis0(partial_W)
-        grad_b = self._core.reduce_axis0(partial_b)
-        return loss, grad_h, grad_W, grad_b
+        return self._core.reduce_axis0(partial_W), self._core.reduce_axis0(partial_b)
+
+    def _sort_actions(self, actions: Array) -> tuple[Array, Array]:
+        """(order [B]: row indices stably sorted by action, rows of invalid actions last;
+        offsets [A + 2]: each action's segment of `order`) for B >= 1 rows."""
+        order = cupy.empty(actions.shape[0], dtype=cupy.int32)
+        offsets = cupy.empty(self.dims.A + 2, dtype=cupy.int32)
+        load_kernel("dqn_distributional_q.cu", "c51_sort_actions", self._defines)(
+            (self.dims.A + 1,),
+            (C51_SORT_THREADS,),
+            (actions, order, offsets, np.int32(actions.shape[0])),
+        )
+        return order, offsets
 
     # ----------------------------------------------------------------------- PPO policy head
     def log_softmax(self, logits: Array) -> Array:
