@@ -54,16 +54,17 @@ static __device__ __forceinline__ long long c51_thread_index()
 //   p_z = exp(l_z - max_z l) / Σ_z exp(l_z - max_z l)
 #define C51_LANE_ATOMS ((TRIDENT_Z + 31) / 32)
 
-// One row's softmax over its Z atoms in one warp: lane l gets p at atoms l, l + 32, ... in e[]
-// (0 past Z). c51_softmax's arithmetic, shared by c51_greedy.
-static __device__ __forceinline__ void c51_warp_softmax(const float* __restrict__ x, int lane,
+// One row's softmax over its Z atoms x (+ bias, when given) in one warp: lane l gets p at atoms
+// l, l + 32, ... in e[] (0 past Z). c51_softmax's arithmetic, shared by c51_greedy.
+static __device__ __forceinline__ void c51_warp_softmax(const float* __restrict__ x,
+                                                        const float* __restrict__ bias, int lane,
                                                         float (&e)[C51_LANE_ATOMS])
 {
     const float minus_inf = __int_as_float(0xff800000);
     float m = minus_inf;  // NaN wins every c51_nanmax, as in np.max
     for (int k = 0; k < C51_LANE_ATOMS; ++k) {
         const int z = lane + 32 * k;
-        e[k] = z < TRIDENT_Z ? x[z] : minus_inf;
+        e[k] = z < TRIDENT_Z ? (bias ? x[z] + bias[z] : x[z]) : minus_inf;
         m = c51_nanmax(m, e[k]);
     }
     for (int offset = 16; offset > 0; offset >>= 1)
@@ -85,7 +86,7 @@ extern "C" __global__ void c51_softmax(const float* __restrict__ logits,
     const int lane = threadIdx.x & 31;
     if (row >= rows) return;
     float e[C51_LANE_ATOMS];
-    c51_warp_softmax(logits + row * TRIDENT_Z, lane, e);
+    c51_warp_softmax(logits + row * TRIDENT_Z, nullptr, lane, e);
     for (int k = 0; k < C51_LANE_ATOMS; ++k) {
         const int z = lane + 32 * k;
         if (z < TRIDENT_Z) probs[row * TRIDENT_Z + z] = e[k];
@@ -116,7 +117,8 @@ static __device__ __forceinline__ double c51_warp_sum(double v)
 
 // ---------------------------------------------------------------------------------------------
 // The greedy action of each row by expected value, and its distribution (twin: c51_greedy):
-//   p(a) = softmax_z(logits[b, a, :]), q(a) = Σ_z p(a)_z z_z, a* = argmax_a q(a) (the first
+//   p(a) = softmax_z(logits[b, a, :] + bias[a, :]), q(a) = Σ_z p(a)_z z_z, a* = argmax_a q(a)
+//   (the bias add of the head's forward is done here: logits is the GEMM's output); (the first
 //   maximum, and the first NaN if any, as np.argmax), probs_best[b] = p(a*).
 // One warp per row; per action the softmax is c51_softmax's arithmetic (lane l holds atoms
 // l, l + 32, ...; fixed xor butterflies), and q sums its lanes' products in double in a fixed
@@ -124,6 +126,7 @@ static __device__ __forceinline__ double c51_warp_sum(double v)
 // replaces softmax + q-values + argmax + gather of the target network: [B, A, Z] probabilities
 // are never written.
 extern "C" __global__ void c51_greedy(const float* __restrict__ logits,
+                                      const float* __restrict__ bias,
                                       const float* __restrict__ support,
                                       int* __restrict__ best, float* __restrict__ probs_best,
                                       int B)
@@ -136,7 +139,7 @@ extern "C" __global__ void c51_greedy(const float* __restrict__ logits,
     float kept[C51_LANE_ATOMS];  // the chosen action's probabilities (this lane's atoms)
     for (int a = 0; a < TRIDENT_A; ++a) {
         float e[C51_LANE_ATOMS];
-        c51_warp_softmax(logits + (b * TRIDENT_A + a) * TRIDENT_Z, lane, e);
+        c51_warp_softmax(logits + (b * TRIDENT_A + a) * TRIDENT_Z, bias + a * TRIDENT_Z, lane, e);
         double q = 0.0;
         for (int k = 0; k < C51_LANE_ATOMS; ++k) {
             const int z = lane + 32 * k;

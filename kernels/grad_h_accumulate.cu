@@ -1,38 +1,21 @@
-// Encoder gradient from the heads: out = Σ_{i < count} λ_i g_i, added in head order.
-// Twin: numpy_ops.grad_h_accumulate. Up to 8 heads; unused pointer slots are never read.
-// The λ_i live in device memory (float64 [count]) so changing them never recompiles or
-// re-captures; each is rounded to float32 before the multiply, as NumPy does with a Python
-// float times a float32 array.
+// The encoder's gradient over stacked rows: out = [top; λ bottom], the on-policy heads' gradient
+// (already weighted by linear_heads_bwd_input) over the C51 head's times λ_q, in one pass
+// instead of a scale and two copies. Twin: numpy_ops.grad_h_stack. λ lives in device memory
+// (float64 [1]) so changing it never recompiles or re-captures; it is rounded to float32
+// before the multiply, as NumPy does with a Python float times a float32 array.
+// Layout: top [top_rows, TRIDENT_H], bottom [bottom_rows, TRIDENT_H], out [top_rows +
+// bottom_rows, TRIDENT_H], row-major. One thread per element, grid-stride.
 #include "common.cuh"
 
-#define TRIDENT_MAX_HEADS 8
-
-extern "C" __global__ void grad_h_accumulate(const float* __restrict__ g0,
-                                             const float* __restrict__ g1,
-                                             const float* __restrict__ g2,
-                                             const float* __restrict__ g3,
-                                             const float* __restrict__ g4,
-                                             const float* __restrict__ g5,
-                                             const float* __restrict__ g6,
-                                             const float* __restrict__ g7,
-                                             const double* __restrict__ weights, int count,
-                                             float* __restrict__ out, long long n) {
-    const float* const grads[TRIDENT_MAX_HEADS] = {g0, g1, g2, g3, g4, g5, g6, g7};
-    float w[TRIDENT_MAX_HEADS];
-#pragma unroll
-    for (int j = 0; j < TRIDENT_MAX_HEADS; ++j) {
-        w[j] = j < count ? (float)weights[j] : 0.0f;
-    }
+extern "C" __global__ void grad_h_stack(const float* __restrict__ top,
+                                        const float* __restrict__ bottom,
+                                        const double* __restrict__ weight, int top_rows,
+                                        int bottom_rows, float* __restrict__ out) {
+    const float w = (float)weight[0];
+    const long long split = (long long)top_rows * TRIDENT_H;
+    const long long total = split + (long long)bottom_rows * TRIDENT_H;
     const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        // total = λ_0 g_0, then total = total + λ_j g_j for j = 1..count-1 (NumPy's order).
-        float total = w[0] * g0[i];
-#pragma unroll
-        for (int j = 1; j < TRIDENT_MAX_HEADS; ++j) {
-            if (j < count) {
-                total = total + w[j] * grads[j][i];
-            }
-        }
-        out[i] = total;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        out[i] = i < split ? top[i] : w * bottom[i - split];
     }
 }

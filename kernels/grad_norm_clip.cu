@@ -87,6 +87,9 @@ extern "C" __global__ void clip_coefficient(const double* __restrict__ norm,
     }
 }
 
+#define TRIDENT_FINITE_SMALL 8     // small arrays all_finite_finalize checks itself
+#define TRIDENT_FINITE_SMALL_MAX 1024  // elements of an array it counts as small
+
 __device__ __forceinline__ bool trident_finite(float x) { return trident_finite_f32(x); }
 __device__ __forceinline__ bool trident_finite(double x) { return trident_finite_f64(x); }
 
@@ -120,13 +123,32 @@ extern "C" __global__ void finite_partials_f64(const double* __restrict__ x, lon
     finite_partials(x, n, flags);
 }
 
-// ok[0] = 1 when every flag is 1 (count may be 0: nothing to check is all finite). One block.
-extern "C" __global__ void all_finite_finalize(const unsigned char* __restrict__ flags,
-                                               long long count, unsigned char* __restrict__ ok) {
+// ok[0] = 1 when every flag is 1 and every element of the small arrays s0..s7 is finite
+// (count and small may be 0: nothing to check is all finite). The small arrays (losses, the
+// norm, the guard: a few elements each) are checked here rather than one launch each; bit j
+// of f64_mask marks s_j as double. Unused slots are never read. One block.
+extern "C" __global__ void all_finite_finalize(
+    const unsigned char* __restrict__ flags, long long count, const void* s0, const void* s1,
+    const void* s2, const void* s3, const void* s4, const void* s5, const void* s6,
+    const void* s7, long long n0, long long n1, long long n2, long long n3, long long n4,
+    long long n5, long long n6, long long n7, int f64_mask, int small,
+    unsigned char* __restrict__ ok) {
+    const void* const arrays[TRIDENT_FINITE_SMALL] = {s0, s1, s2, s3, s4, s5, s6, s7};
+    const long long sizes[TRIDENT_FINITE_SMALL] = {n0, n1, n2, n3, n4, n5, n6, n7};
     int all = 1;
     for (long long i = threadIdx.x; i < count; i += TRIDENT_REDUCE_THREADS) {
         if (flags[i] == 0) {
             all = 0;
+        }
+    }
+    for (int j = 0; j < small && j < TRIDENT_FINITE_SMALL; ++j) {
+        for (long long i = threadIdx.x; i < sizes[j]; i += TRIDENT_REDUCE_THREADS) {
+            const bool finite = (f64_mask >> j) & 1
+                                    ? trident_finite(((const double*)arrays[j])[i])
+                                    : trident_finite(((const float*)arrays[j])[i]);
+            if (!finite) {
+                all = 0;
+            }
         }
     }
     all = __syncthreads_and(all);

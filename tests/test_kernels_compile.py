@@ -346,12 +346,13 @@ CORE_OPS = (
     "linear_bwd_input",
     "linear_bwd_params",
     "linear_heads_fwd",
-    "linear_heads_bwd",
+    "linear_heads_bwd_input",
+    "linear_heads_bwd_params",
     "bias_relu_fwd",
     "bias_relu_bwd",
     "reduce_axis0",
     "gae",
-    "grad_h_accumulate",
+    "grad_h_stack",
     "all_finite",
     "global_norm",
     "clip_coefficient",
@@ -378,9 +379,11 @@ def test_core_ops_match_numpy_signatures_and_kernel_constants() -> None:
     threads = kernel_define("grad_norm_clip.cu", "TRIDENT_REDUCE_THREADS")
     items = kernel_define("grad_norm_clip.cu", "TRIDENT_REDUCE_ITEMS")
     assert (threads, threads * items) == (core_ops.REDUCE_THREADS, core_ops.REDUCE_CHUNK)
-    assert kernel_define("grad_h_accumulate.cu", "TRIDENT_MAX_HEADS") == core_ops.MAX_HEADS
     assert kernel_define("common.cuh", "TRIDENT_BLOCK") == core_ops.BLOCK
     assert kernel_define("linear_heads.cu", "LINEAR_HEADS_MAX") == core_ops.LINEAR_HEADS_MAX
+    assert kernel_define("grad_norm_clip.cu", "TRIDENT_FINITE_SMALL") == core_ops.FINITE_SMALL
+    small_max = kernel_define("grad_norm_clip.cu", "TRIDENT_FINITE_SMALL_MAX")
+    assert small_max == core_ops.FINITE_SMALL_MAX
     assert kernel_define("linear_heads.cu", "LINEAR_HEADS_TILE") == core_ops.LINEAR_HEADS_TILE
 
 

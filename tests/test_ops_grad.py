@@ -149,12 +149,15 @@ def test_c51_greedy(rng: np.random.Generator, B: int) -> None:
     logits = rng.normal(scale=3.0, size=(B, A, Z))
     logits[0, 1, -1] += 900.0  # all of action 1's mass on the top atom: row 0's best ...
     logits[0, 3] = logits[0, 1]  # ... tied with action 3: the first of the two wins
+    bias = rng.normal(scale=0.5, size=A * Z)
+    bias[1 * Z : 2 * Z] = bias[3 * Z : 4 * Z]  # the tie survives the bias
     support = ops.c51_support(-10.0, 10.0, Z, np.dtype(np.float64))
-    q = (torch.softmax(t64(logits), dim=-1) @ t64(support)).numpy()
-    best, probs = ops.c51_greedy(logits, support)
+    biased = logits + bias.reshape(A, Z)
+    q = (torch.softmax(t64(biased), dim=-1) @ t64(support)).numpy()
+    best, probs = ops.c51_greedy(logits, bias, support)
     assert best.dtype == np.int32 and best[0] == 1
     np.testing.assert_array_equal(best, np.argmax(q, axis=1))
-    want = torch.softmax(t64(logits[np.arange(B), best]), dim=-1)
+    want = torch.softmax(t64(biased[np.arange(B), best]), dim=-1)
     assert_rel(probs, want, "probs")
 
 

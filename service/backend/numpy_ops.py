@@ -56,14 +56,20 @@ def linear_heads_fwd(h: Array, Ws: Sequence[Array], bs: Sequence[Array]) -> list
     return [linear_fwd(h, W, b) for W, b in zip(Ws, bs, strict=True)]
 
 
-def linear_heads_bwd(
-    h: Array, Ws: Sequence[Array], grad_ys: Sequence[Array], weights: Sequence[float]
-) -> tuple[Array, list[Array], list[Array]]:
-    """Gradients of `linear_heads_fwd`: (grad_h = Σ_j λ_j g_j W_jᵀ summed in head order as
-    `grad_h_accumulate` does, [grad_W_j = hᵀ g_j], [grad_b_j = Σ_b g_j])."""
-    parts = [linear_bwd(h, W, g) for W, g in zip(Ws, grad_ys, strict=True)]
-    grad_h = grad_h_accumulate([grad_x for grad_x, _, _ in parts], weights)
-    return grad_h, [grad_W for _, grad_W, _ in parts], [grad_b for _, _, grad_b in parts]
+def linear_heads_bwd_input(
+    Ws: Sequence[Array], grad_ys: Sequence[Array], weights: Sequence[float]
+) -> Array:
+    """grad_h = Σ_j λ_j g_j W_jᵀ of `linear_heads_fwd`, summed in head order as
+    `grad_h_accumulate` does: the input half of the heads' backward."""
+    grads = [linear_bwd_input(W, g) for W, g in zip(Ws, grad_ys, strict=True)]
+    return grad_h_accumulate(grads, weights)
+
+
+def linear_heads_bwd_params(h: Array, grad_ys: Sequence[Array]) -> tuple[list[Array], list[Array]]:
+    """([grad_W_j = hᵀ g_j], [grad_b_j = Σ_b g_j]) of `linear_heads_fwd`: the parameter half,
+    a separate op so that the encoder's backward need not wait for it."""
+    parts = [linear_bwd_params(h, g) for g in grad_ys]
+    return [grad_W for grad_W, _ in parts], [grad_b for _, grad_b in parts]
 
 
 def bias_relu_fwd(z: Array, b: Array) -> Array:
@@ -125,10 +131,11 @@ def c51_q_values(probs: Array, support: Array) -> Array:
     return probs @ support
 
 
-def c51_greedy(logits: Array, support: Array) -> tuple[Array, Array]:
+def c51_greedy(logits: Array, bias: Array, support: Array) -> tuple[Array, Array]:
     """(a* [B] int32, p(s, a*) [B, Z]): each row's action of largest E[Z(s, a)] (the first on
-    ties) and its distribution, from logits [B, A, Z]."""
-    probs = c51_softmax(logits)
+    ties) and its distribution, from the head's logits before its bias, [B, A, Z], and the
+    bias [A·Z] (added here: one pass over the logits fewer on a GPU)."""
+    probs = c51_softmax(logits + bias.reshape(logits.shape[1:]))
     best = np.argmax(c51_q_values(probs, support), axis=1)
     return best.astype(np.int32), probs[np.arange(logits.shape[0]), best]
 
@@ -393,6 +400,13 @@ def gae(
 
 
 # --------------------------------------------------------------------------- encoder gradient
+def grad_h_stack(top: Array, bottom: Array, weight: float) -> Array:
+    """[top; λ bottom]: the encoder gradient of stacked rows, the on-policy heads' (already
+    weighted) over the C51 head's times its λ (rounded to the array's dtype, as NumPy does with
+    a Python float times a float32 array)."""
+    return np.concatenate([top, weight * bottom])
+
+
 def grad_h_accumulate(grads: Sequence[Array], weights: Sequence[float]) -> Array:
     """grad_h = Σ_head λ_head grad_h_head, summed in the order given."""
     total = weights[0] * grads[0]

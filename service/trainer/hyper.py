@@ -66,10 +66,14 @@ class Hyperparams:
 
     def weights(self, keys: Sequence[str]):
         """Several settings as one vector: a list of floats on NumPy, else a float64 device
-        array gathered from the vector (a kernel, so it follows `refresh` inside a graph)."""
+        array: a view of the vector where the keys are adjacent in KEYS (the head weights
+        are), else gathered from it (a kernel, so it follows `refresh` inside a graph)."""
         if self._on_host:
             return [self[key] for key in keys]
         keys = tuple(keys)
+        first = self._index[keys[0]]
+        if [self._index[key] for key in keys] == list(range(first, first + len(keys))):
+            return self._device[first : first + len(keys)]
         index = self._gathers.get(keys)
         if index is None:  # uploaded once, outside any capture
             index = self._gathers[keys] = self._xp.asarray([self._index[k] for k in keys])

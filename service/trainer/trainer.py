@@ -473,21 +473,22 @@ class Trainer:
         h = model.encoder_fwd(self.ops, self.params, obs, depth)[-1]
         return model.head_fwd(self.ops, self.params, "v", h)[:, 0]
 
-    def _q_target(self, replay: Transitions) -> tuple[np.ndarray, np.ndarray]:
+    def _q_target(self, replay: Transitions) -> tuple[np.ndarray, tuple]:
         """The projected C51 target m [Bq, Z] for a replay batch, from the target network, and
-        the share of its mass clipped at the ends of the support (a device scalar)."""
+        the projection's arguments (for `c51_support_clip_ratio`)."""
         cfg, ops, hp = self.config, self.ops, self.hp
         A, Z, depth = cfg.model.num_actions, cfg.c51.num_atoms, cfg.model.depth
         h_next = model.encoder_fwd(ops, self.target, replay.next_obs, depth)[-1]
-        target_logits = model.head_fwd(ops, self.target, "q", h_next).reshape(-1, A, Z)
         if cfg.c51.double_dqn:  # the online network picks a*, the target network scores it
+            target_logits = model.head_fwd(ops, self.target, "q", h_next).reshape(-1, A, Z)
             h_online = model.encoder_fwd(ops, self.params, replay.next_obs, depth)[-1]
-            online_logits = model.head_fwd(ops, self.params, "q", h_online).reshape(-1, A, Z)
-            best, _ = ops.c51_greedy(online_logits, self.support)
+            online_z = ops.matmul(h_online, self.params["q/W"]).reshape(-1, A, Z)
+            best, _ = ops.c51_greedy(online_z, self.params["q/b"], self.support)
             rows = self.xp.arange(best.shape[0]) * A + best  # one index array: a plain gather
             next_probs = ops.c51_softmax(target_logits).reshape(-1, Z)[rows]
-        else:  # a* and its distribution in one pass over the target's logits
-            _, next_probs = ops.c51_greedy(target_logits, self.support)
+        else:  # a* and its distribution in one pass over the target's logits (bias added there)
+            target_z = ops.matmul(h_next, self.target["q/W"]).reshape(-1, A, Z)
+            _, next_probs = ops.c51_greedy(target_z, self.target["q/b"], self.support)
         args = (
             next_probs,
             replay.rewards,
@@ -497,7 +498,7 @@ class Trainer:
             hp["c51.v_min"],
             hp["c51.v_max"],
         )
-        return ops.categorical_projection(*args), ops.c51_support_clip_ratio(*args)
+        return ops.categorical_projection(*args), args
 
     def _update(self, batch: Batch, rows: np.ndarray, use_q: bool, totals: np.ndarray) -> None:
         """One optimizer update on rollout rows `rows` (+ a replay batch when `use_q`), its
@@ -506,13 +507,24 @@ class Trainer:
         depth = cfg.model.depth
         sequence = self.sequences["updates_attempted"]
         replay = support_clip = None
+        # Work nothing downstream waits for (weight gradients, a statistic) overlaps the rest
+        # of the chain on a side lane, joined before the optimizer step. The functions (holding
+        # the arrays they read) stay referenced until joined: a freed input could otherwise be
+        # reused by the chain while they still read it.
+        aside: list[tuple[object, Callable]] = []
+
+        def beside(fn: Callable[[], T], lane: int = 0) -> T:
+            result, token = self._fork(fn, lane)
+            aside.append((token, fn))
+            return result
+
         if use_q:
             slots = ops.replay_sample_indices(
                 self.replay.size_on_device, self.key_on_device, sequence, cfg.replay.batch_size
             )
             replay = Transitions(**ops.replay_gather(self.replay.storage, slots))
             # The target network's forward and projection overlap the online network's work.
-            (target, support_clip), target_ready = self._fork(lambda: self._q_target(replay))
+            (target, projection_args), target_ready = self._fork(lambda: self._q_target(replay))
 
         xp = self.xp
         x = batch.obs[rows]
@@ -526,24 +538,15 @@ class Trainer:
         losses: dict[str, np.ndarray] = {}
         # The on-policy heads overlap the Q head (both read h, neither writes what the other
         # reads); their encoder gradient is joined before the encoder's backward.
-        (grad_h, pi_stats), policy_ready = self._fork(
-            lambda: self._on_policy_heads(batch, rows, h[:on_policy], grads, losses), lane=1
+        (grad_h, pi_stats, head_grads), policy_ready = self._fork(
+            lambda: self._on_policy_heads(batch, rows, h[:on_policy], losses), lane=1
         )
-        # Weight gradients overlap the rest of the backward chain (the C51 head's on their own
-        # lane, the encoder layers' on lane 0). Their functions (holding the arrays they read)
-        # stay referenced until joined: a freed input could otherwise be reused by the chain
-        # while they still read it.
-        aside: list[tuple[object, Callable]] = []
-
-        def beside(fn: Callable[[], T], lane: int = 0) -> T:
-            result, token = self._fork(fn, lane)
-            aside.append((token, fn))
-            return result
-
-        grad_h_q = None
+        grads.update(beside(head_grads, lane=1))
         if replay is not None:
             h_q = h[on_policy:]
             self._join(target_ready)
+            clip_ratio = lambda: ops.c51_support_clip_ratio(*projection_args)  # noqa: E731
+            support_clip = beside(clip_ratio)
             # Only each row's taken action is computed: its logits, loss and gradients.
             losses["q"], grad_h_taken, grad_taken = ops.c51_taken_loss_bwd(
                 h_q, params["q/W"], params["q/b"], replay.actions, target
@@ -551,11 +554,9 @@ class Trainer:
             A = cfg.model.num_actions
             q_params = lambda: ops.c51_taken_grad_params(h_q, replay.actions, grad_taken, A)  # noqa: E731
             grads["q/W"], grads["q/b"] = beside(q_params, lane=2)
-            lambda_q = hp.weights(["train.lambda_q"])
-            grad_h_q = ops.grad_h_accumulate([grad_h_taken], lambda_q)
         self._join(policy_ready)
-        if grad_h_q is not None:
-            grad_h = _stack_rows(xp, grad_h, grad_h_q)
+        if replay is not None:
+            grad_h = ops.grad_h_stack(grad_h, grad_h_taken, hp["train.lambda_q"])
         grads.update(model.encoder_bwd(ops, params, activations, grad_h, depth, beside))
         for token, _fn in aside:
             self._join(token)
@@ -575,12 +576,11 @@ class Trainer:
         batch: Batch,
         rows: np.ndarray,
         h_pol: np.ndarray,
-        grads: dict[str, np.ndarray],
         losses: dict[str, np.ndarray],
-    ) -> tuple[np.ndarray, dict]:
-        """Policy, value and perception heads on the rollout rows: their losses and parameter
-        gradients into `losses` / `grads`; returns (their λ-weighted encoder gradient, the PPO
-        statistics)."""
+    ) -> tuple[np.ndarray, dict, Callable[[], dict[str, np.ndarray]]]:
+        """Policy, value and perception heads on the rollout rows: their losses into `losses`;
+        returns (their λ-weighted encoder gradient, the PPO statistics, a function that queues
+        their parameter gradients: the caller runs it beside the encoder's backward)."""
         ops, params, hp, ppo = self.ops, self.params, self.hp, self.config.ppo
         heads = ["pi", "v"]
         if batch.bce_labels is not None:  # the perception heads train when labels came
@@ -625,10 +625,14 @@ class Trainer:
             grad_outputs.append(grad_pred)
 
         lambdas = hp.weights([f"train.lambda_{head}" for head in heads])
-        grad_h, grad_Ws, grad_bs = ops.linear_heads_bwd(h_pol, Ws, grad_outputs, lambdas)
-        for head, grad_W, grad_b in zip(heads, grad_Ws, grad_bs, strict=True):
-            grads[f"{head}/W"], grads[f"{head}/b"] = grad_W, grad_b
-        return grad_h, pi_stats
+        grad_h = ops.linear_heads_bwd_input(Ws, grad_outputs, lambdas)
+
+        def parameter_grads() -> dict[str, np.ndarray]:
+            grad_Ws, grad_bs = ops.linear_heads_bwd_params(h_pol, grad_outputs)
+            named = zip(heads, grad_Ws, grad_bs, strict=True)
+            return {f"{head}/{kind}": g for head, W, b in named for kind, g in (("W", W), ("b", b))}
+
+        return grad_h, pi_stats, parameter_grads
 
     def _apply(
         self,

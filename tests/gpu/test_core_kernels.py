@@ -174,17 +174,18 @@ def test_matmul_and_its_capture(core: CoreOps, rng: np.random.Generator, B: int)
 
 
 # --------------------------------------------------------------------------- grad_h
-@pytest.mark.parametrize("B", SIZES)
-@pytest.mark.parametrize("count", (1, 2, 5, 8))
-def test_grad_h_accumulate(core: CoreOps, rng: np.random.Generator, B: int, count: int) -> None:
-    grads = [normal(rng, B, 256) for _ in range(count)]
-    weights = [float(w) for w in rng.uniform(-2.0, 2.0, count)]
-    want = npo.grad_h_accumulate(grads, weights)
-    scale = float(np.max(sum(abs(w) * np.abs(g) for w, g in zip(weights, grads, strict=True))))
-    got = core.grad_h_accumulate([dev(g) for g in grads], weights)
-    assert_close(got, want, scale=scale)
-    on_device = cupy.asarray(np.array(weights, dtype=np.float64))
-    assert same_bytes(core.grad_h_accumulate([dev(g) for g in grads], on_device), got)
+@pytest.mark.parametrize("top", (0, 1, 255, 4099))
+@pytest.mark.parametrize("bottom", (0, 7, 4096))
+def test_grad_h_stack(ops: CoreOps, rng: np.random.Generator, top: int, bottom: int) -> None:
+    """[top; λ bottom] equals the twin bit for bit (a copy and one float32 multiply)."""
+    H = ops.dims.H
+    a, b = normal(rng, top, H), normal(rng, bottom, H)
+    weight = float(rng.uniform(0.1, 2.0))
+    want = npo.grad_h_stack(a, b, weight)
+    got = ops.grad_h_stack(dev(a), dev(b), weight)
+    np.testing.assert_array_equal(host(got), want)
+    on_device = cupy.asarray(np.array([weight], dtype=np.float64))
+    assert same_bytes(ops.grad_h_stack(dev(a), dev(b), on_device), got)
 
 
 # --------------------------------------------------------------------------- narrow heads
@@ -196,7 +197,8 @@ HEAD_WIDTHS = [(9, 1, 1, 3), (9, 1), (1,), (40, 1, 17, 2)]  # 17 and 40: several
 def test_linear_heads(
     ops: CoreOps, rng: np.random.Generator, B: int, widths: tuple[int, ...]
 ) -> None:
-    """The fused narrow heads against per-head linear_fwd / linear_bwd + grad_h_accumulate."""
+    """The fused narrow heads against per-head linear_fwd / linear_bwd + grad_h_accumulate
+    (the NumPy twins)."""
     H = ops.dims.H
     h = np.maximum(normal(rng, B, H), 0)
     Ws = [normal(rng, H, w) for w in widths]
@@ -207,18 +209,19 @@ def test_linear_heads(
     outs = ops.linear_heads_fwd(dev(h), [dev(W) for W in Ws], [dev(b) for b in bs])
     for got, want, W, b in zip(outs, npo.linear_heads_fwd(h, Ws, bs), Ws, bs, strict=True):
         assert_close(got, want, scale=float(np.max(ah @ np.abs(W) + np.abs(b), initial=0.0)))
-    grad_h, grad_Ws, grad_bs = ops.linear_heads_bwd(
-        dev(h), [dev(W) for W in Ws], [dev(g) for g in gs], weights
-    )
-    want_h, want_Ws, want_bs = npo.linear_heads_bwd(h, Ws, gs, weights)
+    grad_h = ops.linear_heads_bwd_input([dev(W) for W in Ws], [dev(g) for g in gs], weights)
+    grad_Ws, grad_bs = ops.linear_heads_bwd_params(dev(h), [dev(g) for g in gs])
+    want_h = npo.linear_heads_bwd_input(Ws, gs, weights)
+    want_Ws, want_bs = npo.linear_heads_bwd_params(h, gs)
     bound = sum(w * (np.abs(g) @ np.abs(W).T) for w, g, W in zip(weights, gs, Ws, strict=True))
     assert_close(grad_h, want_h, scale=float(np.max(bound, initial=0.0)))
     for got_W, got_b, want_W, want_b, g in zip(grad_Ws, grad_bs, want_Ws, want_bs, gs, strict=True):
         assert_close(got_W, want_W, scale=float(np.max(ah.T @ np.abs(g), initial=0.0)))
         assert_close(got_b, want_b, scale=float(np.max(np.abs(g).sum(axis=0), initial=0.0)))
-    again = ops.linear_heads_bwd(dev(h), [dev(W) for W in Ws], [dev(g) for g in gs], weights)
-    assert same_bytes(again[0], grad_h)
-    repeated = zip(again[1] + again[2], grad_Ws + grad_bs, strict=True)
+    again = ops.linear_heads_bwd_input([dev(W) for W in Ws], [dev(g) for g in gs], weights)
+    assert same_bytes(again, grad_h)
+    again_Ws, again_bs = ops.linear_heads_bwd_params(dev(h), [dev(g) for g in gs])
+    repeated = zip(again_Ws + again_bs, grad_Ws + grad_bs, strict=True)
     assert all(same_bytes(a, b) for a, b in repeated)
 
 
@@ -233,12 +236,16 @@ def test_linear_heads_bad_input(core: CoreOps, rng: np.random.Generator) -> None
     with pytest.raises(ValueError, match=r"Ws: expected 1 to 4 arrays, got 5"):
         core.linear_heads_fwd(h, Ws * 2 + Ws[:1], bs * 2 + bs[:1])
     with pytest.raises(ValueError, match=r"grad_ys\[1\]: expected shape \[5, 1\]"):
-        core.linear_heads_bwd(h, Ws, [dev(normal(rng, 5, 9)), dev(normal(rng, 4, 1))], [1.0, 1.0])
+        core.linear_heads_bwd_input(Ws, [dev(normal(rng, 5, 9)), dev(normal(rng, 4, 1))], [1, 1])
+    with pytest.raises(ValueError, match=r"grad_ys\[1\]: expected shape \[5, width >= 1\]"):
+        core.linear_heads_bwd_params(h, [dev(normal(rng, 5, 9)), dev(normal(rng, 4, 1))])
+    with pytest.raises(ValueError, match=r"grad_ys: expected 2 arrays, got 1"):
+        core.linear_heads_bwd_input(Ws, [dev(normal(rng, 5, 9))], [1.0, 1.0])
     wide = [dev(normal(rng, 256, 300)), dev(normal(rng, 256, 213))]
     with pytest.raises(ValueError, match=r"Ws: expected widths adding up to at most 512"):
         core.linear_heads_fwd(h, wide, [dev(normal(rng, 300)), dev(normal(rng, 213))])
     with pytest.raises(ValueError, match=r"weights: expected 2 numbers, got 1"):
-        core.linear_heads_bwd(h, Ws, [dev(normal(rng, 5, 9)), dev(normal(rng, 5, 1))], [1.0])
+        core.linear_heads_bwd_input(Ws, [dev(normal(rng, 5, 9)), dev(normal(rng, 5, 1))], [1.0])
 
 
 # --------------------------------------------------------------------------- AdamW
@@ -377,6 +384,19 @@ def test_all_finite(core: CoreOps, rng: np.random.Generator, bad: float) -> None
     assert same_bytes(core.all_finite([dev(np.arange(5))]), flag(1))
 
 
+@pytest.mark.parametrize("bad", (np.nan, np.inf))
+def test_all_finite_many_small_arrays(core: CoreOps, rng: np.random.Generator, bad: float) -> None:
+    """More small arrays (scalars, float32 and float64; up to 1,024 elements) than the final
+    kernel checks itself: the rest go through the chunk pass; a bad value anywhere is seen."""
+    arrays = [normal(rng, 1) if i % 3 else np.array([rng.normal()]) for i in range(10)]
+    arrays += [normal(rng, 1024), normal(rng, 1025), np.array(rng.normal(), np.float32)]
+    assert same_bytes(core.all_finite([dev(a) for a in arrays]), flag(1))
+    for which in range(len(arrays)):
+        spoiled = [a.copy() for a in arrays]
+        spoiled[which].reshape(-1)[-1] = bad
+        assert same_bytes(core.all_finite([dev(a) for a in spoiled]), flag(0)), which
+
+
 # --------------------------------------------------------------------------- target refresh
 @pytest.mark.parametrize(("tau", "updates"), [(0.005, 3), (0.0, 8), (0.0, 9)])
 def test_target_refresh(core: CoreOps, rng: np.random.Generator, tau: float, updates: int) -> None:
@@ -433,11 +453,13 @@ def test_same_inputs_same_bits(core: CoreOps, rng: np.random.Generator) -> None:
     grads = [dev(normal(rng, n)) for n in NORM_SIZES]
     flags = dev((rng.random((33, 4099)) < 0.1).astype(np.uint8))
     rollout = [dev(normal(rng, 33, 4099)) for _ in range(3)]
+    heads = [dev(normal(rng, 4099, 9)), dev(normal(rng, 4099, 1))]
     runs: list[Callable[[], object]] = [
         lambda: core.reduce_axis0(x),
         lambda: core.reduce_axis0(h),
         lambda: core.global_norm(grads),
-        lambda: core.grad_h_accumulate([h, h, h], [0.3, 1.7, -0.2]),
+        lambda: core.grad_h_stack(h, h, 0.3),
+        lambda: core.linear_heads_bwd_params(h, heads)[0][0],
         lambda: core.gae(*rollout, flags, flags, 0.99, 0.95)[0],
         lambda: core.linear_bwd_params(h, h)[0],
     ]
@@ -486,9 +508,9 @@ def bad_calls(core: CoreOps) -> list[tuple[str, Callable[[], object]]]:
         ("grad_h", lambda: core.bias_relu_bwd(f32, f32[:6])),
         ("x", lambda: core.reduce_axis0(f64)),
         ("x", lambda: core.reduce_axis0(np.zeros((3, 3), np.float32))),
-        ("grads[1]", lambda: core.grad_h_accumulate([f32, f32[:3]], [1.0, 1.0])),
-        ("weights", lambda: core.grad_h_accumulate([f32, f32], [1.0])),
-        ("grads", lambda: core.grad_h_accumulate([f32] * 9, [1.0] * 9)),
+        ("bottom", lambda: core.grad_h_stack(f32, tn, 1.0)),
+        ("top", lambda: core.grad_h_stack(f64, f32, 1.0)),
+        ("weight", lambda: core.grad_h_stack(f32, f32, one)),
         ("grad", lambda: adamw(grad=f32)),
         ("exp_avg_sq", lambda: adamw(exp_avg_sq=one.astype(cupy.float64))),
         ("step", lambda: adamw(step=one)),

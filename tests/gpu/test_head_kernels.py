@@ -129,9 +129,11 @@ def test_c51_greedy(ops: HeadOps, rng: np.random.Generator, B: int) -> None:
     logits[0, 1:3, -1] += 50.0
     if B > 1:
         logits[B - 1, A - 1, 0] = np.nan  # np.argmax picks the first NaN
+    bias = normal(rng, A * Z, scale=0.5)
+    bias[2 * Z : 3 * Z] = bias[Z : 2 * Z]  # the tie survives the bias
     support = npo.c51_support(V_MIN, V_MAX, Z, np.dtype(np.float32))
-    best, probs = ops.c51_greedy(dev(logits), dev(support))
-    want_best, want_probs = npo.c51_greedy(logits, support)
+    best, probs = ops.c51_greedy(dev(logits), dev(bias), dev(support))
+    want_best, want_probs = npo.c51_greedy(logits, bias, support)
     got_best, got_probs = host(best), host(probs)
     assert got_best[0] == 1 and (B == 1 or got_best[B - 1] == A - 1)
     if B > 1:
@@ -575,7 +577,7 @@ def test_every_op_twice_gives_the_same_bytes(ops: HeadOps, rng: np.random.Genera
     h, W = dev(normal(rng, B, H)), dev(normal(rng, H, A * Z))
     calls: list[Callable[[], object]] = [
         lambda: ops.c51_softmax(logits_q),
-        lambda: ops.c51_greedy(logits_q, dev(npo.c51_support(V_MIN, V_MAX, Z, np.float32))),
+        lambda: ops.c51_greedy(logits_q, W[0], dev(npo.c51_support(V_MIN, V_MAX, Z, np.float32))),
         lambda: ops.c51_taken_loss_bwd(h, W, W[0], actions, target),
         lambda: ops.c51_taken_grad_params(h, actions, target, A),
         lambda: ops.categorical_projection(p, r, done, k, 0.99, V_MIN, V_MAX),
@@ -616,6 +618,10 @@ def test_launches_are_validated(ops: HeadOps, rng: np.random.Generator) -> None:
         (lambda: ops.c51_softmax(host(logits)), "logits: expected a cupy.ndarray"),
         (lambda: ops.c51_softmax(logits.astype(cupy.float64)), "logits: expected dtype float32"),
         (lambda: ops.c51_softmax(dev(normal(rng, B, A, Z + 1))), "logits: expected a cupy"),
+        (
+            lambda: ops.c51_greedy(logits, W[0, :-1], dev(normal(rng, Z))),
+            "bias: expected shape",
+        ),
         (
             lambda: ops.c51_taken_loss_bwd(h, W, W[0], actions.astype(cupy.int64), target),
             "actions: expected dtype int32",

@@ -37,9 +37,10 @@ BLOCK = 256  # threads per block of the element-wise kernels (TRIDENT_BLOCK)
 MAX_BLOCKS = 1 << 20  # grid cap for grid-stride kernels
 REDUCE_THREADS = 256  # grad_norm_clip.cu: TRIDENT_REDUCE_THREADS
 REDUCE_CHUNK = 2048  # grad_norm_clip.cu: TRIDENT_REDUCE_CHUNK (threads x items)
+FINITE_SMALL = 8  # grad_norm_clip.cu: TRIDENT_FINITE_SMALL, arrays all_finite_finalize checks
+FINITE_SMALL_MAX = 1024  # grad_norm_clip.cu: TRIDENT_FINITE_SMALL_MAX, elements of such an array
 SINGLE_PASS_MAX_ROWS = 1024  # reduce_axis0: above this, fixed row chunks first
 CHUNK_ROWS = 64  # reduce_axis0_partials: rows summed per partial
-MAX_HEADS = 8  # grad_h_accumulate.cu: TRIDENT_MAX_HEADS
 LINEAR_HEADS_MAX = 4  # linear_heads.cu: heads per launch
 LINEAR_HEADS_TILE = 16  # linear_heads.cu: rows per tile (linear_heads_bwd_input's accumulators)
 LINEAR_HEADS_MAX_COLUMNS = 512  # Σ head widths: a tile of gradients fits in SHARED_BYTES
@@ -73,6 +74,14 @@ def _int32(name: str, value: int, minimum: int = 0) -> np.int32:
     if not minimum <= int(value) < 2**31:
         raise ValueError(f"{name}: expected an int in [{minimum}, 2**31), got {value}")
     return np.int32(value)
+
+
+def _columns(name: str, widths: list[int]) -> None:
+    if sum(widths) > LINEAR_HEADS_MAX_COLUMNS:
+        raise ValueError(
+            f"{name}: expected widths adding up to at most {LINEAR_HEADS_MAX_COLUMNS}, got "
+            f"{widths} (the heads' columns are staged in shared memory)"
+        )
 
 
 def _slots(arrays: list[Array]) -> list[Array]:
@@ -159,7 +168,8 @@ class CoreOps:
     def linear_heads_fwd(self, h: Array, Ws: Sequence[Array], bs: Sequence[Array]) -> list[Array]:
         """[h W_j + b_j for each head j]: up to LINEAR_HEADS_MAX heads in one launch
         (linear_heads.cu), for heads too narrow for a GEMM to pay."""
-        h, Ws, widths = self._linear_heads(h, Ws)
+        h = self._head_input(h)
+        Ws, widths = self._head_weights_and_widths(Ws)
         bs = list(bs)
         if len(bs) != len(Ws):
             raise ValueError(f"bs: expected {len(Ws)} arrays, got {len(bs)}")
@@ -181,50 +191,50 @@ class CoreOps:
             )  # fmt: skip
         return outs
 
-    def linear_heads_bwd(
-        self,
-        h: Array,
-        Ws: Sequence[Array],
-        grad_ys: Sequence[Array],
-        weights: Sequence[float] | Array,
-    ) -> tuple[Array, list[Array], list[Array]]:
-        """(grad_h = Σ_j λ_j g_j W_jᵀ in head order, [grad_W_j = hᵀ g_j], [grad_b_j = Σ_b g_j])
-        for the heads of `linear_heads_fwd` (linear_heads.cu; the weight gradients as fixed
-        row-chunk partials reduced in chunk order)."""
-        h, Ws, widths = self._linear_heads(h, Ws)
-        grad_ys = list(grad_ys)
-        if len(grad_ys) != len(Ws):
-            raise ValueError(f"grad_ys: expected {len(Ws)} arrays, got {len(grad_ys)}")
-        rows = h.shape[0]
-        grad_ys = [
-            _array(f"grad_ys[{j}]", g, shape=(rows, w))
-            for j, (g, w) in enumerate(zip(grad_ys, widths, strict=True))
-        ]
+    def linear_heads_bwd_input(
+        self, Ws: Sequence[Array], grad_ys: Sequence[Array], weights: Sequence[float] | Array
+    ) -> Array:
+        """grad_h = Σ_j λ_j g_j W_jᵀ for the heads of `linear_heads_fwd` (linear_heads.cu): a
+        tile of gradient rows in shared memory, each thread one feature with its W row in
+        registers."""
+        Ws, widths = self._head_weights_and_widths(Ws)
+        rows, grad_ys, _ = self._head_gradients(grad_ys, widths)
         w = self._head_weights(weights, len(Ws))
-        H, count, columns = self.dims.H, np.int32(len(Ws)), sum(widths)
-        table = 2 * columns * 4  # linear_heads_columns' head / col ints
-        grad_h = cupy.empty_like(h)
-        grad_Ws = [cupy.empty_like(W) for W in Ws]
-        grad_bs = [cupy.empty(width, dtype=cupy.float32) for width in widths]
-        if not rows:  # nothing to sum: zero gradients, as hᵀ g and Σ_b g of no rows are
-            for grad in grad_Ws + grad_bs:
-                grad.fill(0)
-            return grad_h, grad_Ws, grad_bs
-        if grad_h.size:
+        columns, H = sum(widths), self.dims.H
+        grad_h = cupy.empty((rows, H), dtype=cupy.float32)
+        if rows:
             self._kernel("linear_heads.cu", "linear_heads_bwd_input")(
                 (min(-(-rows // LINEAR_HEADS_TILE), MAX_BLOCKS), -(-H // BLOCK)),
                 (BLOCK,),
-                (*_slots(grad_ys), *_slots(Ws), *_widths(widths), w, count, grad_h, rows),
-                shared_mem=4 * LINEAR_HEADS_TILE * columns + table,
-            )
-        # Fixed row chunks (about LINEAR_HEADS_CHUNKS of them), each staged in shared memory.
+                (*_slots(grad_ys), *_slots(Ws), *_widths(widths), w, np.int32(len(Ws)), grad_h,
+                 rows),
+                shared_mem=4 * LINEAR_HEADS_TILE * columns + 8 * columns,
+            )  # fmt: skip
+        return grad_h
+
+    def linear_heads_bwd_params(
+        self, h: Array, grad_ys: Sequence[Array]
+    ) -> tuple[list[Array], list[Array]]:
+        """([grad_W_j = hᵀ g_j], [grad_b_j = Σ_b g_j]) for the heads of `linear_heads_fwd`
+        (linear_heads.cu): fixed row-chunk partials, each chunk's gradients staged in shared
+        memory, summed in chunk order."""
+        h = self._head_input(h)
+        rows, grad_ys, widths = self._head_gradients(grad_ys, None, rows=h.shape[0])
+        H, count, columns = self.dims.H, np.int32(len(grad_ys)), sum(widths)
+        grad_Ws = [cupy.empty((H, w), dtype=cupy.float32) for w in widths]
+        grad_bs = [cupy.empty(w, dtype=cupy.float32) for w in widths]
+        if not rows:  # nothing to sum: zero gradients, as hᵀ g and Σ_b g of no rows are
+            for grad in grad_Ws + grad_bs:
+                grad.fill(0)
+            return grad_Ws, grad_bs
+        table = 8 * columns  # linear_heads_columns' head / col ints
         chunk_rows = max(LINEAR_HEADS_CHUNK_ROWS, -(-rows // LINEAR_HEADS_CHUNKS))
         chunk_rows = min(chunk_rows, (SHARED_BYTES - table) // (4 * columns))
-        chunks = max(1, -(-rows // chunk_rows))
+        chunks = -(-rows // chunk_rows)
         partials = cupy.empty((chunks, H + 1, columns), dtype=cupy.float32)
         self._kernel("linear_heads.cu", "linear_heads_grad_partials")(
             (chunks,),
-            (min(-(-(H + 1) // 32) * 32, 1024),),  # one thread per k, the bias row included
+            (min(-(-(H + 1) // 32) * 32, 1024),),  # one thread per feature, and the bias row
             (h, *_slots(grad_ys), *_widths(widths), count, rows, np.int32(chunk_rows), partials),
             shared_mem=4 * chunk_rows * columns + table,
         )
@@ -234,15 +244,19 @@ class CoreOps:
             (partials, np.int32(chunks), *_widths(widths), count, *_slots(grad_Ws),
              *_slots(grad_bs)),
         )  # fmt: skip
-        return grad_h, grad_Ws, grad_bs
+        return grad_Ws, grad_bs
 
-    def _linear_heads(self, h: Array, Ws: Sequence[Array]) -> tuple[Array, list[Array], list]:
-        """Checked (h [rows, H], the heads' W_j [H, w_j], their widths)."""
+    def _head_input(self, h: Array) -> Array:
         H = self.dims.H
         h = _array("h", h, ndim=2)
         if h.shape[1] != H:
             raise ValueError(f"h: expected shape [rows, {H}], got {list(h.shape)}")
         _int32("h.shape[0]", h.shape[0])
+        return h
+
+    def _head_weights_and_widths(self, Ws: Sequence[Array]) -> tuple[list[Array], list[int]]:
+        """The heads' checked W_j [H, w_j] and their widths (1 to LINEAR_HEADS_MAX heads)."""
+        H = self.dims.H
         Ws = list(Ws)
         if not 1 <= len(Ws) <= LINEAR_HEADS_MAX:
             raise ValueError(f"Ws: expected 1 to {LINEAR_HEADS_MAX} arrays, got {len(Ws)}")
@@ -251,12 +265,28 @@ class CoreOps:
             if W.shape[0] != H or W.shape[1] < 1:
                 raise ValueError(f"Ws[{j}]: expected shape [{H}, width >= 1], got {list(W.shape)}")
         widths = [W.shape[1] for W in Ws]
-        if sum(widths) > LINEAR_HEADS_MAX_COLUMNS:
-            raise ValueError(
-                f"Ws: expected widths adding up to at most {LINEAR_HEADS_MAX_COLUMNS}, got "
-                f"{widths} (the heads' columns are staged in shared memory)"
-            )
-        return h, Ws, widths
+        _columns("Ws", widths)
+        return Ws, widths
+
+    def _head_gradients(
+        self, grad_ys: Sequence[Array], widths: list[int] | None, rows: int | None = None
+    ) -> tuple[int, list[Array], list[int]]:
+        """(rows, the checked grad_ys [rows, w_j], their widths): widths as given (from the
+        heads' W) or taken from grad_ys; rows as given (from h) or taken from grad_ys[0]."""
+        grad_ys = list(grad_ys)
+        expected = len(widths) if widths is not None else f"1 to {LINEAR_HEADS_MAX}"
+        if not 1 <= len(grad_ys) <= LINEAR_HEADS_MAX or len(grad_ys) != len(widths or grad_ys):
+            raise ValueError(f"grad_ys: expected {expected} arrays, got {len(grad_ys)}")
+        checked = [_array(f"grad_ys[{j}]", g, ndim=2) for j, g in enumerate(grad_ys)]
+        rows = checked[0].shape[0] if rows is None else rows
+        given = widths is not None
+        widths = widths if given else [g.shape[1] for g in checked]
+        for j, (g, w) in enumerate(zip(checked, widths, strict=True)):
+            if g.shape[0] != rows or g.shape[1] != w or w < 1:
+                want = f"[{rows}, {w}]" if given else f"[{rows}, width >= 1]"
+                raise ValueError(f"grad_ys[{j}]: expected shape {want}, got {list(g.shape)}")
+        _columns("grad_ys", widths)
+        return rows, checked, widths
 
     def _head_weights(self, weights: Sequence[float] | Array, count: int) -> Array:
         """The heads' λ as a float64 device array [count] (numbers are uploaded)."""
@@ -329,24 +359,25 @@ class CoreOps:
         return out
 
     # ----------------------------------------------------------------------- encoder gradient
-    def grad_h_accumulate(self, grads: Sequence[Array], weights: Sequence[float] | Array) -> Array:
-        """grad_h = Σ_head λ_head grad_h_head in the order given (up to MAX_HEADS heads).
-
-        `weights`: numbers (uploaded) or a float64 cupy array [len(grads)] in device memory.
-        """
-        grads = list(grads)
-        if not 1 <= len(grads) <= MAX_HEADS:
-            raise ValueError(f"grads: expected 1 to {MAX_HEADS} arrays, got {len(grads)}")
-        first = _array("grads[0]", grads[0])
-        checked = [first] + [_same(f"grads[{i}]", g, first) for i, g in enumerate(grads[1:], 1)]
-        w = self._head_weights(weights, len(grads))
-        out = cupy.empty_like(first)
-        if first.size:
-            slots = checked + [first] * (MAX_HEADS - len(checked))  # unused slots: never read
-            self._kernel("grad_h_accumulate.cu", "grad_h_accumulate")(
-                _blocks(first.size),
+    def grad_h_stack(self, top: Array, bottom: Array, weight: Scalar) -> Array:
+        """[top; λ bottom] for top [n, H], bottom [m, H] (grad_h_accumulate.cu): the stacked
+        rows' encoder gradient in one pass."""
+        top = _array("top", top, ndim=2)
+        if top.shape[1] != self.dims.H:
+            raise ValueError(f"top: expected shape [rows, {self.dims.H}], got {list(top.shape)}")
+        bottom = _array("bottom", bottom, ndim=2)
+        if bottom.shape[1] != self.dims.H:
+            got = list(bottom.shape)
+            raise ValueError(f"bottom: expected shape [rows, {self.dims.H}], got {got}")
+        w = _scalar("weight", weight)
+        rows = top.shape[0] + bottom.shape[0]
+        _int32("rows of top and bottom", rows)
+        out = cupy.empty((rows, self.dims.H), dtype=cupy.float32)
+        if out.size:
+            self._kernel("grad_h_accumulate.cu", "grad_h_stack")(
+                _blocks(out.size),
                 (BLOCK,),
-                (*slots, w, np.int32(len(checked)), out, np.int64(first.size)),
+                (top, bottom, w, np.int32(top.shape[0]), np.int32(bottom.shape[0]), out),
             )
         return out
 
@@ -363,10 +394,14 @@ class CoreOps:
             if a.dtype.kind in "biu":
                 continue
             floats.append(_array(f"arrays[{i}]", a, (np.dtype(np.float32), np.dtype(np.float64))))
-        counts = [-(-a.size // REDUCE_CHUNK) for a in floats]
+        # The first FINITE_SMALL arrays of at most FINITE_SMALL_MAX elements (the losses, the
+        # norm, the guard) are checked by the final kernel itself; the others by chunk first.
+        small = [a for a in floats if a.size <= FINITE_SMALL_MAX][:FINITE_SMALL]
+        large = [a for a in floats if all(a is not b for b in small)]
+        counts = [-(-a.size // REDUCE_CHUNK) for a in large]
         flags = cupy.empty(max(1, sum(counts)), dtype=cupy.uint8)
         offset = 0
-        for a, count in zip(floats, counts, strict=True):
+        for a, count in zip(large, counts, strict=True):
             if count:
                 name = "finite_partials_f32" if a.dtype == np.float32 else "finite_partials_f64"
                 self._kernel("grad_norm_clip.cu", name)(
@@ -374,9 +409,15 @@ class CoreOps:
                 )
             offset += count
         ok = cupy.empty(1, dtype=cupy.uint8)
+        slots = small + [ok] * (FINITE_SMALL - len(small))  # unused slots: never read
+        sizes = [np.int64(a.size) for a in small] + [np.int64(0)] * (FINITE_SMALL - len(small))
+        f64_mask = sum(1 << j for j, a in enumerate(small) if a.dtype == np.float64)
         self._kernel("grad_norm_clip.cu", "all_finite_finalize")(
-            (1,), (REDUCE_THREADS,), (flags, np.int64(offset), ok)
-        )
+            (1,),
+            (REDUCE_THREADS,),
+            (flags, np.int64(offset), *slots, *sizes, np.int32(f64_mask), np.int32(len(small)),
+             ok),
+        )  # fmt: skip
         return ok
 
     # ----------------------------------------------------------------------- optimisation

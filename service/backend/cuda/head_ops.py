@@ -196,11 +196,13 @@ class HeadOps:
         )
         return q
 
-    def c51_greedy(self, logits: Array, support: Array) -> tuple[Array, Array]:
-        """(a* [B] int32, p(s, a*) [B, Z]) from logits [B, A, Z]: one warp per row, the
-        [B, A, Z] probabilities never written (dqn_distributional_q.cu)."""
+    def c51_greedy(self, logits: Array, bias: Array, support: Array) -> tuple[Array, Array]:
+        """(a* [B] int32, p(s, a*) [B, Z]) from logits [B, A, Z] before the bias [A·Z]: one
+        warp per row, the bias added as the logits are read, the [B, A, Z] probabilities never
+        written (dqn_distributional_q.cu)."""
         A, Z = self.dims.A, self.dims.Z
         logits, B = _batch("logits", logits, (A, Z))
+        bias = _array("bias", bias, shape=(A * Z,))
         support = _array("support", support, shape=(Z,))
         best = cupy.empty(B, dtype=cupy.int32)
         probs = cupy.empty((B, Z), dtype=cupy.float32)
@@ -208,7 +210,7 @@ class HeadOps:
             "dqn_distributional_q.cu",
             "c51_greedy",
             _count("32·B", 32 * B),
-            (logits, support, best, probs, np.int32(B)),
+            (logits, bias, support, best, probs, np.int32(B)),
         )
         return best, probs
 
