@@ -134,7 +134,7 @@ def make_update(trainer: Trainer, batch, rows: np.ndarray) -> Callable[[], None]
         # body of Step's minibatch loop, without GAE/_prepare and the replay insert. It
         # advances the replay draw's sequence itself, as in a Step.
         applied = totals[APPLIED]
-        trainer._update(batch, rows, True, totals)
+        trainer._update(batch, rows, True, totals, first=False)
         if totals[APPLIED] != applied + 1:
             raise RuntimeError("a benchmarked update was not applied (non-finite values)")
 

@@ -69,7 +69,13 @@ static __device__ __forceinline__ ProjSupport proj_support(const double* v_min, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// One thread per output atom (b, i) of m [B, Z]; B·Z threads.
+// A block takes PROJ_ROWS rows at a time (grid-stride): first one thread per (row, j) writes b_j
+// and p_j to shared memory, then one thread per output atom (row, i) sums its terms over j in
+// index order. b_j is computed once per row instead of once per output atom; the operations
+// and their order are the ones above, so m is unchanged bit for bit. Launch PROJ_THREADS threads.
+#define PROJ_THREADS 256
+#define PROJ_ROWS (TRIDENT_Z >= PROJ_THREADS ? 1 : PROJ_THREADS / TRIDENT_Z)
+
 extern "C" __global__ void categorical_projection(const float* __restrict__ next_probs,
                                                   const float* __restrict__ rewards,
                                                   const unsigned char* __restrict__ dones,
@@ -79,26 +85,38 @@ extern "C" __global__ void categorical_projection(const float* __restrict__ next
                                                   const double* __restrict__ v_max,
                                                   float* __restrict__ projected, int B)
 {
-    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (long long)B * TRIDENT_Z) return;
-    const long long b = idx / TRIDENT_Z;
-    const float atom = (float)(int)(idx % TRIDENT_Z);  // i
+    __shared__ float atoms_b[PROJ_ROWS][TRIDENT_Z];  // b_j, in atom units
+    __shared__ float probs[PROJ_ROWS][TRIDENT_Z];    // p_j
     const ProjSupport s = proj_support(v_min, v_max);
     const float last = (float)(TRIDENT_Z - 1);
-    const float discount = proj_discount(gamma[0], horizons[b], dones[b]);
-    const float r = rewards[b];
-    const float* p = next_probs + b * TRIDENT_Z;
-    double acc = 0.0;
-    for (int j = 0; j < TRIDENT_Z; ++j) {
-        const float z = proj_atom(s.v_min, s.delta, j);
-        const float tz = proj_clip(__fadd_rn(r, __fmul_rn(discount, z)), s.lo, s.hi);
-        // The second clip absorbs rounding at the ends of the support.
-        const float bj = proj_clip(__fdiv_rn(__fsub_rn(tz, s.lo), s.dz), 0.0f, last);
-        // clip(1 - |b_j - i|, 0, 1): nonzero only for i = floor(b_j) and floor(b_j) + 1.
-        const float w = proj_clip(__fsub_rn(1.0f, fabsf(__fsub_rn(bj, atom))), 0.0f, 1.0f);
-        acc += (double)__fmul_rn(w, p[j]);
+    for (long long row0 = (long long)blockIdx.x * PROJ_ROWS; row0 < B;
+         row0 += (long long)gridDim.x * PROJ_ROWS) {
+        const int n = (int)min((long long)PROJ_ROWS, (long long)B - row0);
+        __syncthreads();  // the previous rows' readers are done
+        for (int t = threadIdx.x; t < n * TRIDENT_Z; t += blockDim.x) {
+            const int r = t / TRIDENT_Z, j = t % TRIDENT_Z;
+            const long long b = row0 + r;
+            const float discount = proj_discount(gamma[0], horizons[b], dones[b]);
+            const float z = proj_atom(s.v_min, s.delta, j);
+            const float tz = proj_clip(__fadd_rn(rewards[b], __fmul_rn(discount, z)), s.lo, s.hi);
+            // The second clip absorbs rounding at the ends of the support.
+            atoms_b[r][j] = proj_clip(__fdiv_rn(__fsub_rn(tz, s.lo), s.dz), 0.0f, last);
+            probs[r][j] = next_probs[b * TRIDENT_Z + j];
+        }
+        __syncthreads();
+        for (int t = threadIdx.x; t < n * TRIDENT_Z; t += blockDim.x) {
+            const int r = t / TRIDENT_Z, i = t % TRIDENT_Z;
+            const float atom = (float)i;
+            double acc = 0.0;
+            for (int j = 0; j < TRIDENT_Z; ++j) {
+                // clip(1 - |b_j - i|, 0, 1): nonzero only for i = floor(b_j) and floor(b_j) + 1.
+                const float w =
+                    proj_clip(__fsub_rn(1.0f, fabsf(__fsub_rn(atoms_b[r][j], atom))), 0.0f, 1.0f);
+                acc += (double)__fmul_rn(w, probs[r][j]);
+            }
+            projected[(row0 + r) * TRIDENT_Z + i] = (float)acc;
+        }
     }
-    projected[idx] = (float)acc;
 }
 
 // ---------------------------------------------------------------------------------------------

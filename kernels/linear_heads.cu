@@ -175,6 +175,7 @@ extern "C" __global__ void linear_heads_grad_partials(
                 float acc[LINEAR_HEADS_COLS];
 #pragma unroll
                 for (int c = 0; c < LINEAR_HEADS_COLS; ++c) acc[c] = 0.0f;
+#pragma unroll 4
                 for (int r = 0; r < n; ++r) {
                     const float x =
                         k < TRIDENT_H ? h[(long long)(begin + r) * TRIDENT_H + k] : 1.0f;
@@ -210,6 +211,7 @@ extern "C" __global__ void linear_heads_grad_reduce(const float* __restrict__ pa
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < outputs;
          i += stride) {
         float sum = 0.0f;
+#pragma unroll 8  // the loads issue together; the adds stay in chunk order
         for (int q = 0; q < chunks; ++q) sum += partials[(long long)q * outputs + i];
         const int k = (int)(i / columns);
         int s = (int)(i % columns), j = 0;

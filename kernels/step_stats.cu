@@ -6,7 +6,8 @@
 //   totals[STEP_STATS] += ok;  totals[STEP_STATS + 1] += !ok     (applied, skipped updates)
 //   totals[STEP_STATS + 2 + h] = max(itself, value_h non-finite)   h < STEP_HEADS (head losses)
 // v0 .. v9: the addresses (0 = absent) of the one-element statistics, float32 except value
-// STEP_NORM (the float64 global norm), passed as arguments so nothing is uploaded. One thread.
+// STEP_NORM (the float64 global norm), passed as arguments so nothing is uploaded. With
+// first != 0 every total is zeroed first. One thread.
 #include "common.cuh"
 
 #define STEP_STATS 10  // trainer.STATS: 5 head losses, grad norm, entropy, KL, clip share, C51
@@ -17,11 +18,15 @@ extern "C" __global__ void step_stats_accumulate(
     double* __restrict__ totals, const unsigned char* __restrict__ ok, unsigned long long v0,
     unsigned long long v1, unsigned long long v2, unsigned long long v3, unsigned long long v4,
     unsigned long long v5, unsigned long long v6, unsigned long long v7, unsigned long long v8,
-    unsigned long long v9)
+    unsigned long long v9, int first)
 {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     const unsigned long long values[STEP_STATS] = {v0, v1, v2, v3, v4, v5, v6, v7, v8, v9};
     const bool applied = ok[0] != 0;
+    // The first update of a Step starts from zero: no separate reset (a memset) in the graph.
+    for (int i = 0; i < STEP_STATS + 2 + STEP_HEADS; ++i) {
+        if (first) totals[i] = 0.0;
+    }
     for (int i = 0; i < STEP_STATS; ++i) {
         double v = 0.0;
         if (values[i] != 0ull) {

@@ -391,6 +391,8 @@ def test_c51_taken_kernel_constants_match_the_wrapper() -> None:
     pytest.importorskip("cupy", reason="cupy is not installed")
     from service.backend.cuda import head_ops
 
+    assert kernel_define("categorical_projection.cu", "PROJ_THREADS") == head_ops.PROJ_THREADS
+
     for name in ("C51_SORT_THREADS", "C51_TAKEN_THREADS", "C51_GRAD_THREADS",
                  "C51_SHARED_FLOATS"):  # fmt: skip
         assert kernel_define("dqn_distributional_q.cu", name) == getattr(head_ops, name), name

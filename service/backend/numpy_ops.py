@@ -583,8 +583,11 @@ def act_select(
 STEP_STATS, STEP_HEADS, STEP_NORM = 10, 5, 5  # kernels/step_stats.cu's layout
 
 
-def step_stats_accumulate(totals: Array, values: Sequence[Array | None], ok: Array) -> None:
-    """Add one update's statistics to a Step's float64 totals, in place.
+def step_stats_accumulate(
+    totals: Array, values: Sequence[Array | None], ok: Array, first: bool
+) -> None:
+    """Add one update's statistics to a Step's float64 totals, in place; the Step's `first`
+    update zeroes them first.
 
     values: STEP_STATS one-element statistics (None = absent, counted as 0), the first
     STEP_HEADS of them head losses. totals[i] += value_i where ok; totals[STEP_STATS] counts
@@ -593,6 +596,8 @@ def step_stats_accumulate(totals: Array, values: Sequence[Array | None], ok: Arr
     """
     if len(values) != STEP_STATS:
         raise ValueError(f"values: expected {STEP_STATS} statistics, got {len(values)}")
+    if first:
+        totals[...] = 0
     applied = bool(ok[0])
     for i, value in enumerate(values):
         v = 0.0 if value is None else float(np.asarray(value).reshape(-1)[0])

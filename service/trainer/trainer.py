@@ -355,7 +355,7 @@ class Trainer:
         xp = self.xp
         self.sequences["updates_attempted"].fill(int(self.counters["updates_attempted"][0]))
         if self.graphs is None:
-            totals = xp.zeros(STATS_SIZE, dtype=np.float64)
+            totals = xp.empty(STATS_SIZE, dtype=np.float64)
             self._updates(batch, xp.asarray(order), bounds, use_q, totals)
             return totals
         key = self._step_key(order, bounds, batch, use_q)
@@ -386,9 +386,8 @@ class Trainer:
         totals: np.ndarray,
     ) -> None:
         """The device work of a Step's updates: what a CUDA graph captures."""
-        totals[...] = 0
-        for start, stop in bounds:
-            self._update(batch, order[start:stop], use_q, totals)
+        for k, (start, stop) in enumerate(bounds):
+            self._update(batch, order[start:stop], use_q, totals, first=k == 0)
 
     def _summarize(self, totals: np.ndarray, batch: Batch, use_q: bool, result: StepResult) -> None:
         """Fill `result` from the read-back statistics vector."""
@@ -500,9 +499,12 @@ class Trainer:
         )
         return ops.categorical_projection(*args), args
 
-    def _update(self, batch: Batch, rows: np.ndarray, use_q: bool, totals: np.ndarray) -> None:
+    def _update(
+        self, batch: Batch, rows: np.ndarray, use_q: bool, totals: np.ndarray, first: bool
+    ) -> None:
         """One optimizer update on rollout rows `rows` (+ a replay batch when `use_q`), its
-        statistics added to `totals`. Device work only: no host reads, no uploads."""
+        statistics added to `totals` (which the Step's `first` update resets). Device work
+        only: no host reads, no uploads."""
         cfg, ops, params, hp = self.config, self.ops, self.params, self.hp
         depth = cfg.model.depth
         sequence = self.sequences["updates_attempted"]
@@ -569,7 +571,7 @@ class Trainer:
         statistics = {f"loss_{head}": loss for head, loss in losses.items()}
         statistics.update(grad_norm=norm, c51_support_clip_ratio=support_clip)
         statistics.update({k: pi_stats[k] for k in ("entropy", "approx_kl", "clip_fraction")})
-        ops.step_stats_accumulate(totals, [statistics.get(name) for name in STATS], ok)
+        ops.step_stats_accumulate(totals, [statistics.get(name) for name in STATS], ok, first)
 
     def _on_policy_heads(
         self,

@@ -414,8 +414,8 @@ def test_target_refresh(core: CoreOps, rng: np.random.Generator, tau: float, upd
 # --------------------------------------------------------------------------- Step statistics
 def test_step_stats_accumulate(core: CoreOps, rng: np.random.Generator) -> None:
     """The device totals equal the twin's, bit for bit, over applied and skipped updates with
-    absent statistics and non-finite losses."""
-    totals, want = cupy.zeros(17), np.zeros(17)
+    absent statistics and non-finite losses; the first update resets what was there."""
+    totals, want = cupy.full(17, np.nan), np.full(17, np.nan)
     for update in range(40):
         values = [np.float32(v) for v in normal(rng, 10) * np.float32(10)]
         values[5] = np.float64(abs(rng.normal()))  # the global norm
@@ -425,8 +425,8 @@ def test_step_stats_accumulate(core: CoreOps, rng: np.random.Generator) -> None:
             values[int(rng.integers(0, 5))] = np.float32(rng.choice([np.nan, np.inf]))
         ok = flag(int(update % 5 != 0 and all(v is None or np.isfinite(v) for v in values)))
         device = [None if v is None else cupy.asarray(np.array([v])).reshape(()) for v in values]
-        core.step_stats_accumulate(totals, device, dev(ok))
-        npo.step_stats_accumulate(want, values, ok)
+        core.step_stats_accumulate(totals, device, dev(ok), update == 0)
+        npo.step_stats_accumulate(want, values, ok, update == 0)
     assert same_bytes(totals, want)
     assert want[10] > 0 and want[11] > 0 and want[12:].sum() > 0  # both kinds, some flags
 

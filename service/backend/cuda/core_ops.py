@@ -632,9 +632,10 @@ class CoreOps:
 
     # ----------------------------------------------------------------------- statistics
     def step_stats_accumulate(
-        self, totals: Array, values: Sequence[Array | None], ok: Array
+        self, totals: Array, values: Sequence[Array | None], ok: Array, first: bool
     ) -> None:
-        """One update's statistics into a Step's totals, in place (step_stats.cu)."""
+        """One update's statistics into a Step's totals, in place, zeroed first by the Step's
+        `first` update (step_stats.cu)."""
         totals = _array("totals", totals, (np.dtype(np.float64),), shape=(STEP_STATS + 7,))
         if len(values) != STEP_STATS:
             raise ValueError(f"values: expected {STEP_STATS} statistics, got {len(values)}")
@@ -645,7 +646,7 @@ class CoreOps:
                 np.uint64(0 if value is None else _one(f"values[{i}]", value, dtypes).data.ptr)
             )
         self._kernel("step_stats.cu", "step_stats_accumulate")(
-            (1,), (1,), (totals, _flag("ok", ok), *addresses)
+            (1,), (1,), (totals, _flag("ok", ok), *addresses, np.int32(bool(first)))
         )
 
     # ----------------------------------------------------------------------- advantages

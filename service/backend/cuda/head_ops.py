@@ -47,6 +47,7 @@ Scalar = float | cupy.ndarray
 
 BLOCK = 256  # threads per block of the row / element kernels
 REDUCE_THREADS = 256  # the *_REDUCE_THREADS block size of the single-block mean kernels
+PROJ_THREADS = 256  # categorical_projection.cu: PROJ_THREADS
 # dqn_distributional_q.cu's C51 taken-action kernels: sort and gradient block sizes, and the
 # weight-gradient chunking (chunks of at least C51_CHUNK_ROWS rows, at most C51_MAX_CHUNKS).
 C51_SORT_THREADS = 256
@@ -252,13 +253,13 @@ class HeadOps:
         """The C51 target m [B, Z]: Tz = r + γ^k (1 - done) z projected onto the support
         (categorical_projection.cu; dones uint8 [B], horizons int32 [B])."""
         B, args = self._projection_args(next_probs, rewards, dones, horizons, gamma, v_min, v_max)
-        projected = cupy.empty((B, self.dims.Z), dtype=cupy.float32)
-        self._launch(
-            "categorical_projection.cu",
-            "categorical_projection",
-            _count("B·Z", B * self.dims.Z),
-            (*args, projected, np.int32(B)),
-        )
+        Z = self.dims.Z
+        projected = cupy.empty((B, Z), dtype=cupy.float32)
+        if B:
+            rows_per_block = max(1, PROJ_THREADS // Z)  # categorical_projection.cu: PROJ_ROWS
+            load_kernel("categorical_projection.cu", "categorical_projection", self._defines)(
+                (-(-B // rows_per_block),), (PROJ_THREADS,), (*args, projected, np.int32(B))
+            )
         return projected
 
     def c51_support_clip_ratio(
