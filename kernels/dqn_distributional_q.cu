@@ -351,14 +351,15 @@ c51_taken_fwd_bwd(const float* __restrict__ h, const float* __restrict__ W,
 // c51_taken_grad_partials: the head's weight and bias gradients, per chunk of `chunk_rows`
 // rows of one action's segment (grid (chunks = ceil(B / chunk_rows), A, ceil(H / C51_I_TILE));
 // C51_GRAD_THREADS threads; the wrapper keeps chunks <= 64). Lanes run over atoms z (coalesced
-// writes), warps over C51_I_PER_WARP features each:
+// writes), warps over C51_I_PER_WARP features each (each staged atom feeds that many FMAs):
 //   partial_W[c, i, a·Z + z] = Σ_{rows k of chunk c of action a} h[k, i] grad_taken[k, z]
 //   partial_b[c, a·Z + z]    = Σ_k grad_taken[k, z]          (warp 0 of blocks blockIdx.z = 0)
-// rows in sorted order; a chunk past the action's rows writes zeros. reduce_axis0 over c then
-// gives grad_W and grad_b in a fixed order. Scratch: chunks · (H + 1) · A·Z floats.
+// rows in sorted order. A chunk past the action's rows writes nothing: c51_taken_grad_reduce
+// sums only each action's ceil(rows / chunk_rows) chunks, in chunk order. Scratch: chunks ·
+// (H + 1) · A·Z floats, of which about (B / chunk_rows + A) · (H + 1) · Z are written.
 #define C51_GRAD_THREADS 256
 #define C51_GRAD_WARPS (C51_GRAD_THREADS / 32)
-#define C51_I_PER_WARP 1
+#define C51_I_PER_WARP 4
 #define C51_I_TILE (C51_GRAD_WARPS * C51_I_PER_WARP)
 #define C51_STAGE_ROWS 32  // one row index per lane while staging
 static_assert(C51_STAGE_ROWS == 32 && C51_STAGE_ROWS % C51_GRAD_WARPS == 0, "stage layout");
@@ -376,6 +377,7 @@ c51_taken_grad_partials(const float* __restrict__ h, const float* __restrict__ g
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const int begin = offsets[key] + chunk * chunk_rows;
     const int end = min(begin + chunk_rows, offsets[key + 1]);
+    if (begin >= end) return;  // past the action's rows: the reduction never reads this chunk
     float acc[C51_I_PER_WARP][C51_Z_PER_LANE];
     float bacc[C51_Z_PER_LANE];
     for (int j = 0; j < C51_Z_PER_LANE; ++j) {
@@ -399,13 +401,18 @@ c51_taken_grad_partials(const float* __restrict__ h, const float* __restrict__ g
             }
         }
         __syncthreads();
+#pragma unroll 4
         for (int k = 0; k < n; ++k) {
+            float x[C51_I_PER_WARP];
+#pragma unroll
+            for (int u = 0; u < C51_I_PER_WARP; ++u) x[u] = hs[k][warp * C51_I_PER_WARP + u];
+#pragma unroll
             for (int j = 0; j < C51_Z_PER_LANE; ++j) {
                 const int z = lane + 32 * j;
                 const float g = z < TRIDENT_Z ? gs[k][z] : 0.0f;
                 bacc[j] += g;
-                for (int u = 0; u < C51_I_PER_WARP; ++u)
-                    acc[u][j] += hs[k][warp * C51_I_PER_WARP + u] * g;
+#pragma unroll
+                for (int u = 0; u < C51_I_PER_WARP; ++u) acc[u][j] += x[u] * g;
             }
         }
         __syncthreads();
@@ -424,6 +431,34 @@ c51_taken_grad_partials(const float* __restrict__ h, const float* __restrict__ g
         for (int j = 0; j < C51_Z_PER_LANE; ++j) {
             const int z = lane + 32 * j;
             if (z < TRIDENT_Z) partial_b[(long long)chunk * C51_WIDTH + key * TRIDENT_Z + z] = bacc[j];
+        }
+    }
+}
+
+// grad_W[i, a·Z + z] = Σ_{c < chunks_a} partial_W[c, i, a·Z + z] and grad_b[a·Z + z] likewise,
+// chunks_a = ceil(rows of action a / chunk_rows) (0 for an action no row took: a zero column),
+// c ascending. One thread per output of grad_W and grad_b ((H + 1)·A·Z threads, grid-stride).
+extern "C" __global__ void c51_taken_grad_reduce(const float* __restrict__ partial_W,
+                                                 const float* __restrict__ partial_b,
+                                                 const int* __restrict__ offsets, int chunk_rows,
+                                                 float* __restrict__ grad_W,
+                                                 float* __restrict__ grad_b)
+{
+    const long long plane = (long long)TRIDENT_H * C51_WIDTH;
+    const long long total = plane + C51_WIDTH;
+    for (long long o = c51_thread_index(); o < total; o += (long long)gridDim.x * blockDim.x) {
+        const int column = (int)(o % C51_WIDTH), a = column / TRIDENT_Z;
+        const int chunks = (offsets[a + 1] - offsets[a] + chunk_rows - 1) / chunk_rows;
+        const bool bias = o >= plane;
+        const float* src = bias ? partial_b + column : partial_W + o;
+        const long long stride = bias ? C51_WIDTH : plane;
+        float sum = 0.0f;
+#pragma unroll 4
+        for (int c = 0; c < chunks; ++c) sum += src[c * stride];
+        if (bias) {
+            grad_b[column] = sum;
+        } else {
+            grad_W[o] = sum;
         }
     }
 }

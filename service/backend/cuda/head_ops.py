@@ -53,8 +53,8 @@ PROJ_THREADS = 256  # categorical_projection.cu: PROJ_THREADS
 C51_SORT_THREADS = 256
 C51_TAKEN_THREADS = 256
 C51_GRAD_THREADS = 256
-C51_I_TILE = 8  # features per c51_taken_grad_partials block (one per warp)
-C51_CHUNK_ROWS = 256
+C51_I_TILE = 32  # features per c51_taken_grad_partials block (four per warp)
+C51_CHUNK_ROWS = 64
 C51_MAX_CHUNKS = 64
 C51_SHARED_FLOATS = 10240  # c51_taken_fwd_bwd's shared-memory budget per block
 
@@ -313,9 +313,10 @@ class HeadOps:
         self, h: Array, actions: Array, grad_taken: Array, num_actions: int
     ) -> tuple[Array, Array]:
         """(grad_W [H, A·Z], grad_b [A·Z]) from `c51_taken_loss_bwd`'s grad_taken: rows sorted
-        by action, per-chunk partials of each action's columns, summed by reduce_axis0 in a
-        fixed order (dqn_distributional_q.cu); scratch at most 64 · (H + 1) · A·Z floats. Rows
-        whose action is outside [0, A) are not read."""
+        by action, per-chunk partials of each action's columns, each action's chunks summed in
+        chunk order (dqn_distributional_q.cu); scratch at most 64 · (H + 1) · A·Z floats (about
+        (B / chunk_rows + A) · (H + 1) · Z of it written). Rows whose action is outside [0, A)
+        are not read."""
         H, A, Z = self.dims.H, self.dims.A, self.dims.Z
         if num_actions != A:
             raise ValueError(f"num_actions: expected {A} (the compiled A), got {num_actions}")
@@ -330,12 +331,20 @@ class HeadOps:
             order, offsets = self._sort_actions(actions)
         else:
             order, offsets = cupy.empty(0, dtype=cupy.int32), cupy.zeros(A + 2, dtype=cupy.int32)
-        load_kernel("dqn_distributional_q.cu", "c51_taken_grad_partials", self._defines)(
+        file, defines = "dqn_distributional_q.cu", self._defines
+        load_kernel(file, "c51_taken_grad_partials", defines)(
             (chunks, A, -(-H // C51_I_TILE)),
             (C51_GRAD_THREADS,),
             (h, grad_taken, order, offsets, partial_W, partial_b, np.int32(chunk_rows)),
         )
-        return self._core.reduce_axis0(partial_W), self._core.reduce_axis0(partial_b)
+        grad_W = cupy.empty((H, A * Z), dtype=cupy.float32)
+        grad_b = cupy.empty(A * Z, dtype=cupy.float32)
+        load_kernel(file, "c51_taken_grad_reduce", defines)(
+            _blocks((H + 1) * A * Z),
+            (BLOCK,),
+            (partial_W, partial_b, offsets, np.int32(chunk_rows), grad_W, grad_b),
+        )
+        return grad_W, grad_b
 
     def _sort_actions(self, actions: Array) -> tuple[Array, Array]:
         """(order [B]: row indices stably sorted by action, rows of invalid actions last;
