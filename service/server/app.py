@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from service import logs
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
+from service.backend.host_memory import limit_malloc_arenas
 from service.config import Config, ConfigError
 from service.server.auth import BearerTokenInterceptor
 from service.server.engine import Engine
@@ -173,6 +174,7 @@ def stop(running: Running, grace_s: float) -> None:
 
 def serve(config: Config, inference_only: bool = False, restore: str | None = None) -> int:
     """Run until SIGTERM or SIGINT, then drain and exit 0."""
+    limit_malloc_arenas()  # before gRPC starts its threads
     logs.configure(config.server.log_level)
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
