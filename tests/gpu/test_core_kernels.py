@@ -506,6 +506,12 @@ def bad_calls(core: CoreOps) -> list[tuple[str, Callable[[], object]]]:
         ("b", lambda: core.bias_relu_fwd(f32, b[:255])),
         ("z", lambda: core.bias_relu_fwd(cupy.zeros((256, 512), cupy.float32)[:, ::2], b)),
         ("grad_h", lambda: core.bias_relu_bwd(f32, f32[:6])),
+        (
+            "z",
+            lambda: core.bias_relu_fwd(
+                cupy.zeros(7 * 256 + 1, cupy.float32)[1:].reshape(7, 256), b
+            ),
+        ),
         ("x", lambda: core.reduce_axis0(f64)),
         ("x", lambda: core.reduce_axis0(np.zeros((3, 3), np.float32))),
         ("bottom", lambda: core.grad_h_stack(f32, tn, 1.0)),

@@ -76,6 +76,18 @@ def _int32(name: str, value: int, minimum: int = 0) -> np.int32:
     return np.int32(value)
 
 
+def _vec(H: int) -> int:
+    """Elements per thread step of encoder.cu (ENCODER_VEC)."""
+    return 4 if H % 4 == 0 else 1
+
+
+def _aligned(H: int, **arrays: Array) -> None:
+    """encoder.cu reads float4s when H % 4 == 0: each array must start on 16 bytes."""
+    for name, a in arrays.items():
+        if _vec(H) == 4 and a.data.ptr % 16:
+            raise ValueError(f"{name}: expected an array starting on a 16-byte boundary")
+
+
 def _columns(name: str, widths: list[int]) -> None:
     if sum(widths) > LINEAR_HEADS_MAX_COLUMNS:
         raise ValueError(
@@ -308,7 +320,8 @@ class CoreOps:
         h = cupy.empty_like(z)
         if z.size:
             kernel = self._kernel("encoder.cu", "bias_relu_fwd")
-            kernel(_blocks(z.size), (BLOCK,), (z, b, h, _int32("rows", z.shape[0])))
+            _aligned(H, z=z, b=b)
+            kernel(_blocks(z.size // _vec(H)), (BLOCK,), (z, b, h, _int32("rows", z.shape[0])))
         return h
 
     def bias_relu_bwd(self, h: Array, grad_h: Array) -> Array:
@@ -321,7 +334,9 @@ class CoreOps:
         grad_z = cupy.empty_like(h)
         if h.size:
             kernel = self._kernel("encoder.cu", "bias_relu_bwd")
-            kernel(_blocks(h.size), (BLOCK,), (h, grad_h, grad_z, _int32("rows", h.shape[0])))
+            _aligned(H, h=h, grad_h=grad_h)
+            rows = _int32("rows", h.shape[0])
+            kernel(_blocks(h.size // _vec(H)), (BLOCK,), (h, grad_h, grad_z, rows))
         return grad_z
 
     # ----------------------------------------------------------------------- reductions
