@@ -30,49 +30,75 @@ __device__ __forceinline__ int linear_heads_columns(const int* width, int count,
     return columns;
 }
 
-// out_j[r, c] = Σ_k h[r, k] W_j[k, c] + b_j[c]. A block stages tile_rows rows of h (row stride
-// H + 1: no bank conflicts) and gives each (row, column) output one thread; k is summed in four
-// interleaved partial sums, added in a fixed order. Shared: tile_rows·(H + 1) floats + 2·S ints.
+// out_j[r, c] = Σ_k h[r, k] W_j[k, c] + b_j[c]. A block takes tile_rows rows at a time
+// (grid-stride) and stages, k_chunk features at a time, those rows of h and the heads' W
+// columns (transposed: column s is a row of ws) in dynamic shared memory, both with row
+// stride k_chunk + 1 (no bank conflicts); each (row, column) output belongs to one thread (at
+// most LINEAR_HEADS_OUT per thread: the wrapper keeps tile_rows·S within that many blocks'
+// worth), which sums k in four interleaved partial sums added in a fixed order at the end.
+// k_chunk is a multiple of 4. Shared: (tile_rows + S)·(k_chunk + 1) floats + 2·S ints.
+#define LINEAR_HEADS_OUT 2
+
 extern "C" __global__ void linear_heads_fwd(const float* __restrict__ h, const float* W0,
                                             const float* W1, const float* W2, const float* W3,
                                             const float* b0, const float* b1, const float* b2,
                                             const float* b3, float* out0, float* out1,
                                             float* out2, float* out3, int width0, int width1,
                                             int width2, int width3, int count, int rows,
-                                            int tile_rows) {
+                                            int tile_rows, int k_chunk) {
     extern __shared__ float shared[];
     LINEAR_HEADS_TABLE(const float*, W);
     LINEAR_HEADS_TABLE(const float*, b);
     LINEAR_HEADS_TABLE(float*, out);
     const int width[LINEAR_HEADS_MAX] = {width0, width1, width2, width3};
-    const int stride = TRIDENT_H + 1;
     const int all = width0 + width1 + width2 + width3;
+    const int stride = k_chunk + 1;
     float* hs = shared;
-    int* head = (int*)(shared + tile_rows * stride);
+    float* ws = hs + tile_rows * stride;
+    int* head = (int*)(ws + all * stride);
     int* col = head + all;
     const int columns = linear_heads_columns(width, count, head, col);
     for (int row0 = blockIdx.x * tile_rows; row0 < rows; row0 += gridDim.x * tile_rows) {
         const int n = min(tile_rows, rows - row0);
-        __syncthreads();  // the table is written; the previous tile's readers are done
-        for (int i = threadIdx.x; i < n * TRIDENT_H; i += blockDim.x) {
-            hs[(i / TRIDENT_H) * stride + i % TRIDENT_H] = h[(long long)row0 * TRIDENT_H + i];
-        }
-        __syncthreads();
-        for (int o = threadIdx.x; o < n * columns; o += blockDim.x) {
-            const int r = o / columns, s = o % columns;
-            const int j = head[s], c = col[s], w = width[j];
-            const float* x = hs + r * stride;
-            const float* wc = W[j] + c;
-            float p0 = 0.0f, p1 = 0.0f, p2 = 0.0f, p3 = 0.0f;
-            int k = 0;
-            for (; k + 4 <= TRIDENT_H; k += 4) {
-                p0 += x[k] * wc[k * w];
-                p1 += x[k + 1] * wc[(k + 1) * w];
-                p2 += x[k + 2] * wc[(k + 2) * w];
-                p3 += x[k + 3] * wc[(k + 3) * w];
+        float p[LINEAR_HEADS_OUT][4];
+#pragma unroll
+        for (int m = 0; m < LINEAR_HEADS_OUT; ++m)
+            p[m][0] = p[m][1] = p[m][2] = p[m][3] = 0.0f;
+        for (int k0 = 0; k0 < TRIDENT_H; k0 += k_chunk) {
+            const int kn = min(k_chunk, TRIDENT_H - k0);
+            __syncthreads();  // the table is written; the previous stage's readers are done
+            for (int i = threadIdx.x; i < n * kn; i += blockDim.x) {
+                const int r = i / kn, k = i % kn;
+                hs[r * stride + k] = h[(long long)(row0 + r) * TRIDENT_H + k0 + k];
             }
-            for (; k < TRIDENT_H; ++k) p0 += x[k] * wc[k * w];
-            out[j][(long long)(row0 + r) * w + c] = ((p0 + p1) + (p2 + p3)) + b[j][c];
+            for (int i = threadIdx.x; i < columns * kn; i += blockDim.x) {
+                const int c = i / kn, k = i % kn, j = head[c];
+                ws[c * stride + k] = W[j][(long long)(k0 + k) * width[j] + col[c]];
+            }
+            __syncthreads();
+#pragma unroll
+            for (int m = 0; m < LINEAR_HEADS_OUT; ++m) {
+                const int o = threadIdx.x + m * blockDim.x;
+                if (o >= n * columns) continue;
+                const float* x = hs + (o / columns) * stride;
+                const float* w = ws + (o % columns) * stride;
+                int k = 0;
+                for (; k + 4 <= kn; k += 4) {
+                    p[m][0] += x[k] * w[k];
+                    p[m][1] += x[k + 1] * w[k + 1];
+                    p[m][2] += x[k + 2] * w[k + 2];
+                    p[m][3] += x[k + 3] * w[k + 3];
+                }
+                for (; k < kn; ++k) p[m][0] += x[k] * w[k];  // only in the last chunk
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < LINEAR_HEADS_OUT; ++m) {
+            const int o = threadIdx.x + m * blockDim.x;
+            if (o >= n * columns) continue;
+            const int r = o / columns, s = o % columns, j = head[s], c = col[s];
+            out[j][(long long)(row0 + r) * width[j] + c] =
+                ((p[m][0] + p[m][1]) + (p[m][2] + p[m][3])) + b[j][c];
         }
     }
 }

@@ -117,3 +117,35 @@ extern "C" __global__ void replay_gather(const int* __restrict__ slots,
         out_horizons[i] = horizons[slot];
     }
 }
+
+// A minibatch's rows of several per-row arrays in one launch: dst_j[r, :] = src_j[rows[r], :]
+// for j < count (twin: numpy_ops.gather_rows). Each array is [B_j, width_j] of 4-byte elements
+// (float32 or int32, copied as bits), row-major; dst_j is [n, width_j]. Up to GATHER_MAX
+// arrays; unused pointer slots are never read. rows must lie in every src's [0, B_j) (the
+// wrapper's caller, the trainer, passes its own permutation). Grid-stride over each array's
+// n·width_j elements.
+#define GATHER_MAX 8
+
+extern "C" __global__ void gather_rows(const unsigned int* s0, const unsigned int* s1,
+                                       const unsigned int* s2, const unsigned int* s3,
+                                       const unsigned int* s4, const unsigned int* s5,
+                                       const unsigned int* s6, const unsigned int* s7,
+                                       unsigned int* d0, unsigned int* d1, unsigned int* d2,
+                                       unsigned int* d3, unsigned int* d4, unsigned int* d5,
+                                       unsigned int* d6, unsigned int* d7, int w0, int w1,
+                                       int w2, int w3, int w4, int w5, int w6, int w7,
+                                       int count, const int* __restrict__ rows, int n) {
+    const unsigned int* const src[GATHER_MAX] = {s0, s1, s2, s3, s4, s5, s6, s7};
+    unsigned int* const dst[GATHER_MAX] = {d0, d1, d2, d3, d4, d5, d6, d7};
+    const int width[GATHER_MAX] = {w0, w1, w2, w3, w4, w5, w6, w7};
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (int j = 0; j < count && j < GATHER_MAX; ++j) {
+        const int w = width[j];
+        const long long total = (long long)n * w;
+        for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+             i += stride) {
+            const long long r = i / w;
+            dst[j][i] = src[j][(long long)rows[r] * w + (i - r * w)];
+        }
+    }
+}

@@ -60,6 +60,7 @@ OP_NAMES: tuple[str, ...] = (
     "act_select",
     "replay_sample_indices",
     "replay_gather",
+    "gather_rows",
 )
 
 BACKEND_CHOICES = ("auto", "numpy", "cuda")

@@ -618,6 +618,12 @@ def replay_sample_indices(size: Array, key: Array, sequence: Array, count: int) 
     return below(bits, int(size[0])).astype(np.int32)
 
 
+def gather_rows(arrays: Sequence[Array], rows: Array) -> list[Array]:
+    """[a[rows] for each array]: a minibatch's rows of several per-row arrays (one launch on
+    CUDA, for arrays of 4-byte elements)."""
+    return [a[rows] for a in arrays]
+
+
 def replay_gather(storage: Mapping[str, Array], slots: Array) -> dict[str, Array]:
     """The ring's rows at `slots`, one array per field."""
     return {name: array[slots] for name, array in storage.items()}

@@ -529,7 +529,8 @@ class Trainer:
             (target, projection_args), target_ready = self._fork(lambda: self._q_target(replay))
 
         xp = self.xp
-        x = batch.obs[rows]
+        minibatch = self._minibatch(batch, rows)
+        x = minibatch.obs
         on_policy = x.shape[0]
         if replay is not None:
             x = _stack_rows(xp, x, replay.obs)
@@ -541,7 +542,7 @@ class Trainer:
         # The on-policy heads overlap the Q head (both read h, neither writes what the other
         # reads); their encoder gradient is joined before the encoder's backward.
         (grad_h, pi_stats, head_grads), policy_ready = self._fork(
-            lambda: self._on_policy_heads(batch, rows, h[:on_policy], losses), lane=1
+            lambda: self._on_policy_heads(minibatch, h[:on_policy], losses), lane=1
         )
         grads.update(beside(head_grads, lane=1))
         if replay is not None:
@@ -573,14 +574,19 @@ class Trainer:
         statistics.update({k: pi_stats[k] for k in ("entropy", "approx_kl", "clip_fraction")})
         ops.step_stats_accumulate(totals, [statistics.get(name) for name in STATS], ok, first)
 
+    def _minibatch(self, batch: Batch, rows: np.ndarray) -> Batch:
+        """The batch's rows `rows`, every per-row field gathered in one op (the guard as is)."""
+        per_row = batch_arrays(batch)[:-1]
+        gathered = iter(self.ops.gather_rows([a for a in per_row if a is not None], rows))
+        return Batch(*(None if a is None else next(gathered) for a in per_row), guard=batch.guard)
+
     def _on_policy_heads(
         self,
         batch: Batch,
-        rows: np.ndarray,
         h_pol: np.ndarray,
         losses: dict[str, np.ndarray],
     ) -> tuple[np.ndarray, dict, Callable[[], dict[str, np.ndarray]]]:
-        """Policy, value and perception heads on the rollout rows: their losses into `losses`;
+        """Policy, value and perception heads on a minibatch's rows: their losses into `losses`;
         returns (their λ-weighted encoder gradient, the PPO statistics, a function that queues
         their parameter gradients: the caller runs it beside the encoder's backward)."""
         ops, params, hp, ppo = self.ops, self.params, self.hp, self.config.ppo
@@ -595,13 +601,13 @@ class Trainer:
         grad_outputs: list[np.ndarray] = []
 
         # Policy head: PPO clipped surrogate + entropy bonus.
-        advantages = batch.advantages[rows]
+        advantages = batch.advantages
         if ppo.norm_adv:
             advantages = ops.normalize_advantages(advantages)
         pi_stats, grad_logits = ops.ppo_surrogate_fwd_bwd(
             outputs["pi"],
-            batch.actions[rows],
-            batch.behavior_log_probs[rows],
+            batch.actions,
+            batch.behavior_log_probs,
             advantages,
             hp["ppo.clip_eps"],
             hp["ppo.ent_coef"],
@@ -612,18 +618,18 @@ class Trainer:
         # Value head: 0.5 (v - R)², optionally clipped around the rollout-time value.
         losses["v"], grad_v = ops.value_fwd_bwd(
             outputs["v"][:, 0],
-            batch.returns[rows],
-            batch.old_values[rows],
+            batch.returns,
+            batch.old_values,
             hp["ppo.value_clip_eps"] if ppo.clip_value_loss else None,
         )
         grad_outputs.append(grad_v[:, None])
 
         # Perception heads.
         if "bce" in outputs:
-            losses["bce"], grad_u = ops.bce_fwd_bwd(outputs["bce"][:, 0], batch.bce_labels[rows])
+            losses["bce"], grad_u = ops.bce_fwd_bwd(outputs["bce"][:, 0], batch.bce_labels)
             grad_outputs.append(grad_u[:, None])
         if "aux" in outputs:
-            losses["aux"], grad_pred = ops.aux_mse_fwd_bwd(outputs["aux"], batch.aux_targets[rows])
+            losses["aux"], grad_pred = ops.aux_mse_fwd_bwd(outputs["aux"], batch.aux_targets)
             grad_outputs.append(grad_pred)
 
         lambdas = hp.weights([f"train.lambda_{head}" for head in heads])

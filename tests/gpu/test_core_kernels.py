@@ -189,7 +189,8 @@ def test_grad_h_stack(ops: CoreOps, rng: np.random.Generator, top: int, bottom: 
 
 
 # --------------------------------------------------------------------------- narrow heads
-HEAD_WIDTHS = [(9, 1, 1, 3), (9, 1), (1,), (40, 1, 17, 2)]  # 17 and 40: several column passes
+# 17 and 40: several column passes; 512 columns: two outputs per thread, features in stages
+HEAD_WIDTHS = [(9, 1, 1, 3), (9, 1), (1,), (40, 1, 17, 2), (300, 200, 5, 7)]
 
 
 @pytest.mark.parametrize("B", (0, *SIZES, 20000))

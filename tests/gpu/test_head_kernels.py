@@ -94,6 +94,7 @@ def test_signatures_match_the_numpy_twins(ops: HeadOps) -> None:
         "bce_fwd_bwd",
         "aux_mse_fwd_bwd",
         "sample_categorical",
+        "gather_rows",
     ]
     for name in twins:
         want = list(inspect.signature(getattr(npo, name)).parameters)
@@ -517,6 +518,30 @@ def test_epsilon_coin_is_exact_for_unrepresentable_epsilon(
         assert_exact(actions, want)
         if epsilon == just_above and want[row] != greedy[row]:
             assert host(actions)[row] == want[row]
+
+
+# --------------------------------------------------------------------------- minibatch rows
+@pytest.mark.parametrize("B", SIZES)
+def test_gather_rows(ops: HeadOps, rng: np.random.Generator, B: int) -> None:
+    """One launch gathers every per-row field: the twin's arrays, bit for bit."""
+    arrays = [
+        normal(rng, B, 40),
+        rng.integers(0, 9, B).astype(np.int32),
+        normal(rng, B),
+        normal(rng, B, 3),
+        normal(rng, B, 0),
+    ]
+    rows = rng.permutation(B)[: max(1, B // 2)].astype(np.int32)
+    got = ops.gather_rows([dev(a) for a in arrays], dev(rows))
+    for g, w in zip(got, npo.gather_rows(arrays, rows), strict=True):
+        np.testing.assert_array_equal(host(g), w)
+        assert g.dtype == w.dtype
+    with pytest.raises(ValueError, match=r"arrays\[1\]: expected dtype float32 or int32"):
+        ops.gather_rows([dev(arrays[0]), dev(arrays[2].astype(np.float64))], dev(rows))
+    with pytest.raises(ValueError, match=r"arrays: expected 1 to 8 arrays, got 9"):
+        ops.gather_rows([dev(arrays[2])] * 9, dev(rows))
+    with pytest.raises(ValueError, match=r"rows: expected dtype int32"):
+        ops.gather_rows([dev(arrays[2])], dev(rows.astype(np.int64)))
 
 
 # --------------------------------------------------------------------------- replay

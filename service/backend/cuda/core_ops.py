@@ -189,17 +189,21 @@ class CoreOps:
             _array(f"bs[{j}]", b, shape=(w,))
             for j, (b, w) in enumerate(zip(bs, widths, strict=True))
         ]
-        rows, columns = h.shape[0], sum(widths)
+        rows, columns, H = h.shape[0], sum(widths), self.dims.H
         outs = [cupy.empty((rows, w), dtype=cupy.float32) for w in widths]
         if rows:
             table = 2 * columns * 4  # linear_heads_columns' head / col ints
-            tile = min(LINEAR_HEADS_TILE, (SHARED_BYTES - table) // (4 * (self.dims.H + 1)))
+            # One output per thread where S allows (at most LINEAR_HEADS_OUT always), and as
+            # many features per stage as fit beside the tile (a multiple of 4).
+            tile = max(1, min(LINEAR_HEADS_TILE, BLOCK // columns))
+            fit = (SHARED_BYTES - table) // (4 * (tile + columns)) - 1
+            k_chunk = min(-(-H // 4) * 4, fit // 4 * 4)
             self._kernel("linear_heads.cu", "linear_heads_fwd")(
                 (min(-(-rows // tile), MAX_BLOCKS),),
                 (BLOCK,),
                 (h, *_slots(Ws), *_slots(bs), *_slots(outs), *_widths(widths), len(Ws), rows,
-                 np.int32(tile)),
-                shared_mem=4 * tile * (self.dims.H + 1) + table,
+                 np.int32(tile), np.int32(k_chunk)),
+                shared_mem=4 * (tile + columns) * (k_chunk + 1) + table,
             )  # fmt: skip
         return outs
 

@@ -48,6 +48,7 @@ Scalar = float | cupy.ndarray
 BLOCK = 256  # threads per block of the row / element kernels
 REDUCE_THREADS = 256  # the *_REDUCE_THREADS block size of the single-block mean kernels
 PROJ_THREADS = 256  # categorical_projection.cu: PROJ_THREADS
+GATHER_MAX = 8  # replay.cu: GATHER_MAX arrays per gather_rows launch
 # dqn_distributional_q.cu's C51 taken-action kernels: sort and gradient block sizes, and the
 # weight-gradient chunking (chunks of at least C51_CHUNK_ROWS rows, at most C51_MAX_CHUNKS).
 C51_SORT_THREADS = 256
@@ -620,6 +621,34 @@ class HeadOps:
             _count("count·D", count * self.dims.D),
             (slots, *ring, *(out[name] for name in REPLAY_FIELDS), np.int32(count)),
         )
+        return out
+
+    def gather_rows(self, arrays: Sequence[Array], rows: Array) -> list[Array]:
+        """[a[rows] for each array] in one launch (replay.cu): up to GATHER_MAX C-contiguous
+        arrays [B_j, ...] of 4-byte elements (float32, int32); rows int32 [n], each in every
+        array's [0, B_j) — not checked on the device (the trainer passes its permutation)."""
+        arrays = list(arrays)
+        if not 1 <= len(arrays) <= GATHER_MAX:
+            raise ValueError(f"arrays: expected 1 to {GATHER_MAX} arrays, got {len(arrays)}")
+        rows, n = _batch("rows", rows, (), _I32)
+        checked = []
+        for j, a in enumerate(arrays):
+            a = _array(f"arrays[{j}]", a, (np.dtype(np.float32), np.dtype(np.int32)))
+            if a.ndim < 1:
+                raise ValueError(f"arrays[{j}]: expected at least 1 dimension, got a 0-d array")
+            checked.append(a)
+        out = [cupy.empty((n, *a.shape[1:]), dtype=a.dtype) for a in checked]
+        widths = [int(np.prod(a.shape[1:], dtype=np.int64)) for a in checked]
+        pad = GATHER_MAX - len(checked)
+        if n and any(widths):
+            self._launch(
+                "replay.cu",
+                "gather_rows",
+                _count("rows·width", n * max(widths)),
+                (*checked, *[checked[0]] * pad, *out, *[out[0]] * pad,
+                 *[np.int32(w) for w in widths], *[np.int32(0)] * pad,
+                 np.int32(len(checked)), rows, np.int32(n)),
+            )  # fmt: skip
         return out
 
     def replay_sample(
