@@ -149,10 +149,11 @@ class Engine:
         return self._acts.act(obs, mode, epsilon)
 
     def _act_batch(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> ActResult:
-        started = time.perf_counter()
-        with self._lock:
+        with self._lock:  # the timer starts once a Step in progress has let go of the trainer
+            started = time.perf_counter()
             result = self.trainer.act(obs, mode, epsilon)
-        self.metrics.observe_act(obs.shape[0], time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+        self.metrics.observe_act(obs.shape[0], seconds)
         return result
 
     # ------------------------------------------------------------------------ state

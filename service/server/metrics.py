@@ -39,9 +39,9 @@ class Metrics:
         )
         self.act_duration = Histogram(
             "act_duration",
-            "Wall time of one batched Act forward.",
+            "Wall time of one batched Act forward (not the wait for a Step holding the trainer).",
             unit="seconds",
-            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
             **ns,
         )
         self.act_batch_size = Histogram(
