@@ -522,13 +522,20 @@ def version_of(*dists: str) -> str | None:
 
 
 def git_commit() -> str | None:
+    """HEAD, with "-dirty" when tracked files differ from it (a copied tree whose .git is older
+    than the files, as on a device that receives the working tree, shows up that way)."""
+
+    def git(*args: str) -> str:
+        command = ["git", *args]
+        out = subprocess.run(command, capture_output=True, text=True, timeout=5, cwd=REPO_ROOT)
+        return out.stdout.strip()
+
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=REPO_ROOT
-        )
+        head = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    return f"{head}-dirty" if head and dirty else head or None
 
 
 def metadata(args: argparse.Namespace) -> dict:
