@@ -66,7 +66,6 @@ import json
 import math
 import platform
 import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -74,6 +73,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import host_report
 import numpy as np
 from torch_update import TorchUpdate, make_torch_update
 
@@ -521,30 +521,13 @@ def version_of(*dists: str) -> str | None:
     return None
 
 
-def git_commit() -> str | None:
-    """HEAD, with "-dirty" when tracked files differ from it (a copied tree whose .git is older
-    than the files, as on a device that receives the working tree, shows up that way)."""
-
-    def git(*args: str) -> str:
-        command = ["git", *args]
-        out = subprocess.run(command, capture_output=True, text=True, timeout=5, cwd=REPO_ROOT)
-        return out.stdout.strip()
-
-    try:
-        head = git("rev-parse", "HEAD")
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return f"{head}-dirty" if head and dirty else head or None
-
-
 def metadata(args: argparse.Namespace) -> dict:
     import torch
 
     meta: dict[str, Any] = {
         "command": shlex.join([sys.executable, *sys.argv]),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "git_commit": git_commit(),
+        "git_commit": host_report.git_commit(),
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
         "versions": {
             "torch": torch.__version__,

@@ -31,7 +31,6 @@ import datetime as dt
 import json
 import logging
 import os
-import platform
 import shlex
 import signal
 import subprocess
@@ -43,10 +42,10 @@ import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+import host_report
 import numpy as np
 from prometheus_client import CollectorRegistry
 
@@ -549,56 +548,15 @@ def bench_act(
 
 
 # ------------------------------------------------------------------------------- report
-def machine() -> dict[str, Any]:
-    model = platform.processor()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "cpu_model": model,
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-    }
-    if hasattr(os, "sched_getaffinity"):
-        info["cpus_usable"] = len(os.sched_getaffinity(0))
-    with contextlib.suppress(OSError):
-        info["memory_gb"] = round(
-            os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1
-        )
-    return info
-
-
 def versions() -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    for name in PACKAGES:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = None
+    found = host_report.versions(PACKAGES)
     from google.protobuf.internal import api_implementation
 
     found["protobuf_implementation"] = api_implementation.Type()
     with contextlib.suppress(Exception):
         blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
         found["numpy_blas"] = f"{blas.get('name')} {blas.get('version')}"
-    with contextlib.suppress(Exception):
-        found["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-            cwd=Path(__file__).resolve().parent,
-        ).stdout.strip()
     return found
-
-
-def cpu_busy_s() -> float | None:
-    """Busy CPU seconds of the whole machine so far (all cores, from /proc/stat)."""
-    with contextlib.suppress(OSError, ValueError):
-        fields = Path("/proc/stat").read_text().splitlines()[0].split()
-        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[1:9])
-        return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-    return None
 
 
 def process_cpu_s(pid: int) -> float:
@@ -616,7 +574,7 @@ class ForeignCpu:
 
     def __init__(self, server: Server) -> None:
         self.pid = server.process.pid
-        self.start = (time.perf_counter(), cpu_busy_s(), self._own())
+        self.start = (time.perf_counter(), host_report.cpu_busy_s(), self._own())
 
     def _own(self) -> float:
         t = os.times()
@@ -624,17 +582,11 @@ class ForeignCpu:
 
     def share(self) -> float | None:
         wall0, busy0, own0 = self.start
-        busy1 = cpu_busy_s()
+        busy1 = host_report.cpu_busy_s()
         if busy0 is None or busy1 is None:
             return None
         foreign = max(0.0, busy1 - busy0 - (self._own() - own0))
         return round(foreign / ((time.perf_counter() - wall0) * (os.cpu_count() or 1)), 4)
-
-
-def own_cpu_s() -> float:
-    """CPU seconds of this process and its waited-for children (the servers)."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
 
 
 def load() -> list[float] | None:
@@ -761,7 +713,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
-    load_before, busy_before, own_before = load(), cpu_busy_s(), own_cpu_s()
+    load_before, busy_before, own_before = load(), host_report.cpu_busy_s(), host_report.own_cpu_s()
     config = load_config(env={}, overrides=overrides(args))
     default_wait = ServerConfig().act_max_wait_ms
     waits = [default_wait if w is None else w for w in args.act_wait_ms]
@@ -801,7 +753,7 @@ def main(argv: list[str] | None = None) -> int:
                 servers[label]["events"] = dict(server.events)
             direct.close()
 
-    busy_after, own = cpu_busy_s(), own_cpu_s() - own_before
+    busy_after, own = host_report.cpu_busy_s(), host_report.own_cpu_s() - own_before
     elapsed = time.perf_counter() - started
     foreign = None
     if busy_before is not None and busy_after is not None:
@@ -809,7 +761,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "command": shlex.join([sys.executable, *sys.argv]),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": machine(),
+        "machine": host_report.machine(),
         "load_avg_before_after": [load_before, load()],
         # CPU time other processes used while this ran, as a share of the machine: a check
         # that nothing else competed for the cores (0 is a quiet machine).

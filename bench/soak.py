@@ -34,7 +34,6 @@ import datetime as dt
 import json
 import math
 import os
-import platform
 import re
 import secrets
 import shlex
@@ -48,17 +47,20 @@ import time
 import urllib.request
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # host_report, also as bench.soak
+import host_report
+
 from service.config import LobsimConfig
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
 
 TEN_MINUTES_S = 600.0
+PACKAGES = ("numpy", "grpcio", "protobuf", "prometheus-client", "trident")  # versions recorded
 TOKEN = "<random per run>"  # what the report shows of the bearer token
 STARTUP_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0
@@ -518,64 +520,24 @@ def failures(report: dict[str, Any]) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------- report
-def machine() -> dict[str, Any]:
-    model = platform.processor()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return {
-        "platform": platform.platform(),
-        "cpu_model": model,
-        "cpu_count": os.cpu_count(),
-        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-        "python": platform.python_version(),
-    }
-
-
-def versions() -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    for name in ("numpy", "grpcio", "protobuf", "prometheus-client", "trident"):
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = None
-    with contextlib.suppress(OSError, subprocess.CalledProcessError):
-        found["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    return found
-
-
-def busy_cpu_s() -> float:
-    """Busy CPU seconds of the whole machine so far (/proc/stat)."""
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()
-    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[1:9])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def own_cpu_s() -> float:
-    """CPU seconds of this process and its waited-for children (server and actors)."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
-
-
 def soak(settings: Settings, workdir: Path, promtool: str | None) -> dict[str, Any]:
     """`run_soak` with the report around it: command, date, machine, settings, summary."""
-    busy, own, began = busy_cpu_s(), own_cpu_s(), time.monotonic()
+    busy, own, began = host_report.cpu_busy_s(), host_report.own_cpu_s(), time.monotonic()
     load = os.getloadavg()
     results = run_soak(settings, workdir, promtool)
     wall = time.monotonic() - began
-    foreign = max(0.0, busy_cpu_s() - busy - (own_cpu_s() - own))
+    busy_after, own_after = host_report.cpu_busy_s(), host_report.own_cpu_s()
+    foreign_share = None  # CPU time other processes used during the run, as a machine share
+    if busy is not None and busy_after is not None:
+        foreign = max(0.0, busy_after - busy - (own_after - own))
+        foreign_share = round(foreign / (wall * (os.cpu_count() or 1)), 4)
     return {
         "command": shlex.join([sys.executable, *sys.argv]),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": machine(),
-        "versions": versions(),
+        "machine": host_report.machine(),
+        "versions": host_report.versions(PACKAGES),
         "load_avg_before_after": [list(load), list(os.getloadavg())],
-        # CPU time other processes used during the run, as a share of the machine.
-        "other_processes_cpu_share": round(foreign / (wall * (os.cpu_count() or 1)), 4),
+        "other_processes_cpu_share": foreign_share,
         "settings": {
             **asdict(settings),
             "server_set": settings.server_sets(TOKEN),
@@ -626,10 +588,11 @@ def print_table(report: dict[str, Any], failed: dict[str, str]) -> None:
         ("samples/s by tenth of the run: min / max",
          f"{min(rates, default=None)} / {max(rates, default=None)}", "", ""),
     ]  # fmt: skip
+    share = report["other_processes_cpu_share"]
     print(
         f"\nSoak: {s['actors']} actors x {s['num_envs']} LobSim markets, rollouts "
         f"{s['rollout_len']}x{s['num_envs']}, {s['duration_s']:g} s; ran {report['runtime_s']} s, "
-        f"other processes' CPU share {report['other_processes_cpu_share']:.1%}"
+        f"other processes' CPU share {'unknown' if share is None else f'{share:.1%}'}"
     )
     width = max(len(r[0]) for r in rows)
     value_width = max(len(r[1]) for r in rows)
