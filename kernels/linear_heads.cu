@@ -1,16 +1,18 @@
 // Several narrow linear heads on one input h [rows, TRIDENT_H], fused: the policy, value and
 // perception heads (widths A, 1, 1, K) are each far too narrow for a GEMM to pay, and run as
 // one launch per pass instead of a GEMM, a bias add, a weight GEMM and a bias reduction each.
-// Twins: numpy_ops.linear_heads_fwd / linear_heads_bwd (linear_fwd, linear_bwd and
-// grad_h_accumulate per head). Up to LINEAR_HEADS_MAX heads; head j has W_j [TRIDENT_H, w_j],
-// b_j [w_j], output and gradient [rows, w_j], all row-major; the heads' S = Σ w_j columns are
-// numbered s = 0..S-1, head 0's first. Unused pointer slots are never read.
+// Twins: numpy_ops.linear_heads_fwd, linear_heads_bwd_input (grad_h_accumulate of the heads'
+// linear_bwd_input) and linear_heads_bwd_params (linear_bwd_params per head). Up to
+// LINEAR_HEADS_MAX heads; head j has W_j [TRIDENT_H, w_j], b_j [w_j], output and gradient
+// [rows, w_j], all row-major; the heads' S = Σ w_j columns are numbered s = 0..S-1, head 0's
+// first. Unused pointer slots are never read.
 // Every kernel works on tiles of rows staged in dynamic shared memory (the wrapper sizes them);
 // no atomics, and every sum runs in an order fixed by the shapes.
 #include "common.cuh"
 
 #define LINEAR_HEADS_MAX 4
-#define LINEAR_HEADS_TILE 16  // rows per tile of the backward input kernel (its accumulators)
+#define LINEAR_HEADS_TILE 16  // rows per tile: linear_heads_bwd_input's accumulators, and at most
+                              // that many in linear_heads_fwd
 #define LINEAR_HEADS_COLS 32  // columns per register pass
 
 #define LINEAR_HEADS_TABLE(type, name) \
