@@ -192,7 +192,7 @@ class CoreOps:
         rows, columns, H = h.shape[0], sum(widths), self.dims.H
         outs = [cupy.empty((rows, w), dtype=cupy.float32) for w in widths]
         if rows:
-            table = 2 * columns * 4  # linear_heads_columns' head / col ints
+            table = 8 * columns  # linear_heads_columns' head / col ints
             # One output per thread where S allows (at most LINEAR_HEADS_OUT always), and as
             # many features per stage as fit beside the tile (a multiple of 4).
             tile = max(1, min(LINEAR_HEADS_TILE, BLOCK // columns))
