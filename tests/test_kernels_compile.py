@@ -387,6 +387,28 @@ def test_core_ops_match_numpy_signatures_and_kernel_constants() -> None:
     assert kernel_define("linear_heads.cu", "LINEAR_HEADS_TILE") == core_ops.LINEAR_HEADS_TILE
 
 
+def test_gemm_tile_constants_match_the_wrapper() -> None:
+    pytest.importorskip("cupy", reason="cupy is not installed")
+    from service.backend.cuda import gemm
+
+    assert kernel_define("gemm_tf32x3.cu", "GEMM_BN") == gemm.TILE_N
+    assert kernel_define("gemm_tf32x3.cu", "GEMM_BK") == gemm.TILE_K
+    assert kernel_define("gemm_tf32x3.cu", "GEMM_STAGES") == gemm.STAGES
+    assert kernel_define("gemm_tf32x3.cu", "GEMM_THREADS") == 256
+    source = (KERNELS / "gemm_tf32x3.cu").read_text()
+    assert "#define GEMM_KROW (GEMM_BK + 4)" in source and gemm.K_ROW == gemm.TILE_K + 4
+    assert "#define GEMM_NROW (GEMM_BN + 8)" in source and gemm.N_ROW == gemm.TILE_N + 8
+    entries = set(re.findall(r"^GEMM_ENTRY\((\w+), (\d+),", source, re.M))
+    names = {
+        "_".join(part for part in ("gemm_tf32x3", layout, epilogue, rows) if part)
+        for layout, epilogues in gemm.LAYOUT_EPILOGUES.items()
+        for epilogue in epilogues
+        for rows in ("64", "128")
+    }  # the names tensor_core_gemm asks for
+    assert {name for name, _ in entries} == names
+    assert all(name.endswith(f"_{rows}") for name, rows in entries)
+
+
 def test_c51_taken_kernel_constants_match_the_wrapper() -> None:
     pytest.importorskip("cupy", reason="cupy is not installed")
     from service.backend.cuda import head_ops
