@@ -72,26 +72,19 @@ def linear_heads_bwd_params(h: Array, grad_ys: Sequence[Array]) -> tuple[list[Ar
     return [grad_W for grad_W, _ in parts], [grad_b for _, grad_b in parts]
 
 
-def linear_relu_fwd(x: Array, W: Array, b: Array) -> Array:
-    """h = max(x W + b, 0): an encoder layer, the GEMM, bias add and ReLU in one op."""
-    h = x @ W
-    h += b
+def bias_relu_fwd(z: Array, b: Array) -> Array:
+    """h = max(z + b, 0): the bias add and ReLU fused after the GEMM z = x W."""
+    h = z + b
     return np.maximum(h, 0, out=h)
 
 
 def bias_relu_bwd(h: Array, grad_h: Array) -> Array:
-    """Gradient through an encoder layer's ReLU: grad_z = grad_h · 1[h > 0] (ReLU'(0) = 0).
+    """Gradient through the fused bias+ReLU: grad_z = grad_h · 1[h > 0] (ReLU'(0) = 0).
 
     A product rather than a select: a non-finite grad_h anywhere stays non-finite, so the
     non-finite guard sees it even where the unit is off.
     """
     return grad_h * (h > 0)
-
-
-def linear_bwd_input_relu(W: Array, grad_y: Array, h: Array) -> Array:
-    """grad_z = (g Wᵀ) · 1[h > 0]: back through a layer y = h W + b and on through the ReLU
-    that made its input h = relu(z), as `bias_relu_bwd(h, linear_bwd_input(W, grad_y))`."""
-    return bias_relu_bwd(h, linear_bwd_input(W, grad_y))
 
 
 def reduce_axis0(x: Array) -> Array:

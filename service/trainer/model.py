@@ -89,8 +89,8 @@ def encoder_fwd(ops: ModuleType, params: Params, x: np.ndarray, depth: int) -> l
     """Activations [x, h1, ..., h_depth] with h_{l+1} = relu(h_l W_l + b_l)."""
     activations = [x]
     for layer in range(depth):
-        W, b = params[f"encoder/W{layer}"], params[f"encoder/b{layer}"]
-        activations.append(ops.linear_relu_fwd(activations[-1], W, b))
+        z = ops.matmul(activations[-1], params[f"encoder/W{layer}"])
+        activations.append(ops.bias_relu_fwd(z, params[f"encoder/b{layer}"]))
     return activations
 
 
@@ -109,13 +109,14 @@ def encoder_bwd(
     not feed the next layer's, so they may overlap it.
     """
     grads: Params = {}
-    grad_z = ops.bias_relu_bwd(activations[depth], grad_h)  # dL/dz of the top layer
+    grad = grad_h
     for layer in range(depth - 1, -1, -1):
+        grad_z = ops.bias_relu_bwd(activations[layer + 1], grad)
         x = activations[layer]
         parameter_grads = lambda x=x, grad_z=grad_z: ops.linear_bwd_params(x, grad_z)  # noqa: E731
         grad_W, grad_b = parameter_grads() if beside is None else beside(parameter_grads)
-        if layer:  # on through the layer below's ReLU; the observations need no gradient
-            grad_z = ops.linear_bwd_input_relu(params[f"encoder/W{layer}"], grad_z, x)
+        if layer:  # the observations need no gradient
+            grad = ops.linear_bwd_input(params[f"encoder/W{layer}"], grad_z)
         grads[f"encoder/W{layer}"] = grad_W
         grads[f"encoder/b{layer}"] = grad_b
     return grads

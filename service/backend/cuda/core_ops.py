@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import cupy
 import numpy as np
 
-from service.backend.cuda.gemm import MAX_ROWS, gemm, gemm_bias_relu, gemm_nt_relu_gate
+from service.backend.cuda.gemm import gemm
 from service.backend.cuda.loader import CudaDims, load_kernel
 from service.backend.cuda.validate import FLAG_DTYPES as _FLAG_DTYPES
 from service.backend.cuda.validate import array as _array
@@ -88,12 +88,6 @@ def _aligned(H: int, **arrays: Array) -> None:
             raise ValueError(f"{name}: expected an array starting on a 16-byte boundary")
 
 
-def _gemm_rows(name: str, a: Array) -> None:
-    if a.shape[0] > MAX_ROWS:
-        rows = a.shape[0]
-        raise ValueError(f"{name}: expected at most {MAX_ROWS} rows (the GEMM grid), got {rows}")
-
-
 def _columns(name: str, widths: list[int]) -> None:
     if sum(widths) > LINEAR_HEADS_MAX_COLUMNS:
         raise ValueError(
@@ -143,22 +137,20 @@ class CoreOps:
 
     # ----------------------------------------------------------------------- linear layers
     def matmul(self, a: Array, b: Array) -> Array:
-        """a @ b for a [M, K], b [K, N] (tensor cores at float32 accuracy: see gemm.py)."""
+        """a @ b for a [M, K], b [K, N] (cuBLAS SGEMM, capturable: see gemm.py)."""
         a = _array("a", a, ndim=2)
         b = _array("b", b, ndim=2)
         if b.shape[0] != a.shape[1]:
             raise ValueError(f"b: expected shape [{a.shape[1]}, N], got {list(b.shape)}")
-        _gemm_rows("a", a)
         return gemm(a, b)
 
     def linear_fwd(self, x: Array, W: Array, b: Array) -> Array:
-        """y = x W + b for x [B, I], W [I, O], b [O] (the GEMM, then the bias add)."""
+        """y = x W + b for x [B, I], W [I, O], b [O] (cuBLAS SGEMM, then the bias add)."""
         x = _array("x", x, ndim=2)
         W = _array("W", W, ndim=2)
         if W.shape[0] != x.shape[1]:
             raise ValueError(f"W: expected shape [{x.shape[1]}, O], got {list(W.shape)}")
         b = _array("b", b, shape=(W.shape[1],))
-        _gemm_rows("x", x)
         y = gemm(x, W)
         y += b
         return y
@@ -169,43 +161,20 @@ class CoreOps:
         return (grad_x, *self.linear_bwd_params(x, grad_y))
 
     def linear_bwd_input(self, W: Array, grad_y: Array) -> Array:
-        """grad_x = g Wᵀ: the input half of `linear_bwd`."""
+        """grad_x = g Wᵀ (cuBLAS SGEMM): the input half of `linear_bwd`."""
         W = _array("W", W, ndim=2)
         grad_y = _array("grad_y", grad_y, ndim=2)
         if grad_y.shape[1] != W.shape[1]:
             raise ValueError(f"grad_y: expected shape [B, {W.shape[1]}], got {list(grad_y.shape)}")
-        _gemm_rows("grad_y", grad_y)
         return gemm(grad_y, W, trans_b=True)
 
     def linear_bwd_params(self, x: Array, grad_y: Array) -> tuple[Array, Array]:
-        """(grad_W = xᵀ g, grad_b = Σ_b g): the parameter half of `linear_bwd` (cuBLAS SGEMM)."""
+        """(grad_W = xᵀ g, grad_b = Σ_b g): the parameter half of `linear_bwd`."""
         x = _array("x", x, ndim=2)
         grad_y = _array("grad_y", grad_y, ndim=2)
         if grad_y.shape[0] != x.shape[0]:
             raise ValueError(f"grad_y: expected {x.shape[0]} rows, got {list(grad_y.shape)}")
         return gemm(x, grad_y, trans_a=True), self.reduce_axis0(grad_y)
-
-    def linear_relu_fwd(self, x: Array, W: Array, b: Array) -> Array:
-        """h = max(x W + b, 0) for x [B, I], W [I, O], b [O]: one tensor-core GEMM with the
-        bias add and ReLU in its epilogue (gemm_tf32x3.cu)."""
-        x = _array("x", x, ndim=2)
-        W = _array("W", W, ndim=2)
-        if W.shape[0] != x.shape[1]:
-            raise ValueError(f"W: expected shape [{x.shape[1]}, O], got {list(W.shape)}")
-        b = _array("b", b, shape=(W.shape[1],))
-        _gemm_rows("x", x)
-        return gemm_bias_relu(x, W, b)
-
-    def linear_bwd_input_relu(self, W: Array, grad_y: Array, h: Array) -> Array:
-        """grad_z = (g Wᵀ) · 1[h > 0] for W [I, O], g [B, O], h [B, I]: back through a layer
-        and the ReLU that made its input, one GEMM with the gate in its epilogue."""
-        W = _array("W", W, ndim=2)
-        grad_y = _array("grad_y", grad_y, ndim=2)
-        if grad_y.shape[1] != W.shape[1]:
-            raise ValueError(f"grad_y: expected shape [B, {W.shape[1]}], got {list(grad_y.shape)}")
-        h = _array("h", h, shape=(grad_y.shape[0], W.shape[0]))
-        _gemm_rows("grad_y", grad_y)
-        return gemm_nt_relu_gate(grad_y, W, h)
 
     # ----------------------------------------------------------------------- narrow heads
     def linear_heads_fwd(self, h: Array, Ws: Sequence[Array], bs: Sequence[Array]) -> list[Array]:
@@ -344,7 +313,21 @@ class CoreOps:
             raise ValueError(f"weights: expected {count} numbers, got {len(values)}")
         return cupy.asarray([_number(f"weights[{i}]", v) for i, v in enumerate(values)])
 
-    # ----------------------------------------------------------------------- encoder ReLU
+    # ----------------------------------------------------------------------- encoder epilogue
+    def bias_relu_fwd(self, z: Array, b: Array) -> Array:
+        """h = max(z + b, 0) for z [rows, H], b [H] (encoder.cu)."""
+        H = self.dims.H
+        z = _array("z", z, ndim=2)
+        if z.shape[1] != H:
+            raise ValueError(f"z: expected shape [rows, {H}], got {list(z.shape)}")
+        b = _array("b", b, shape=(H,))
+        h = cupy.empty_like(z)
+        if z.size:
+            kernel = self._kernel("encoder.cu", "bias_relu_fwd")
+            _aligned(H, z=z, b=b)
+            kernel(_blocks(z.size // _vec(H)), (BLOCK,), (z, b, h, _int32("rows", z.shape[0])))
+        return h
+
     def bias_relu_bwd(self, h: Array, grad_h: Array) -> Array:
         """grad_z = grad_h · 1[h > 0] for h, grad_h [rows, H] (encoder.cu)."""
         H = self.dims.H

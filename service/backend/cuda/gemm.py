@@ -27,7 +27,7 @@ import numpy as np
 
 from service.backend.cuda.loader import load_kernel
 
-__all__ = ["MAX_ROWS", "gemm", "gemm_bias_relu", "gemm_nt_relu_gate", "tensor_core_gemm"]
+__all__ = ["gemm", "tensor_core_gemm"]
 
 WORKSPACE_BYTES = 32 << 20  # cuBLAS's recommendation for Hopper is 32 MiB
 _OP_N, _OP_T = 0, 1
@@ -110,21 +110,8 @@ def _cublas(device: int) -> _Cublas:
 def gemm(
     a: cupy.ndarray, b: cupy.ndarray, trans_a: bool = False, trans_b: bool = False
 ) -> cupy.ndarray:
-    """op(a) @ op(b) for C-contiguous float32 matrices, op = transpose where asked: Aᵀ B by
-    cuBLAS, A B and A Bᵀ on the tensor cores."""
-    if trans_a:
-        return _cublas(cupy.cuda.Device().id).sgemm(a, b, trans_a, trans_b)
-    return tensor_core_gemm(a, b, trans_b)
-
-
-def gemm_bias_relu(x: cupy.ndarray, W: cupy.ndarray, b: cupy.ndarray) -> cupy.ndarray:
-    """max(x W + b, 0) for x [M, K], W [K, N], b [N] (NaN stays NaN), in one launch."""
-    return tensor_core_gemm(x, W, False, "bias_relu", b)
-
-
-def gemm_nt_relu_gate(g: cupy.ndarray, W: cupy.ndarray, h: cupy.ndarray) -> cupy.ndarray:
-    """(g Wᵀ) · 1[h > 0] for g [M, K], W [N, K], h [M, N] (a product: inf · 0 = NaN)."""
-    return tensor_core_gemm(g, W, True, "relu_gate", h)
+    """op(a) @ op(b) for C-contiguous float32 matrices, op = transpose where asked."""
+    return _cublas(cupy.cuda.Device().id).sgemm(a, b, trans_a, trans_b)
 
 
 # kernels/gemm_tf32x3.cu's tile geometry.
