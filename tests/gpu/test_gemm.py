@@ -145,6 +145,7 @@ def test_non_finite_inputs_give_non_finite_outputs(rng: np.random.Generator) -> 
 def test_bad_arguments_name_the_argument() -> None:
     a, side = cupy.zeros((5, 4), cupy.float32), cupy.zeros((5, 3), cupy.float32)
     b_kn, b_nk = cupy.zeros((4, 3), cupy.float32), cupy.zeros((3, 4), cupy.float32)
+    bias_f64 = cupy.zeros(3, cupy.float64)
     calls = [
         ("b", lambda: tensor_core_gemm(a, b_nk, False)),
         ("b", lambda: tensor_core_gemm(a, b_kn, True)),
@@ -152,6 +153,9 @@ def test_bad_arguments_name_the_argument() -> None:
         ("side", lambda: tensor_core_gemm(a, b_kn, False, "bias_relu")),
         ("side", lambda: tensor_core_gemm(a, b_nk, True, "relu_gate", side[:4])),
         ("tile_m", lambda: tensor_core_gemm(a, b_kn, False, tile_m=32)),
+        ("a", lambda: tensor_core_gemm(a.astype(cupy.float64), b_kn, False)),
+        ("b", lambda: tensor_core_gemm(a, cupy.zeros((3, 4), cupy.float32).T, False)),
+        ("side", lambda: tensor_core_gemm(a, b_kn, False, "bias_relu", bias_f64)),
     ]
     for name, call in calls:
         with pytest.raises(ValueError, match=f"^{name}:"):

@@ -26,6 +26,7 @@ import cupy
 import numpy as np
 
 from service.backend.cuda.loader import load_kernel
+from service.backend.cuda.validate import array
 
 __all__ = ["gemm", "tensor_core_gemm"]
 
@@ -117,7 +118,7 @@ def gemm(
 # kernels/gemm_tf32x3.cu's tile geometry.
 TILE_N, TILE_K, STAGES = 128, 16, 3
 K_ROW, N_ROW = TILE_K + 4, TILE_N + 8  # floats per padded shared-memory row
-MAX_ROWS = 65535 * 128  # rows of A: the grid's y extent is at most 65535 tiles of 128 rows
+MAX_GRID_Y = 65535  # row tiles a launch may have
 LAYOUT_EPILOGUES = {"nn": ("", "bias_relu"), "nt": ("", "relu_gate")}  # the kernel's entries
 
 
@@ -152,6 +153,8 @@ def tensor_core_gemm(
     max(· + side, 0), side [N]) or "relu_gate" (nt only: · 1[side > 0], side [M, N]).
     `tile_m` (64 or 128 rows a block) defaults to 128 where that gives every multiprocessor a
     block, else 64 (twice the blocks, two per multiprocessor)."""
+    a = array("a", a, ndim=2)
+    b = array("b", b, ndim=2)
     M, K = a.shape
     N = b.shape[0] if b_transposed else b.shape[1]
     if b.shape[1 if b_transposed else 0] != K:
@@ -161,13 +164,12 @@ def tensor_core_gemm(
         allowed = sorted(LAYOUT_EPILOGUES[layout])
         raise ValueError(f"epilogue: expected one of {allowed} for {layout}, got {epilogue!r}")
     want = {"": None, "bias_relu": (N,), "relu_gate": (M, N)}[epilogue]
-    if want is not None and (side is None or side.shape != want):
-        got = None if side is None else side.shape
-        raise ValueError(f"side: expected shape {want} for {epilogue!r}, got {got}")
+    if want is not None:
+        if side is None:
+            raise ValueError(f"side: expected an array of shape {list(want)} for {epilogue!r}")
+        side = array("side", side, shape=want)
     if tile_m not in (None, 64, 128):
         raise ValueError(f"tile_m: expected 64 or 128, got {tile_m!r}")
-    if M > MAX_ROWS:
-        raise ValueError(f"a: expected at most {MAX_ROWS} rows (the grid), got {M}")
     c = cupy.empty((M, N), dtype=cupy.float32)
     if c.size == 0:
         return c
@@ -175,6 +177,9 @@ def tensor_core_gemm(
     columns = -(-N // TILE_N)
     if tile_m is None:
         tile_m = 128 if -(-M // 128) * columns >= _multiprocessors(device) else 64
+    if -(-M // tile_m) > MAX_GRID_Y:
+        most = tile_m * MAX_GRID_Y
+        raise ValueError(f"a: expected at most {most} rows in {tile_m}-row tiles, got {M}")
     name = "_".join(part for part in ("gemm_tf32x3", layout, epilogue, str(tile_m)) if part)
     kernel = _tile_kernel(device, name, tile_m, b_transposed)
     args = (a, b, a if side is None else side, c, np.int32(M), np.int32(N), np.int32(K))
