@@ -27,6 +27,7 @@ from service.server.servicer import TrainerServicer
 from service.trainer.trainer import Trainer
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TrainerService"].full_name
+SPARE_HANDLER_THREADS = 4  # the handler pool's threads beyond server.max_concurrent_rpcs
 
 
 def _read(setting: str, path: str) -> bytes:
@@ -100,8 +101,9 @@ def start(config: Config, inference_only: bool = False, restore: str | None = No
             )
         )
     limit = server_cfg.max_message_mb * 1024 * 1024
+    handlers = server_cfg.max_concurrent_rpcs + SPARE_HANDLER_THREADS
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=server_cfg.max_concurrent_rpcs + 4),
+        futures.ThreadPoolExecutor(max_workers=handlers),
         interceptors=interceptors,
         options=[
             ("grpc.max_receive_message_length", limit),

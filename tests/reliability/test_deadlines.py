@@ -15,6 +15,7 @@ from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.client.client import TridentClient, step_request
+from service.server.app import SPARE_HANDLER_THREADS
 from service.trainer.trainer import Trainer
 
 Code = grpc.StatusCode
@@ -124,10 +125,11 @@ def abandon_calls(server: ServerProcess, count: int) -> Counter[str]:
 
 def test_a_thousand_abandoned_calls_leak_no_threads_or_memory(tmp_path: Path) -> None:
     # The handler pool grows one thread per call that finds none idle, up to its bound of
-    # max_concurrent_rpcs + 4 = 20; its last few threads come only from rare races, so the pool
-    # may still grow after any warm-up. A leak is growth past that bound.
-    settings = ("replay.capacity=256", "server.max_concurrent_rpcs=16")
-    pool_bound = 16 + 4
+    # max_concurrent_rpcs + SPARE_HANDLER_THREADS; its last few threads come only from rare
+    # races, so the pool may still grow after any warm-up. A leak is growth past that bound.
+    max_rpcs = 16
+    settings = ("replay.capacity=256", f"server.max_concurrent_rpcs={max_rpcs}")
+    pool_bound = max_rpcs + SPARE_HANDLER_THREADS
     with running_server(tmp_path, *settings) as server, TridentClient(server.target) as client:
         settle(client)
         python_fresh, _, _ = proc_status(server)  # the pool's first thread ran settle's calls
