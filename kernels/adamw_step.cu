@@ -70,21 +70,22 @@ extern "C" __global__ void adamw_step(float* __restrict__ param, const float* __
 
 // adamw_step over `count` tensors in one launch (the same arithmetic, so the same bits): tables
 // of addresses (uint64 [count]) of each tensor's param, grad, exp_avg, exp_avg_sq (float32),
-// step (int64 [1], its group's counter, advanced) and weight decay (float64 [1]); one block per
-// chunk of `chunk` elements (common.cuh's multi-tensor layout).
+// step (int64 [1], its group's counter, advanced), weight decay and gradient scale (float64 [1]:
+// the clip coefficient of its norm group); one block per chunk of `chunk` elements (common.cuh's
+// multi-tensor layout).
 extern "C" __global__ void adamw_multi(const unsigned long long* __restrict__ params,
                                        const unsigned long long* __restrict__ grads,
                                        const unsigned long long* __restrict__ exp_avgs,
                                        const unsigned long long* __restrict__ exp_avg_sqs,
                                        const unsigned long long* __restrict__ steps,
                                        const unsigned long long* __restrict__ weight_decays,
+                                       const unsigned long long* __restrict__ grad_scales,
                                        const long long* __restrict__ block_offsets,
                                        const long long* __restrict__ sizes, int count,
                                        long long chunk, const double* __restrict__ lr,
                                        const double* __restrict__ beta1,
                                        const double* __restrict__ beta2,
                                        const double* __restrict__ eps,
-                                       const double* __restrict__ grad_scale,
                                        const unsigned char* __restrict__ ok) {
     if (ok[0] == 0) {
         return;
@@ -93,8 +94,8 @@ extern "C" __global__ void adamw_multi(const unsigned long long* __restrict__ pa
     const int t = part.tensor;
     const long long step = *reinterpret_cast<const long long*>(steps[t]);
     const double wd = *reinterpret_cast<const double*>(weight_decays[t]);
-    const AdamwConstants c = adamw_constants(step, lr[0], beta1[0], beta2[0], eps[0], wd,
-                                             grad_scale[0]);
+    const double scale = *reinterpret_cast<const double*>(grad_scales[t]);
+    const AdamwConstants c = adamw_constants(step, lr[0], beta1[0], beta2[0], eps[0], wd, scale);
     float* param = reinterpret_cast<float*>(params[t]);
     const float* grad = reinterpret_cast<const float*>(grads[t]);
     float* exp_avg = reinterpret_cast<float*>(exp_avgs[t]);

@@ -1,5 +1,5 @@
-// Global-norm gradient clipping and the non-finite guard, without atomics.
-// Twins: numpy_ops.global_norm, clip_coefficient, all_finite.
+// Global-norm and per-group gradient clipping and the non-finite guard, without atomics.
+// Twins: numpy_ops.global_norm, group_norms, clip_coefficient, all_finite.
 //
 // ‖g‖² over many tensors: each tensor is cut into fixed chunks of TRIDENT_REDUCE_CHUNK elements;
 // sumsq_partials writes one float64 partial per chunk (fixed per-thread order, then a fixed-shape
@@ -76,14 +76,35 @@ extern "C" __global__ void sumsq_finalize(const double* __restrict__ partials, l
     }
 }
 
-// coef[0] = min(1, max_norm / (‖g‖ + 1e-6)) in float64 (torch.nn.utils.clip_grad_norm_);
-// a NaN quotient propagates as np.minimum does (fmin would return 1). One thread.
+// The norms of G groups of consecutive tensors and of all of them, from the partials buffer of
+// sumsq_partials(_multi): block g < G reduces partials [offsets[g], offsets[g + 1]) into
+// norms[g]; block G reduces [0, offsets[G]) into norms[G] exactly as sumsq_finalize does (the
+// same bits as the global norm). Grid = G + 1 blocks.
+extern "C" __global__ void sumsq_group_finalize(const double* __restrict__ partials,
+                                                const long long* __restrict__ offsets, int groups,
+                                                double* __restrict__ norms) {
+    __shared__ double s[TRIDENT_REDUCE_THREADS];
+    const int g = blockIdx.x;
+    const long long begin = g < groups ? offsets[g] : 0;
+    const long long end = g < groups ? offsets[g + 1] : offsets[groups];
+    const double total =
+        trident_block_strided_sum<TRIDENT_REDUCE_THREADS>(partials + begin, end - begin, 1, s);
+    if (threadIdx.x == 0) {
+        norms[g] = sqrt(total);
+    }
+}
+
+// coef[i] = min(1, max_norm / (‖g‖_i + 1e-6)) in float64 for each of n norms
+// (torch.nn.utils.clip_grad_norm_); a NaN quotient propagates as np.minimum does (fmin would
+// return 1). One thread.
 extern "C" __global__ void clip_coefficient(const double* __restrict__ norm,
                                             const double* __restrict__ max_norm,
-                                            double* __restrict__ coef) {
+                                            double* __restrict__ coef, long long n) {
     if (blockIdx.x == 0 && threadIdx.x == 0) {
-        const double q = max_norm[0] / (norm[0] + 1e-6);
-        coef[0] = (q < 1.0 || q != q) ? q : 1.0;
+        for (long long i = 0; i < n; ++i) {
+            const double q = max_norm[0] / (norm[i] + 1e-6);
+            coef[i] = (q < 1.0 || q != q) ? q : 1.0;
+        }
     }
 }
 

@@ -129,7 +129,10 @@ class PPOConfig(_Section):
     num_minibatches: int = _f(4, ge=1)  # minibatches per epoch
     norm_adv: bool = True  # normalise advantages per minibatch
     clip_value_loss: bool = False  # use the clipped value loss
-    value_clip_eps: float = _f(0.2, gt=0)  # value clip range (return units)
+    value_clip_eps: float = _f(0.2, gt=0)  # value clip range (value-head units; see value_norm)
+    # the value head predicts returns normalised by running statistics (trainer/value_norm.py)
+    value_norm: bool = False
+    value_norm_decay: float = _f(0.99, ge=0, lt=1)  # per Step: weight of the older statistics
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +157,10 @@ class OptimConfig(_Section):
     beta2: float = _f(0.999, ge=0, lt=1)  # second-moment decay
     eps: float = _f(1e-8, gt=0)  # denominator epsilon
     weight_decay: float = _f(1e-4, ge=0)  # decoupled decay, weight matrices only
-    max_grad_norm: float = _f(10.0, gt=0)  # clip threshold of the global norm over all grads
+    max_grad_norm: float = _f(10.0, gt=0)  # clip threshold of the gradient norm
+    # 'global': one norm over every gradient clips all of them; 'group': each optimizer group
+    # (encoder, q, pi, v, bce, aux) is clipped by its own norm
+    clip_scope: str = _f("global", choices=("global", "group"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -355,6 +355,7 @@ CORE_OPS = (
     "grad_h_stack",
     "all_finite",
     "global_norm",
+    "group_norms",
     "clip_coefficient",
     "advance_counter",
     "advance_counters",

@@ -484,3 +484,32 @@ def test_sample_categorical_tie_goes_to_the_next_action(rng: np.random.Generator
     logits = np.full((5, 4), rng.normal())
     picks = ops.sample_categorical(logits, np.array([0.0, 0.25, 0.5, 0.75, 0.75 - 2.0**-24]))
     np.testing.assert_array_equal(picks, [0, 1, 2, 3, 2])
+
+
+@pytest.mark.parametrize("layout", [(2, 3), (1, 0, 4), (5,)])
+def test_group_norms_clip_each_group_as_torch_clips_it_alone(
+    rng: np.random.Generator, layout: tuple[int, ...]
+) -> None:
+    """group_norms + clip_coefficient on each group equal torch's clip_grad_norm_ run on that
+    group's tensors alone; the last entry is the norm over all of them."""
+    shapes = [(IN, H), (H,), (H, A * Z), (A * Z,), (1,)]
+    grads = [rng.normal(size=shapes[i % len(shapes)]) * rng.uniform(0.1, 30)
+             for i in range(sum(layout))]  # fmt: skip
+    norms = ops.group_norms(grads, layout)
+    assert norms.shape == (len(layout) + 1,) and norms.dtype == np.float64
+    np.testing.assert_array_equal(norms[-1:], ops.global_norm(grads))
+    max_norm = float(rng.uniform(0.5, 5.0))
+    coefficients = ops.clip_coefficient(norms[:-1], max_norm)
+    start = 0
+    for j, count in enumerate(layout):
+        params = [torch.zeros(g.shape, dtype=torch.float64, requires_grad=True)
+                  for g in grads[start : start + count]]  # fmt: skip
+        for p, g in zip(params, grads[start : start + count], strict=True):
+            p.grad = t64(g)
+        total = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros(())
+        assert_rel(norms[j : j + 1], total.reshape(1), f"group {j} norm", tol=1e-12)
+        for i, (p, g) in enumerate(zip(params, grads[start : start + count], strict=True)):
+            assert_rel(g * coefficients[j], p.grad, f"group {j} tensor {i}", tol=1e-12)
+        start += count
+    with pytest.raises(ValueError, match="group_sizes"):
+        ops.group_norms(grads, (*layout, 1))

@@ -1,8 +1,9 @@
 """The trainer's full update equals the same update written directly in PyTorch.
 
 An independent reference: the encoder and heads as torch tensors, every loss written in torch
-and differentiated by autograd, `torch.nn.utils.clip_grad_norm_` for the global clip and one
-`torch.optim.AdamW` per parameter group. Nothing here calls `numpy_ops` for math; only the
+and differentiated by autograd, `torch.nn.utils.clip_grad_norm_` for the global clip (or once
+per parameter group), one `torch.optim.AdamW` per parameter group, and the value head's running
+return statistics (MAPPO's ValueNorm, debiased moving averages) written out again. Nothing here calls `numpy_ops` for math; only the
 trainer's random choices (the Philox minibatch permutation and replay slots) are reused, so
 both sides see the same rows. After each Step every parameter, AdamW moment, step count and
 target-network tensor must agree to a relative 1e-5 (float64; the observed error is ~1e-14,
@@ -92,6 +93,12 @@ VARIANTS = {
     # into O(lr) parameter differences, which dominate small tensors (pi/W starts at ±0.002,
     # biases at 0). The float64 variants carry the precise comparison.
     "float32": Variant(dtype="float32", tol=1e-2),
+    # Value normalisation and per-group clipping; two Steps so the statistics move twice.
+    "value_norm_group_clip": Variant(
+        {"ppo.value_norm": True, "ppo.value_norm_decay": 0.7, "optim.clip_scope": "group",
+         "ppo.clip_value_loss": True, "ppo.value_clip_eps": 0.05},
+        steps=2,
+    ),  # fmt: skip
 }
 
 
@@ -177,6 +184,16 @@ class TorchTrident:
         self.value_clip_active = 0
         c51 = config.c51
         self.support = torch.linspace(c51.v_min, c51.v_max, c51.num_atoms, dtype=F64)
+        self.return_stats = [0.0, 0.0, 0.0]  # moving averages of mean R, mean R², and of 1
+
+    def return_moments(self) -> tuple[float, float]:
+        """(μ, σ) of the returns: debiased moving averages, σ² floored at 1e-2; (0, 1) before
+        the first Step, or without value normalisation."""
+        a, b, c = self.return_stats
+        if not self.cfg.ppo.value_norm or c == 0:
+            return 0.0, 1.0
+        mean = a / c
+        return mean, max(b / c - mean * mean, 1e-2) ** 0.5
 
     # -- network
     def encode(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -206,8 +223,9 @@ class TorchTrident:
         done = torch.tensor(rollout.terminated | rollout.truncated, dtype=F64)
         rewards = as_t(rollout.rewards)
         with torch.no_grad():
-            v = self.head(self.p, "v", self.encode(self.p, obs[:T]))[..., 0]  # [T, N]
-            v_next = self.head(self.p, "v", self.encode(self.p, next_obs))[..., 0]
+            mu, sigma = self.return_moments()  # V = σ v̂ + μ
+            v = mu + sigma * self.head(self.p, "v", self.encode(self.p, obs[:T]))[..., 0]
+            v_next = mu + sigma * self.head(self.p, "v", self.encode(self.p, next_obs))[..., 0]
             deltas = rewards + gamma * v_next * (1 - term) - v
             adv = torch.zeros(T, N, dtype=F64)
             running = torch.zeros(N, dtype=F64)
@@ -215,6 +233,12 @@ class TorchTrident:
                 running = deltas[t] + gamma * lam * (1 - done[t]) * running
                 adv[t] = running
             returns = adv + v
+            if cfg.ppo.value_norm:
+                beta = cfg.ppo.value_norm_decay
+                batch_moments = (float(returns.mean()), float((returns**2).mean()), 1.0)
+                self.return_stats = [beta * old + (1 - beta) * new
+                                     for old, new in zip(self.return_stats, batch_moments)]  # fmt: skip
+            mu, sigma = self.return_moments()  # the value head learns (R − μ) / σ
         self._insert(rollout, next_obs.numpy())
 
         batch = {
@@ -222,8 +246,8 @@ class TorchTrident:
             "actions": torch.tensor(rollout.actions.reshape(-1), dtype=torch.int64),
             "blp": as_t(rollout.behavior_log_probs).reshape(-1),
             "adv": adv.reshape(-1),
-            "ret": returns.reshape(-1),
-            "v_old": v.reshape(-1),
+            "ret": ((returns - mu) / sigma).reshape(-1),
+            "v_old": ((v - mu) / sigma).reshape(-1),
             "y": torch.tensor(rollout.bce_labels.reshape(-1), dtype=F64),
             "aux": as_t(rollout.aux_targets).reshape(T * N, K),
         }
@@ -346,7 +370,14 @@ class TorchTrident:
         with_grad = [p for p in self.p.values() if p.grad is not None]
         if not use_q:
             assert self.p["q/W"].grad is None
-        norm = torch.nn.utils.clip_grad_norm_(with_grad, optim.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(with_grad, optim.max_grad_norm
+                                              if optim.clip_scope == "global" else float("inf"))
+        if optim.clip_scope == "group":  # each optimizer group by its own norm
+            for group in ("encoder", *HEADS):
+                grads = [p for k, p in self.p.items()
+                         if k.split("/")[0] == group and p.grad is not None]  # fmt: skip
+                if grads:
+                    torch.nn.utils.clip_grad_norm_(grads, optim.max_grad_norm)
         for opt in self.optimizers.values():
             if any(p.grad is not None for g in opt.param_groups for p in g["params"]):
                 opt.step()
@@ -453,6 +484,11 @@ def test_trainer_step_equals_pytorch(name: str) -> None:
         assert ref.hard_refreshes == ref.q_updates // config.c51.target_update_period >= 1
     if config.ppo.clip_value_loss:
         assert ref.value_clip_active > 0
-    if variant.steps == 2:  # the Q head stepped only in step 2
+    if config.ppo.value_norm:  # the statistics moved, and the trainer saved the same ones
+        mu, sigma = ref.return_moments()
+        assert abs(mu) > 1e-3 and abs(sigma - 1) > 1e-3
+        stats = trainer.state_dict()["params/v/norm"]
+        np.testing.assert_allclose(stats, ref.return_stats, rtol=1e-12)
+    if name == "q_warmup_two_steps":  # the Q head stepped only in step 2
         assert int(trainer.optim_steps["q"][0]) == 3
         assert int(trainer.optim_steps["encoder"][0]) == 6

@@ -49,6 +49,7 @@ OP_NAMES: tuple[str, ...] = (
     "grad_h_stack",
     "all_finite",
     "global_norm",
+    "group_norms",
     "clip_coefficient",
     "advance_counter",
     "advance_counters",

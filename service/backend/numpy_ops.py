@@ -10,6 +10,7 @@ No op loops in Python over the batch.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -429,8 +430,19 @@ def global_norm(grads: Sequence[Array]) -> Array:
     return np.array([np.sqrt(total)])
 
 
+def group_norms(grads: Sequence[Array], group_sizes: Sequence[int]) -> Array:
+    """The norm of each group of consecutive tensors (`group_sizes[j]` tensors in group j), then
+    global_norm(grads) as the last entry: float64 [G + 1]."""
+    if sum(group_sizes) != len(grads):
+        raise ValueError(f"group_sizes: expected sizes summing to {len(grads)}, got {group_sizes}")
+    bounds = itertools.pairwise(np.cumsum([0, *group_sizes]))
+    norms = [global_norm(grads[a:b])[0] for a, b in bounds]
+    return np.array([*norms, global_norm(grads)[0]])
+
+
 def clip_coefficient(norm: Array, max_norm: float) -> Array:
-    """min(1, max_norm / (‖g‖ + 1e-6)), as torch.nn.utils.clip_grad_norm_ computes it."""
+    """min(1, max_norm / (‖g‖ + 1e-6)) elementwise, as torch.nn.utils.clip_grad_norm_ computes
+    it for each norm of `norm`."""
     return np.minimum(1.0, max_norm / (norm + 1e-6))
 
 
@@ -494,13 +506,14 @@ def adamw_steps(
     beta2: float,
     eps: float,
     weight_decays: Sequence[float],
-    grad_scale: Array,
+    grad_scales: Sequence[Array],
     ok: Array,
 ) -> None:
-    """adamw_step for each tensor i, with its own step counter and weight decay."""
-    roles = (params, grads, exp_avgs, exp_avg_sqs, steps, weight_decays)
-    for p, g, m, v, step, wd in zip(*roles, strict=True):
-        adamw_step(p, g, m, v, step, lr, beta1, beta2, eps, wd, grad_scale, ok)
+    """adamw_step for each tensor i, with its own step counter, weight decay and gradient scale
+    (the clip coefficient of its norm group: one [1] array, shared or per group)."""
+    roles = (params, grads, exp_avgs, exp_avg_sqs, steps, weight_decays, grad_scales)
+    for p, g, m, v, step, wd, scale in zip(*roles, strict=True):
+        adamw_step(p, g, m, v, step, lr, beta1, beta2, eps, wd, scale, ok)
 
 
 def target_refresh(

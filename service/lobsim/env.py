@@ -56,9 +56,23 @@ BASE_PRICE = 10_000  # ticks of the window's centre at reset
 LABEL_DIM = 3  # aux targets: next spread, next L1 imbalance, realised volatility
 
 
+INVENTORY_SCALE = 4.0  # lots: the inventory features are q / 4, (q / 4)² and q / 4 × time left
+# The observation's scalars, after the 4 · visible_levels ladder columns (SPEC.md's table).
+SCALAR_FEATURES = (
+    "spread", "mid_change", "imbalance_l1", "imbalance_l5", "flow", "volatility",
+    "inventory", "inventory_sq", "inventory_time_left", "pnl", "time_left",
+    "bid_quote_distance", "ask_quote_distance", "bid_queue_ahead", "ask_queue_ahead",
+)  # fmt: skip
+
+
 def observation_dim(cfg: LobsimConfig) -> int:
-    """Levels (offset, size) per side, then 13 scalars (see `LobSim._observe`)."""
-    return 4 * cfg.visible_levels + 13
+    """Levels (offset, size) per side, then the scalars (see `LobSim._observe`)."""
+    return 4 * cfg.visible_levels + len(SCALAR_FEATURES)
+
+
+def feature_column(cfg: LobsimConfig, name: str) -> int:
+    """The observation column of scalar feature `name` (one of SCALAR_FEATURES)."""
+    return 4 * cfg.visible_levels + SCALAR_FEATURES.index(name)
 
 
 @dataclass
@@ -398,6 +412,11 @@ class LobSim:
         spread = xp.where((bid >= 0) & (ask >= 0), ask - bid, 0)
         b5, a5 = bid_lots[:, :5].sum(axis=1), ask_lots[:, :5].sum(axis=1)
         value = books.cash + books.inventory * (books.base + mid)
+        # The inventory in a scale a network can use: the reward's penalty φq² and the
+        # liquidation risk grow with q², so |q| of 2-4 lots matters (q / max_inventory ≈ 0.1
+        # would not), and its weight depends on the time left.
+        q = books.inventory / INVENTORY_SCALE
+        time_left = 1.0 - self.t / cfg.horizon
         quote = [
             xp.where(books.agent_px[s] >= 0, xp.abs(books.agent_px[s] - t), -1) / L
             for s, t in ((BID, bid), (ASK, ask))
@@ -410,9 +429,11 @@ class LobSim:
                 _imbalance(b5, a5),
                 flow / (cfg.events_per_step * cfg.max_order_lots),
                 xp.sqrt(self.variance),
-                books.inventory / cfg.max_inventory,
+                q,
+                q * q,
+                q * time_left,
                 value / 100.0,
-                1.0 - self.t / cfg.horizon,
+                time_left,
                 quote[0],
                 quote[1],
                 books.agent_ahead[BID] / scale,

@@ -37,12 +37,14 @@ from service.trainer.rollout import (
     validate_device_rollout,
     validate_rollout,
 )
+from service.trainer.value_norm import ValueNorm
 
 T = TypeVar("T")
 
 __all__ = ["HOT_KEYS", "ActMode", "ActResult", "StepResult", "Trainer"]
 
 COUNTERS = ("global_step", "updates_attempted", "act_calls")
+VALUE_NORM = "v/norm"  # the value head's return statistics, saved with the parameters
 
 # The statistics vector a Step accumulates on the device and reads back once: sums over the
 # applied updates of each loss and statistic, then the applied and skipped update counts,
@@ -162,6 +164,8 @@ class Trainer:
             config.c51.v_min, config.c51.v_max, config.c51.num_atoms, self.dtype
         )
         self.hp = Hyperparams(config, xp)
+        ppo = config.ppo
+        self.value_norm = ValueNorm(xp, self.dtype, ppo.value_norm_decay, ppo.value_norm)
         # What the device reads of the host's Philox state: the key, and the sequence of the
         # next update / Act call (filled from the counters before each launch; the update
         # advances its own between the updates of one Step).
@@ -431,7 +435,7 @@ class Trainer:
         next_obs = rollout.next_obs.astype(dtype, copy=False)
         flat_next = next_obs.reshape(T * N, D)
         final = flat_next if truncated_rows is None else flat_next[truncated_rows]
-        values = self._values(xp.concatenate([obs, final]))
+        values = self.value_norm.denormalize(self._values(xp.concatenate([obs, final])))
         v_obs = values[: (T + 1) * N].reshape(T + 1, N)
         v_final = values[(T + 1) * N :]
         if truncated_rows is None:
@@ -448,6 +452,11 @@ class Trainer:
             self.hp["train.gamma"],
             self.hp["ppo.gae_lambda"],
         )
+        # The value head learns V in units of the running return statistics (a rollout with
+        # a bad value, guard NaN, leaves them as they were).
+        self.value_norm.update(returns, guard == 0)
+        returns = self.value_norm.normalize(returns)
+        old_values = self.value_norm.normalize(xp.ascontiguousarray(v_obs[:T]))
         K = self.config.model.aux_dim
         bce, aux = rollout.bce_labels, rollout.aux_targets
         batch = Batch(
@@ -456,7 +465,7 @@ class Trainer:
             behavior_log_probs=rollout.behavior_log_probs.astype(dtype, copy=False).reshape(-1),
             advantages=advantages.reshape(-1),
             returns=returns.reshape(-1),
-            old_values=xp.ascontiguousarray(v_obs[:T]).reshape(-1),
+            old_values=old_values.reshape(-1),
             bce_labels=None if bce is None else bce.astype(dtype).reshape(-1),
             aux_targets=None if aux is None else aux.astype(dtype, copy=False).reshape(T * N, K),
             guard=guard,
@@ -565,9 +574,9 @@ class Trainer:
             self._join(token)
 
         names = [name for name in params if name in grads]  # fixed parameter order
-        norm = ops.global_norm([grads[name] for name in names])
+        norm, scales = self._clip_scales(names, grads)
         ok = ops.all_finite([*(xp.atleast_1d(v) for v in losses.values()), norm, batch.guard])
-        self._apply(names, grads, norm, ok, use_q)
+        self._apply(names, grads, scales, ok, use_q)
         ops.advance_counter(sequence, self._always)  # the next update's replay draw
         statistics = {f"loss_{head}": loss for head, loss in losses.items()}
         statistics.update(grad_norm=norm, c51_support_clip_ratio=support_clip)
@@ -642,17 +651,35 @@ class Trainer:
 
         return grad_h, pi_stats, parameter_grads
 
+    def _clip_scales(
+        self, names: list[str], grads: dict[str, np.ndarray]
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The global gradient norm [1] and each tensor's clip coefficient [1]: of the global
+        norm (`optim.clip_scope = "global"`), or of its optimizer group's own norm ("group":
+        a spike in one head's gradient then shrinks that head's step alone)."""
+        ops, max_norm = self.ops, self.hp["optim.max_grad_norm"]
+        tensors = [grads[name] for name in names]
+        if self.config.optim.clip_scope == "global":
+            norm = ops.global_norm(tensors)
+            return norm, [ops.clip_coefficient(norm, max_norm)] * len(names)
+        owners = [model.group_of(name) for name in names]
+        groups = list(dict.fromkeys(owners))  # names come group by group
+        norms = ops.group_norms(tensors, [owners.count(group) for group in groups])
+        coefficients = ops.clip_coefficient(norms[: len(groups)], max_norm)
+        index = {group: j for j, group in enumerate(groups)}
+        scales = [coefficients[index[g] : index[g] + 1] for g in owners]
+        return norms[len(groups) :], scales
+
     def _apply(
         self,
         names: list[str],
         grads: dict[str, np.ndarray],
-        norm: np.ndarray,
+        scales: list[np.ndarray],
         ok: np.ndarray,
         use_q: bool,
     ) -> None:
-        """Clip by the global norm, step each group's AdamW, refresh the target network."""
+        """Step each group's AdamW on the clipped gradients, refresh the target network."""
         ops, hp = self.ops, self.hp
-        coefficient = ops.clip_coefficient(norm, hp["optim.max_grad_norm"])
         groups = {model.group_of(name): None for name in names}
         ops.advance_counters([self.optim_steps[group] for group in groups], ok)
         ops.adamw_steps(
@@ -666,7 +693,7 @@ class Trainer:
             hp["optim.beta2"],
             hp["optim.eps"],
             [hp["optim.weight_decay"] if model.is_weight_matrix(n) else hp[ZERO] for n in names],
-            coefficient,
+            scales,
             ok,
         )
         if use_q:  # the target tracks the Q head's updates
@@ -747,7 +774,7 @@ class Trainer:
         ops, cfg = self.ops, self.config
         h = model.encoder_fwd(ops, self.params, x, cfg.model.depth)[-1]
         logits = model.head_fwd(ops, self.params, "pi", h)
-        values = model.head_fwd(ops, self.params, "v", h)[:, 0]
+        values = self.value_norm.denormalize(model.head_fwd(ops, self.params, "v", h)[:, 0])
         q_values = None
         if mode in (ActMode.GREEDY_Q, ActMode.EPSILON_GREEDY):
             A, Z = cfg.model.num_actions, cfg.c51.num_atoms
@@ -783,7 +810,7 @@ class Trainer:
     def _state_arrays(self) -> dict[str, np.ndarray]:
         """`state_dict()`'s arrays where they live (on the device for a GPU backend)."""
         state: dict[str, np.ndarray] = {}
-        state.update({f"params/{k}": v for k, v in self.params.items()})
+        state.update({f"params/{k}": v for k, v in self._policy_arrays().items()})
         state.update({f"target/{k}": v for k, v in self.target.items()})
         state.update({f"optim/exp_avg/{k}": v for k, v in self.exp_avg.items()})
         state.update({f"optim/exp_avg_sq/{k}": v for k, v in self.exp_avg_sq.items()})
@@ -832,9 +859,15 @@ class Trainer:
             )
         self.synchronize()
 
+    def _policy_arrays(self) -> dict[str, np.ndarray]:
+        """What Act reads: the online parameters and the value head's return statistics."""
+        return {**self.params, VALUE_NORM: self.value_norm.stats}
+
     def load_params(self, params: Mapping[str, np.ndarray]) -> None:
-        """Replace the online parameters only (an inference-only server's restore)."""
-        for name, current in self.params.items():
+        """Replace what Act reads only (an inference-only server's restore): the online
+        parameters and the return statistics, the checkpoint's `params` group."""
+        policy = self._policy_arrays()
+        for name, current in policy.items():
             incoming = params.get(name)
             if (
                 incoming is None
@@ -843,11 +876,11 @@ class Trainer:
             ):
                 got = "nothing" if incoming is None else f"{incoming.dtype}{list(incoming.shape)}"
                 raise InvalidInput(f"params/{name}", f"{current.dtype}{list(current.shape)}", got)
-        unknown = sorted(set(params) - set(self.params))
+        unknown = sorted(set(params) - set(policy))
         if unknown:
             raise InvalidInput("params", "exactly this model's tensors", f"unknown {unknown[:5]}")
         with self.on_device():
-            for name, array in self.params.items():
+            for name, array in policy.items():
                 self._assign(array, params[name])
         self.synchronize()
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from service.config import ConfigError, ServerConfig, load_config
+from service.lobsim.env import observation_dim
 
 from .tools import (
     COMPOSE,
@@ -249,7 +250,7 @@ def test_service_routes_to_the_pod() -> None:
 def test_actors_reach_the_service_and_fit_the_model() -> None:
     """Compose's and Kubernetes' actors name the server's service and gRPC port, and the
     server's model is shaped for LobSim (`trident actor` refuses a misfit at start)."""
-    lobsim_obs_dim = 4 * load_config(env={}).lobsim.visible_levels + 13
+    lobsim_obs_dim = observation_dim(load_config(env={}).lobsim)
     server = manifest("Deployment", "trident")["spec"]["template"]["spec"]["containers"][0]
     k8s_env = {item["name"]: item.get("value", "token") for item in server["env"]}
     compose_env = {

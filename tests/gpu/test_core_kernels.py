@@ -288,9 +288,10 @@ def test_adamw_device_hyperparameters(core: CoreOps, rng: np.random.Generator) -
 def test_adamw_steps_equal_one_launch_per_tensor(
     core: CoreOps, rng: np.random.Generator, count: int
 ) -> None:
-    """adamw_steps / advance_counters (one launch per 16 tensors, per-tensor step counters and
-    weight decays) write the bytes of adamw_step / advance_counter tensor by tensor, eagerly
-    and inside a captured graph (where the gradients' address table is written on the device)."""
+    """adamw_steps / advance_counters (one launch per 16 tensors, per-tensor step counters,
+    weight decays and gradient scales) write the bytes of adamw_step / advance_counter tensor by
+    tensor, eagerly and inside a captured graph (where the gradients' and scales' address tables
+    are written on the device)."""
     from service.backend.cuda.capture import CapturedCalls
 
     sizes = [int(rng.integers(1, 5000)) for _ in range(count)]
@@ -298,7 +299,9 @@ def test_adamw_steps_equal_one_launch_per_tensor(
     start = [[normal(rng, n), normal(rng, n), np.abs(normal(rng, n))] for n in sizes]
     grads = [dev(normal(rng, n)) for n in sizes]
     decays = [cupy.asarray(np.array([rng.uniform(0, 0.1)])) for _ in sizes]
-    scale, ok = dev(np.array([0.7])), dev(flag(1))
+    coefficients = dev(rng.uniform(0.1, 1.0, 3))  # three clip groups
+    scales = [coefficients[i % 3 : i % 3 + 1] for i in range(count)]
+    ok = dev(flag(1))
     hp = {k: cupy.asarray(np.array([v])) for k, v in HP.items() if k != "weight_decay"}
     one = [[dev(a) for a in s] for s in start]
     many = [[dev(a) for a in s] for s in start]
@@ -311,12 +314,13 @@ def test_adamw_steps_equal_one_launch_per_tensor(
         core.advance_counters(steps_many, ok)
         core.adamw_steps(
             [t[0] for t in many], grads, [t[1] for t in many], [t[2] for t in many],
-            steps_many, weight_decays=decays, grad_scale=scale, ok=ok, **hp,
+            steps_many, weight_decays=decays, grad_scales=scales, ok=ok, **hp,
         )  # fmt: skip
 
     with stream:
         for _ in range(3):  # eager, captured, replayed
-            for (p, m, v), g, step, wd in zip(one, grads, steps_one, decays, strict=True):
+            each = zip(one, grads, steps_one, decays, scales, strict=True)
+            for (p, m, v), g, step, wd, scale in each:
                 core.advance_counter(step, ok)
                 core.adamw_step(p, g, m, v, step, weight_decay=wd, grad_scale=scale, ok=ok, **hp)
             calls.run("adamw", fused)
@@ -362,14 +366,39 @@ def test_global_norm(core: CoreOps, rng: np.random.Generator) -> None:
     assert same_bytes(core.global_norm([]), npo.global_norm([]))
 
 
+@pytest.mark.parametrize("layout", ((3, 2, 3), (1,), (8, 0, 16), (1, 1, 1, 1, 1, 1, 1, 1)))
+def test_group_norms(core: CoreOps, rng: np.random.Generator, layout: tuple[int, ...]) -> None:
+    """Each group's norm as the NumPy twin's; the last entry has global_norm's very bits, eagerly
+    and replayed from a captured graph."""
+    from service.backend.cuda.capture import CapturedCalls
+
+    sizes = [int(rng.choice(NORM_SIZES)) for _ in range(sum(layout))]
+    grads = [normal(rng, n) * np.float32(rng.uniform(0.01, 10)) for n in sizes]
+    d_grads = [dev(g) for g in grads]
+    want = npo.group_norms(grads, layout)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    calls = CapturedCalls(stream)
+    with stream:
+        for _ in range(3):  # eager, captured, replayed
+            norms = calls.run("norms", lambda: core.group_norms(d_grads, layout))
+            assert norms.shape == (len(layout) + 1,)
+            assert_close(norms, want)
+            assert same_bytes(norms[-1:], core.global_norm(d_grads))
+    with pytest.raises(ValueError, match="group_sizes"):
+        core.group_norms(d_grads, (*layout, 1))
+
+
 @pytest.mark.parametrize("max_norm", (0.5, 1.0, 40.0))
 def test_clip_coefficient(core: CoreOps, max_norm: float) -> None:
-    norms = [0.0, 1e-9, 0.5, 1.0, 3.0, 1e6, np.inf, np.nan]
+    norms = np.array([0.0, 1e-9, 0.5, 1.0, 3.0, 1e6, np.inf, np.nan])
     for value in norms:
         norm = np.array([value])
         np.testing.assert_array_equal(
             host(core.clip_coefficient(dev(norm), max_norm)), npo.clip_coefficient(norm, max_norm)
         )
+    np.testing.assert_array_equal(
+        host(core.clip_coefficient(dev(norms), max_norm)), npo.clip_coefficient(norms, max_norm)
+    )
 
 
 @pytest.mark.parametrize("bad", (np.nan, np.inf, -np.inf))
@@ -527,6 +556,9 @@ def bad_calls(core: CoreOps) -> list[tuple[str, Callable[[], object]]]:
         ("counter", lambda: core.advance_counter(cupy.zeros(1, cupy.int32), ok)),
         ("grads[0]", lambda: core.global_norm([f64])),
         ("norm", lambda: core.clip_coefficient(one, 1.0)),
+        ("norm", lambda: core.clip_coefficient(cupy.ones((2, 2), cupy.float64), 1.0)),
+        ("group_sizes[1]", lambda: core.group_norms([f32, f32], (1, -1, 2))),
+        ("grads[1]", lambda: core.group_norms([f32, f64], (2,))),
         ("arrays[0]", lambda: core.all_finite([cupy.zeros(3, cupy.float16)])),
         ("online[0]", lambda: core.target_refresh([f32], [f32[:3]], step, 4, 0.0, ok)),
         ("period", lambda: core.target_refresh([f32], [f32], step, 0, 0.0, ok)),

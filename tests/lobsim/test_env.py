@@ -12,7 +12,7 @@ import pytest
 
 from service.config import LobsimConfig
 from service.lobsim.book import AGENT, ASK, BID, BUY, LIMIT, Books, Fills, Messages
-from service.lobsim.env import NUM_ACTIONS, LobSim, observation_dim
+from service.lobsim.env import NUM_ACTIONS, LobSim, feature_column, observation_dim
 from service.lobsim.reference import ReferenceMarket
 from tests.lobsim.test_book import check_invariants, merged, of_env
 
@@ -154,7 +154,7 @@ def test_observation_shape_and_episode_end() -> None:
     assert "final_obs" in out.info and out.info["final_obs"].shape == out.obs.shape
     assert np.isfinite(out.info["episode_return"]).all()
     assert (env.books.inventory == 0).all() and (env.t == 0).all()
-    time_left = 4 * cfg.visible_levels + 8  # the observation's "time left" column
+    time_left = feature_column(cfg, "time_left")
     assert (out.obs[:, time_left] == 1.0).all()
     assert (out.info["final_obs"][:, time_left] == 0.0).all()
 

@@ -18,12 +18,12 @@ from gymnasium.spaces import Box, Discrete, MultiDiscrete
 from gymnasium.vector import AutoresetMode
 
 from service.config import LobsimConfig
-from service.lobsim.env import NUM_ACTIONS, LobSim, observation_dim
+from service.lobsim.env import NUM_ACTIONS, LobSim, feature_column, observation_dim
 from service.lobsim.gym import LobSimGymVectorEnv
 
 CFG = LobsimConfig(horizon=4)
 N = 5
-TIME_LEFT = 4 * CFG.visible_levels + 8  # the observation's "1 - t / horizon" feature
+TIME_LEFT = feature_column(CFG, "time_left")
 
 
 def test_spaces_and_metadata() -> None:

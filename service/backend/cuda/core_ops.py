@@ -14,6 +14,7 @@ use inside a captured CUDA graph, where nothing may be uploaded.
 
 from __future__ import annotations
 
+import itertools
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -446,6 +447,38 @@ class CoreOps:
         Per-chunk partials (fixed order) for every tensor, laid out one tensor after another,
         then one fixed-shape reduction: deterministic, no atomics (grad_norm_clip.cu).
         """
+        partials, counts = self._sumsq_partials(grads)
+        norm = cupy.empty(1, dtype=cupy.float64)
+        self._kernel("grad_norm_clip.cu", "sumsq_finalize")(
+            (1,), (REDUCE_THREADS,), (partials, np.int64(sum(counts)), norm)
+        )
+        return norm
+
+    def group_norms(self, grads: Sequence[Array], group_sizes: Sequence[int]) -> Array:
+        """The norm of each group of consecutive tensors (`group_sizes[j]` tensors in group j),
+        then global_norm(grads) (the same bits) as the last entry: float64 [G + 1], from one
+        set of partials and one launch of sumsq_group_finalize."""
+        sizes = [int(_int32(f"group_sizes[{j}]", n)) for j, n in enumerate(group_sizes)]
+        if sum(sizes) != len(grads):
+            raise ValueError(f"group_sizes: expected sizes summing to {len(grads)}, got {sizes}")
+        partials, counts = self._sumsq_partials(grads)
+        key = ("groups", tuple(counts), tuple(sizes))
+        offsets = self._layouts.get(key)
+        if offsets is None:  # uploaded once per layout, outside any capture (run eagerly first)
+            if cupy.cuda.get_current_stream().is_capturing():
+                raise RuntimeError("a new group layout while capturing: run eagerly first")
+            bounds = np.cumsum([0, *sizes])
+            per_group = [sum(counts[a:b]) for a, b in itertools.pairwise(bounds)]
+            offsets = self._layouts[key] = cupy.asarray(np.cumsum([0, *per_group]))
+        norms = cupy.empty(len(sizes) + 1, dtype=cupy.float64)
+        self._kernel("grad_norm_clip.cu", "sumsq_group_finalize")(
+            (len(sizes) + 1,), (REDUCE_THREADS,), (partials, offsets, np.int32(len(sizes)), norms)
+        )
+        return norms
+
+    def _sumsq_partials(self, grads: Sequence[Array]) -> tuple[Array, list[int]]:
+        """Per-chunk Σg² partials (fixed order) of every tensor, laid out one tensor after
+        another, and each tensor's count of partials (grad_norm_clip.cu)."""
         checked = [_array(f"grads[{i}]", g) for i, g in enumerate(grads)]
         counts = [-(-g.size // REDUCE_CHUNK) for g in checked]
         partials = cupy.empty(max(1, sum(counts)), dtype=cupy.float64)
@@ -459,18 +492,15 @@ class CoreOps:
                 (self._table(group, persistent=False), *layout.args, partials[offset:]),
             )
             offset += layout.blocks
-        norm = cupy.empty(1, dtype=cupy.float64)
-        self._kernel("grad_norm_clip.cu", "sumsq_finalize")(
-            (1,), (REDUCE_THREADS,), (partials, np.int64(offset), norm)
-        )
-        return norm
+        return partials, counts
 
     def clip_coefficient(self, norm: Array, max_norm: Scalar) -> Array:
-        """min(1, max_norm / (‖g‖ + 1e-6)) as float64 [1] (torch's clip_grad_norm_)."""
-        norm = _one("norm", norm, (np.dtype(np.float64),))
+        """min(1, max_norm / (‖g‖ + 1e-6)) for each norm of a float64 [n] array (torch's
+        clip_grad_norm_), as float64 [n]."""
+        norm = _array("norm", norm, (np.dtype(np.float64),), ndim=1)
         coef = cupy.empty(norm.shape, dtype=cupy.float64)
         self._kernel("grad_norm_clip.cu", "clip_coefficient")(
-            (1,), (1,), (norm, _scalar("max_norm", max_norm), coef)
+            (1,), (1,), (norm, _scalar("max_norm", max_norm), coef, np.int64(norm.size))
         )
         return coef
 
@@ -498,16 +528,17 @@ class CoreOps:
         beta2: Scalar,
         eps: Scalar,
         weight_decays: Sequence[Scalar],
-        grad_scale: Array,
+        grad_scales: Sequence[Array],
         ok: Array,
     ) -> None:
-        """adamw_step for each tensor i (its own step counter and weight decay), one launch per
-        16 tensors (adamw_step.cu's adamw_multi: the same arithmetic, so the same bits)."""
+        """adamw_step for each tensor i (its own step counter, weight decay and gradient scale),
+        one launch per 16 tensors (adamw_step.cu's adamw_multi: the same arithmetic, so the same
+        bits)."""
         tensors = []
-        roles = (params, grads, exp_avgs, exp_avg_sqs, steps, weight_decays)
+        roles = (params, grads, exp_avgs, exp_avg_sqs, steps, weight_decays, grad_scales)
         if len({len(role) for role in roles}) != 1:
             raise ValueError(f"adamw_steps: expected sequences of one length, got {roles!r}")
-        for i, (p, g, m, v, step, wd) in enumerate(zip(*roles, strict=True)):
+        for i, (p, g, m, v, step, wd, scale) in enumerate(zip(*roles, strict=True)):
             p = _array(f"params[{i}]", p)
             tensors.append(
                 (
@@ -517,6 +548,7 @@ class CoreOps:
                     _same(f"exp_avg_sqs[{i}]", v, p),
                     _counter(f"steps[{i}]", step),
                     _scalar(f"weight_decays[{i}]", wd),
+                    _one(f"grad_scales[{i}]", scale, (np.dtype(np.float64),)),
                 )
             )
         scalars = (
@@ -524,18 +556,18 @@ class CoreOps:
             _scalar("beta1", beta1),
             _scalar("beta2", beta2),
             _scalar("eps", eps),
-            _scalar("grad_scale", grad_scale),
             _flag("ok", ok),
         )
-        # Gradients are fresh every update, and numbers given as weight decays are uploaded
-        # per call: their tables are written on the device, the others reused.
-        fresh = {1} | (set() if all(isinstance(w, cupy.ndarray) for w in weight_decays) else {5})
+        # Gradients and clip coefficients are fresh every update, and numbers given as weight
+        # decays are uploaded per call: their tables are written on the device, the others
+        # reused.
+        fresh = {1, 6} | (set() if all(isinstance(w, cupy.ndarray) for w in weight_decays) else {5})
         kernel = self._kernel("adamw_step.cu", "adamw_multi")
         for group in _groups([t for t in tensors if t[0].size]):
             layout = self._layout([t[0].size for t in group], MULTI_CHUNK)
             tables = [
                 self._table([t[role] for t in group], persistent=role not in fresh)
-                for role in range(6)
+                for role in range(7)
             ]
             kernel((layout.blocks,), (BLOCK,), (*tables, *layout.args, *scalars))
 

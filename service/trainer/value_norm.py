@@ -1,0 +1,73 @@
+"""Running return statistics for the value head (value normalisation, as in MAPPO's ValueNorm).
+
+The value head predicts v̂ = (V − μ) / σ, where μ and σ² are exponential moving averages of the
+GAE returns' mean and mean square over Steps, debiased like Adam's moments:
+
+    a ← β a + (1 − β) mean(R),   b ← β b + (1 − β) mean(R²),   c ← β c + (1 − β)
+    μ = a / c,   σ² = max(b / c − μ², σ²_min)
+
+So the value loss and its gradients stay O(1) whatever the reward scale: a return of −100
+does not make the value head's gradient dwarf the policy's. GAE and Act's values use the
+denormalised V = σ v̂ + μ. The statistics are three float64 numbers on the backend's device,
+updated on the device (no host read), saved in checkpoints.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import numpy as np
+
+VARIANCE_FLOOR = 1e-2  # σ ≥ 0.1 return units: a constant return does not blow up v̂
+
+
+class ValueNorm:
+    """μ and σ of the returns; `enabled=False` makes every method the identity."""
+
+    def __init__(self, xp: ModuleType, dtype: np.dtype, decay: float, enabled: bool) -> None:
+        self.xp, self.dtype, self.decay, self.enabled = xp, np.dtype(dtype), decay, enabled
+        # [a, b, c]: the moving averages of mean(R), mean(R²) and of 1 (the debiasing term);
+        # c = 0 means no Step yet: μ = 0, σ = 1 until the first update.
+        self.stats = xp.zeros(3, dtype=np.float64)
+
+    def _moments(self) -> tuple[np.ndarray, np.ndarray]:
+        """(μ, σ) as float64 [1] arrays on the device."""
+        xp = self.xp
+        a, b, c = self.stats[0:1], self.stats[1:2], self.stats[2:3]
+        seen = c > 0
+        c = xp.where(seen, c, 1.0)
+        mean = xp.where(seen, a / c, 0.0)
+        var = xp.where(seen, xp.maximum(b / c - mean * mean, VARIANCE_FLOOR), 1.0)
+        return mean, xp.sqrt(var)
+
+    def update(self, returns: np.ndarray, ok: np.ndarray) -> None:
+        """Fold one Step's returns [any shape] into the moving averages, in place, where the
+        bool [1] `ok` holds (on the device: nothing is read back)."""
+        if not self.enabled:
+            return
+        xp, beta = self.xp, self.decay
+        flat = returns.reshape(-1).astype(np.float64)
+        step = xp.empty(3, dtype=np.float64)
+        step[0:1] = flat.mean(keepdims=True)
+        step[1:2] = (flat * flat).mean(keepdims=True)
+        step[2:3] = 1.0
+        self.stats[...] = xp.where(ok, beta * self.stats + (1.0 - beta) * step, self.stats)
+
+    def normalize(self, values: np.ndarray) -> np.ndarray:
+        """(V − μ) / σ in the trainer's dtype."""
+        if not self.enabled:
+            return values
+        mean, std = self._moments()
+        return ((values - mean) / std).astype(self.dtype)
+
+    def denormalize(self, outputs: np.ndarray) -> np.ndarray:
+        """σ v̂ + μ in the trainer's dtype."""
+        if not self.enabled:
+            return outputs
+        mean, std = self._moments()
+        return (outputs * std + mean).astype(self.dtype)
+
+    def moments(self) -> tuple[float, float]:
+        """(μ, σ) on the host (reads the device: for reports, not for the Step path)."""
+        mean, std = self._moments()
+        return float(mean[0]), float(std[0])
