@@ -3,12 +3,12 @@
 An independent reference: the encoder and heads as torch tensors, every loss written in torch
 and differentiated by autograd, `torch.nn.utils.clip_grad_norm_` for the global clip (or once
 per parameter group), one `torch.optim.AdamW` per parameter group, and the value head's running
-return statistics (MAPPO's ValueNorm, debiased moving averages) written out again. Nothing here calls `numpy_ops` for math; only the
-trainer's random choices (the Philox minibatch permutation and replay slots) are reused, so
-both sides see the same rows. After each Step every parameter, AdamW moment, step count and
-target-network tensor must agree to a relative 1e-5 (float64; the observed error is ~1e-14,
-at most ~3e-12 over 25 seeds), and the Step's reported losses and statistics must equal the
-reference's means.
+return statistics (MAPPO's ValueNorm, debiased moving averages) written out again. Nothing
+here calls `numpy_ops` for math; only the trainer's random choices (the Philox minibatch
+permutation and replay slots) are reused, so both sides see the same rows. After each Step
+every parameter, AdamW moment, step count and target-network tensor must agree to a relative
+1e-5 (float64; the observed error is ~1e-14, at most ~3e-12 over 25 seeds), and the Step's
+reported losses and statistics must equal the reference's means.
 """
 
 from __future__ import annotations
@@ -95,10 +95,15 @@ VARIANTS = {
     "float32": Variant(dtype="float32", tol=1e-2),
     # Value normalisation and per-group clipping; two Steps so the statistics move twice.
     "value_norm_group_clip": Variant(
-        {"ppo.value_norm": True, "ppo.value_norm_decay": 0.7, "optim.clip_scope": "group",
-         "ppo.clip_value_loss": True, "ppo.value_clip_eps": 0.05},
+        {
+            "ppo.value_norm": True,
+            "ppo.value_norm_decay": 0.7,
+            "optim.clip_scope": "group",
+            "ppo.clip_value_loss": True,
+            "ppo.value_clip_eps": 0.05,
+        },
         steps=2,
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -236,8 +241,8 @@ class TorchTrident:
             if cfg.ppo.value_norm:
                 beta = cfg.ppo.value_norm_decay
                 batch_moments = (float(returns.mean()), float((returns**2).mean()), 1.0)
-                self.return_stats = [beta * old + (1 - beta) * new
-                                     for old, new in zip(self.return_stats, batch_moments)]  # fmt: skip
+                pairs = zip(self.return_stats, batch_moments, strict=True)
+                self.return_stats = [beta * old + (1 - beta) * new for old, new in pairs]
             mu, sigma = self.return_moments()  # the value head learns (R − μ) / σ
         self._insert(rollout, next_obs.numpy())
 
