@@ -119,6 +119,8 @@ class Engine:
             skipped=result.skip_reason or None,
             ms=round(result.timings_ms.get("total", 0), 2),
         )
+        for warning in result.warnings:
+            logs.event(logging.WARNING, "setting", global_step=result.global_step, advice=warning)
         return result
 
     def _check_lag(self, version: int | None) -> None:

@@ -37,6 +37,7 @@ from service.trainer.rollout import (
     validate_device_rollout,
     validate_rollout,
 )
+from service.trainer.support_watch import SupportWatch
 from service.trainer.value_norm import ValueNorm
 
 T = TypeVar("T")
@@ -94,6 +95,7 @@ class StepResult:
     global_step: int = 0
     policy_lag: int = 0
     timings_ms: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # settings that do not fit the data
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,7 @@ class Trainer:
         self.hp = Hyperparams(config, xp)
         ppo = config.ppo
         self.value_norm = ValueNorm(xp, self.dtype, ppo.value_norm_decay, ppo.value_norm)
+        self.support_watch = SupportWatch(config.c51)
         # What the device reads of the host's Philox state: the key, and the sequence of the
         # next update / Act call (filled from the counters before each launch; the update
         # advances its own between the updates of one Step).
@@ -416,7 +419,13 @@ class Trainer:
         result.entropy = float(means["entropy"])
         result.approx_kl = float(means["approx_kl"])
         result.clip_fraction = float(means["clip_fraction"])
-        result.c51_support_clip_ratio = float(means["c51_support_clip_ratio"]) if use_q else 0.0
+        if use_q:
+            result.c51_support_clip_ratio = float(means["c51_support_clip_ratio"])
+            returns = self.value_norm.moments if self.value_norm.enabled else None
+            warning = self.support_watch.observe(
+                self.global_step, result.c51_support_clip_ratio, returns
+            )
+            result.warnings += [warning] if warning else []
 
     def _prepare(
         self,
