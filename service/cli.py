@@ -24,6 +24,7 @@ from service.checkpoint import save_checkpoint
 from service.client.client import TridentClient, channel_credentials
 from service.config import Config, ConfigError, load_config
 from service.errors import TridentError
+from service.lobsim import evaluate
 from service.lobsim.train import run_train_lobsim
 from service.synthetic import ContextualBandit
 from service.trainer.loop import Progress, train
@@ -94,11 +95,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(eval_cmd)  # the lobsim section: the markets played
     eval_cmd.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint name")
     eval_cmd.add_argument("--checkpoint-dir", help="checkpoint root (default checkpoint.dir)")
-    eval_cmd.add_argument("--episodes", type=int, default=64, help="markets per policy")
+    eval_cmd.add_argument(
+        "--episodes",
+        type=int,
+        default=evaluate.EVAL_MARKETS,
+        help="held-out markets per policy, one episode each",
+    )
     eval_cmd.add_argument(
         "--seed", type=int, help="market seed (default: the checkpoint's train.seed + 1000003)"
     )
-    eval_cmd.add_argument("--out-png", default="eval.png", help="PnL and inventory plot")
+    eval_cmd.add_argument(
+        "--tune-markets",
+        type=int,
+        default=evaluate.ASGrid().markets_per_pair,
+        help="training markets per Avellaneda-Stoikov (gamma, k) pair in its grid search",
+    )
+    eval_cmd.add_argument(
+        "--out-dir", default="eval", help="directory for eval.json (every number) and eval.png"
+    )
 
     serve = commands.add_parser("serve", help="run the gRPC trainer service")
     _add_config_flags(serve)
@@ -208,37 +222,46 @@ def run_train(config: Config, write_checkpoint: bool) -> int:
 
 def run_eval(args: argparse.Namespace) -> int:
     """Play a LobSim checkpoint's greedy-π policy and the baselines on the same held-out
-    markets; print their metrics and plot PnL and inventory over the episode."""
+    markets (evaluate.compare); print the tables and the verdict, write the JSON and the PNG."""
     from dataclasses import replace
 
     from service.checkpoint import check_compatible, load_policy
     from service.config import with_overrides
     from service.errors import InvalidInput
-    from service.lobsim import evaluate
     from service.lobsim.train import HELD_OUT, lobsim_model
 
-    if args.episodes < 1:
-        raise InvalidInput("--episodes", "an integer >= 1", args.episodes)
+    if args.episodes < 2:
+        raise InvalidInput("--episodes", "an integer >= 2 (an interval needs two markets)",
+                           args.episodes)  # fmt: skip
+    if args.tune_markets < 2:
+        raise InvalidInput("--tune-markets", "an integer >= 2", args.tune_markets)
     config = load_config(args.config, overrides=args.overrides)
     saved, params = load_policy(args.checkpoint_dir or config.checkpoint.dir, args.checkpoint)
     # the checkpoint's model must be shaped for the markets of this config
     check_compatible(saved, lobsim_model(replace(saved, lobsim=config.lobsim)), args.checkpoint)
+    train_seed = saved.train.seed
+    seed = train_seed + HELD_OUT if args.seed is None else args.seed
+    if seed == train_seed:
+        raise InvalidInput("--seed", f"a held-out seed other than the checkpoint's train.seed "
+                           f"{train_seed} (Avellaneda-Stoikov is tuned there)", seed)  # fmt: skip
     no_replay = ["replay.capacity=1", "replay.batch_size=1", "replay.min_size=1"]  # Act only
     trainer = Trainer(with_overrides(saved, [f"train.backend={config.train.backend}", *no_replay]))
     trainer.load_params(params)
-    seed = saved.train.seed + HELD_OUT if args.seed is None else args.seed
     agent = lambda obs, mask: trainer.act(obs, ActMode.GREEDY_PI).actions  # noqa: E731
-    policies = {"trained (greedy-π)": lambda env: agent, **evaluate.baselines(seed)}
-    traces = evaluate.play_all(policies, config.lobsim, seed, args.episodes)
     print(
-        f"trident eval: checkpoint {args.checkpoint}, "
-        f"{args.episodes} held-out markets, seed {seed}, horizon {config.lobsim.horizon}; "
-        "mean ± 95% CI over markets (PnL in ticks, inventory and fills in lots)"
+        f"trident eval: checkpoint {args.checkpoint}, {args.episodes} held-out markets, "
+        f"seed {seed}, horizon {config.lobsim.horizon}",
+        flush=True,
     )
-    print(evaluate.table({name: evaluate.metrics(trace) for name, trace in traces.items()}))
-    title = f"{args.checkpoint}: {args.episodes} held-out markets, seed {seed}"
-    evaluate.plot(traces, Path(args.out_png), title)
-    print(f"plot -> {args.out_png}", flush=True)
+    out_dir = Path(args.out_dir)
+    report = evaluate.compare(
+        lambda env: agent, config.lobsim, seed, train_seed, markets=args.episodes,
+        out_dir=out_dir, grid=evaluate.ASGrid(markets_per_pair=args.tune_markets),
+        title=args.checkpoint,
+    )  # fmt: skip
+    print(report.text())
+    print(f"json -> {out_dir / evaluate.JSON_NAME}, plot -> {out_dir / evaluate.PNG_NAME}",
+          flush=True)  # fmt: skip
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -55,10 +56,18 @@ def test_train_on_lobsim_compares_with_the_baselines(tmp_path: Path) -> None:
     progress = [line for line in lines if line.startswith("step ")]
     assert [line.split()[1] for line in progress] == ["2/4", "4/4"]
     assert all("env steps/s" in line and "episode return" in line for line in progress)
-    for policy in ("trained (greedy-π)", "random", "hold", "quote(0,0)"):
-        (row,) = [line for line in lines if line.startswith(policy)]
-        assert "±" in row
-    assert any(line.startswith("the trained agent ") for line in lines)
+    (header,) = [line for line in lines if line.startswith("evaluation: ")]
+    assert header.startswith("evaluation: 256 held-out markets, seed 1000003;")
+    policies = ("trained (greedy-π)", "hold", "random", "quote(0,0)", "inventory-skew",
+                "avellaneda-stoikov")  # fmt: skip
+    for policy in policies:  # its metrics row first; a baseline's paired row follows
+        row = next(line for line in lines if line.startswith(policy))
+        assert row.count("±") + row.count("n/a") == 8, row
+    (verdict,) = [line for line in lines if line.startswith("verdict: the best baseline is ")]
+    assert "the trained agent" in verdict
+    saved_eval = json.loads((tmp_path / "trident_eval" / "eval.json").read_text())
+    assert saved_eval["seed"] == 1_000_003 and saved_eval["verdict"] == verdict
+    assert (tmp_path / "trident_eval" / "eval.png").read_bytes().startswith(b"\x89PNG")
     (saved,) = list_checkpoints(tmp_path / "ckpt")
     assert saved.global_step == 4
     assert (tmp_path / "trident_train.png").read_bytes().startswith(b"\x89PNG")

@@ -1,14 +1,22 @@
-"""Policies on held-out LobSim markets: whole episodes, their metrics, baselines, a table and a
-plot (`trident eval`).
+"""Policies on held-out LobSim markets: whole episodes, their metrics, baselines, paired
+differences, a table, a JSON file and a plot (`trident eval` and the main job's evaluation).
 
 Every policy of one comparison plays the same seed on fresh markets, so the background flow's
-random draws are the same for all of them; only the agent's orders differ.
+random draws are the same for all of them; only the agent's orders differ. That makes the
+per-market difference between two policies a paired sample: its interval is far narrower than
+the difference of two independent intervals.
+
+`compare` is the one entry point: it tunes Avellaneda–Stoikov on training seeds, plays the
+trained policy (if any) and the baselines on the held-out seed, and returns a `Report`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,15 +28,59 @@ from service.lobsim.env import NUM_ACTIONS, QUOTES, LobSim
 Policy = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (obs, action mask) -> actions
 PolicyFactory = Callable[[LobSim], Policy]  # a policy for the markets it will play
 
-# Avellaneda–Stoikov defaults (see `avellaneda_stoikov_actions`). γ, risk aversion per tick·lot:
-# at LobSim's typical realised variance (about 0.005 ticks² per step) and 400 steps to go, each
-# lot of inventory moves the reservation price by γσ²(T − t) ≈ 0.6 tick. k, the decay per tick of
-# the fill intensity λ(δ) = A·exp(−kδ): LobSim's spread is nearly always one tick and a quote
-# behind the touch fills only once the touch is eaten, so fills fall off steeply with distance.
-# Together, with no inventory and a calm mid, the quotes sit (1/γ)·ln(1 + γ/k) ≈ 0.61 tick from
-# the mid, at the touches: QUOTE(0,0).
+TRAINED = "trained (greedy-π)"  # the row of the policy under test
+EVAL_MARKETS = 256  # held-out markets per policy (one episode each) by default
+Z95 = 1.96  # two-sided 95 % quantile of the normal distribution
+JSON_NAME, PNG_NAME = "eval.json", "eval.png"  # written beside each other into out_dir
+
+# Avellaneda–Stoikov defaults (see `avellaneda_stoikov_actions`), used where no tuning ran.
+# γ, risk aversion per tick·lot: at LobSim's typical variance (about 0.005 ticks² per step) and
+# 400 steps to go, each lot of inventory moves the reservation price by γσ²(T − t) ≈ 0.6 tick.
+# k, the decay per tick of the fill intensity λ(δ) = A·exp(−kδ). Together, with no inventory,
+# the quotes sit γσ²(T − t)/2 + (1/γ)·ln(1 + γ/k) ≈ 0.9 tick from the mid: QUOTE(0,0).
 AS_GAMMA = 0.3
 AS_K = 1.5
+# The σ² Avellaneda–Stoikov reads: realised variance of the mid's per-step changes over the
+# episode so far, shrunk towards a prior worth AS_PRIOR_STEPS steps,
+#     σ̂²_t = (n0·σ0² + Σ_{s<t} Δmid_s²) / (n0 + t).
+# Why not the env's EMA(0.9) of Δmid²: the mid moves in about 1 % of steps (by ½ or 1 tick), so
+# an EMA that forgets a move within ~20 steps reads ~0 most of the time (median 3e-8 ticks² on
+# the default markets) and AS then sees no inventory risk at all. σ0² is the pooled per-step
+# variance measured on the default markets (0.003 under QUOTE(0,0), 0.006 under HOLD); n0 = 100
+# steps holds about one move's worth of evidence, so a market's own moves take over within the
+# episode while a calm stretch early on cannot drive σ̂² to 0.
+AS_PRIOR_VARIANCE = 0.005  # ticks² per step
+AS_PRIOR_STEPS = 100  # steps
+
+
+@dataclass(frozen=True)
+class ASGrid:
+    """The (γ, k) grid `tune_avellaneda_stoikov` searches and its budget: every pair plays
+    `markets_per_pair` training markets, all pairs in one vectorised LobSim (20 x 32 = 640
+    markets by default: about 10 s on two cores for the default 400-step episodes). The
+    defaults span γσ²(T − t) from about 0.06 to 6 ticks per lot at the start of a 400-step
+    episode and a calm half-spread (1/γ)·ln(1 + γ/k) from about 0.1 to 3 ticks, i.e. every
+    quote action."""
+
+    gammas: tuple[float, ...] = (0.03, 0.1, 0.3, 1.0, 3.0)  # 1 / (tick·lot)
+    ks: tuple[float, ...] = (0.3, 1.0, 3.0, 10.0)  # 1 / tick
+    markets_per_pair: int = 32  # episodes per (γ, k) pair
+
+    def __post_init__(self) -> None:
+        for name in ("gammas", "ks"):
+            values = getattr(self, name)
+            if len(values) == 0 or not all(math.isfinite(v) and v > 0 for v in values):
+                raise ValueError(f"{name}: expected a non-empty list of finite numbers > 0, "
+                                 f"got {values!r}")  # fmt: skip
+        if self.markets_per_pair < 2:
+            raise ValueError(
+                f"markets_per_pair: expected an integer >= 2, got {self.markets_per_pair}"
+            )
+
+    @property
+    def pairs(self) -> list[tuple[float, float]]:
+        """Every (γ, k), γ-major."""
+        return [(g, k) for g in self.gammas for k in self.ks]
 
 
 @dataclass(frozen=True)
@@ -44,27 +96,74 @@ class Trace:
     episode_return: np.ndarray
 
 
+# ------------------------------------------------------------------------------ intervals
 @dataclass(frozen=True)
 class Interval:
-    """A mean with the half-width of its 95 % interval (normal approximation)."""
+    """A mean over n markets with the half-width of its 95 % interval (normal approximation);
+    NaN where the quantity is undefined (PnL / MAP of a policy that never holds inventory)."""
 
     mean: float
     half: float
+    n: int
+
+    @property
+    def low(self) -> float:
+        return self.mean - self.half
+
+    @property
+    def high(self) -> float:
+        return self.mean + self.half
 
     def __str__(self) -> str:
-        return f"{self.mean:9.2f} ± {self.half:6.2f}"
+        if not math.isfinite(self.mean):
+            return "n/a"
+        return f"{self.mean:.2f} ± {self.half:.2f}"
+
+    def to_json(self) -> dict[str, float | int | None]:
+        """{mean, half, n}; an undefined value as null (JSON has no NaN)."""
+        finite = math.isfinite(self.mean) and math.isfinite(self.half)
+        mean, half = (self.mean, self.half) if finite else (None, None)
+        return {"mean": mean, "half": half, "n": self.n}
+
+
+def _samples(values: np.ndarray, name: str) -> np.ndarray:
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim != 1 or values.size < 2:
+        raise ValueError(f"{name}: expected a 1-D array of >= 2 values (one per market), "
+                         f"got shape {list(values.shape)}")  # fmt: skip
+    if not np.isfinite(values).all():
+        raise ValueError(f"{name}: expected finite values, got {values[~np.isfinite(values)][:3]}")
+    return values
 
 
 def interval(values: np.ndarray) -> Interval:
-    """Mean ± 1.96 standard errors of `values` (half-width 0 for a single value)."""
-    values = np.asarray(values, dtype=np.float64)
-    half = 1.96 * values.std(ddof=1) / np.sqrt(values.size) if values.size > 1 else 0.0
-    return Interval(float(values.mean()), float(half))
+    """Mean ± 1.96 standard errors (sample std, ddof 1) of `values`, one per market."""
+    values = _samples(values, "values")
+    half = Z95 * values.std(ddof=1) / np.sqrt(values.size)
+    return Interval(float(values.mean()), float(half), values.size)
 
 
-def summary(returns: np.ndarray) -> str:
-    """mean ± 95 % interval of per-episode returns."""
-    return str(interval(returns))
+def paired_difference(a: np.ndarray, b: np.ndarray) -> Interval:
+    """Mean ± 95 % interval of the per-market difference a − b (both played the same markets)."""
+    a, b = _samples(a, "a"), _samples(b, "b")
+    if a.shape != b.shape:
+        raise ValueError(f"a and b: expected one value per market each, got {a.size} and {b.size}")
+    return interval(a - b)
+
+
+def ratio_of_means(numerator: np.ndarray, denominator: np.ndarray) -> Interval:
+    """mean(numerator) / mean(denominator) ± 95 % interval by the delta method:
+        R = ȳ / x̄,  se(R) = sd(y_i − R·x_i) / (√n · |x̄|).
+    NaN where x̄ = 0 (the ratio is undefined, e.g. PnL / MAP of a policy that never trades)."""
+    y, x = _samples(numerator, "numerator"), _samples(denominator, "denominator")
+    if y.shape != x.shape:
+        raise ValueError(f"numerator and denominator: expected one value per market each, "
+                         f"got {y.size} and {x.size}")  # fmt: skip
+    if x.mean() == 0:
+        return Interval(math.nan, math.nan, y.size)
+    ratio = y.mean() / x.mean()
+    half = Z95 * (y - ratio * x).std(ddof=1) / (np.sqrt(y.size) * abs(x.mean()))
+    return Interval(float(ratio), float(half), y.size)
 
 
 # ------------------------------------------------------------------------------ episodes
@@ -85,11 +184,6 @@ def play_episode(env: LobSim, policy: Policy) -> Trace:
         raise RuntimeError("an episode did not end after lobsim.horizon steps")
     columns = (np.stack(column) for column in zip(*steps, strict=True))
     return Trace(*columns, episode_return=info["episode_return"].copy())
-
-
-def episode_returns(policy: Policy, cfg: LobsimConfig, seed: int, num_envs: int) -> np.ndarray:
-    """One full episode of `num_envs` markets (seed `seed`) under `policy`: return per env."""
-    return play_episode(LobSim(num_envs, cfg, seed), policy).episode_return
 
 
 def play_all(
@@ -117,6 +211,18 @@ def uniform_random(seed: int) -> Policy:
     return act
 
 
+def skew_actions(inventory: np.ndarray) -> np.ndarray:
+    """The inventory-skew rule: flat -> QUOTE(0,0) (2); long -> QUOTE(2,0) (6: the bid two ticks
+    behind, the ask at the touch, so sells fill first); short -> QUOTE(0,2) (5)."""
+    inventory = np.asarray(inventory)
+    return np.where(inventory > 0, 6, np.where(inventory < 0, 5, 2))
+
+
+def inventory_skew(env: LobSim) -> Policy:
+    """`skew_actions` on `env`'s inventories."""
+    return lambda obs, mask: skew_actions(env.books.inventory)
+
+
 def avellaneda_stoikov_actions(
     mid: np.ndarray,
     bid: np.ndarray,
@@ -124,12 +230,13 @@ def avellaneda_stoikov_actions(
     inventory: np.ndarray,
     variance: np.ndarray,
     steps_left: np.ndarray,
-    gamma: float = AS_GAMMA,
-    k: float = AS_K,
+    gamma: float | np.ndarray = AS_GAMMA,
+    k: float | np.ndarray = AS_K,
 ) -> np.ndarray:
     """The quote action nearest the Avellaneda–Stoikov (2008) quotes, per market.
 
-    Prices in ticks, `variance` σ² in ticks² per step, `steps_left` T − t in steps:
+    Prices in ticks, `variance` σ² in ticks² per step, `steps_left` T − t in steps, γ and k
+    scalars or one per market:
         reservation price  r = s − q·γ·σ²·(T − t)
         total spread       δ = γ·σ²·(T − t) + (2/γ)·ln(1 + γ/k)
         quotes             r − δ/2 and r + δ/2
@@ -150,35 +257,123 @@ def avellaneda_stoikov_actions(
 
 
 class AvellanedaStoikov:
-    """An Avellaneda–Stoikov market maker on `env`'s markets: reads the books, the inventory,
-    the realised variance (the env's EMA of squared mid changes) and the steps left from the
-    env, not from the observation."""
+    """An Avellaneda–Stoikov market maker on `env`'s markets: reads the books, the inventory
+    and the steps left from the env, not from the observation, and estimates σ² itself (see
+    AS_PRIOR_VARIANCE). `gamma` and `k`: one value, or one per market (the tuning grid)."""
 
-    def __init__(self, env: LobSim, gamma: float = AS_GAMMA, k: float = AS_K) -> None:
-        if gamma <= 0 or k <= 0:
-            raise ValueError(f"gamma and k must be > 0, got {gamma}, {k}")
-        self.env, self.gamma, self.k = env, gamma, k
+    def __init__(
+        self,
+        env: LobSim,
+        gamma: float | np.ndarray = AS_GAMMA,
+        k: float | np.ndarray = AS_K,
+        prior_variance: float = AS_PRIOR_VARIANCE,
+        prior_steps: float = AS_PRIOR_STEPS,
+    ) -> None:
+        n = env.num_envs
+        self.gamma = np.broadcast_to(np.asarray(gamma, dtype=np.float64), (n,)).copy()
+        self.k = np.broadcast_to(np.asarray(k, dtype=np.float64), (n,)).copy()
+        if not (np.isfinite(self.gamma).all() and (self.gamma > 0).all()):
+            raise ValueError(f"gamma: expected finite values > 0, got {gamma}")
+        if not (np.isfinite(self.k).all() and (self.k > 0).all()):
+            raise ValueError(f"k: expected finite values > 0, got {k}")
+        if not prior_variance > 0 or not prior_steps > 0:
+            raise ValueError(f"prior_variance and prior_steps: expected > 0, got "
+                             f"{prior_variance}, {prior_steps}")  # fmt: skip
+        self.env, self.prior_variance, self.prior_steps = env, prior_variance, prior_steps
+        self._squares = np.zeros(n)  # Σ Δmid² over the episode so far (ticks²)
+        self._steps = 0  # mid changes seen this episode (every market starts together)
+        self._last_mid = np.zeros(n)
+
+    def variance(self) -> np.ndarray:
+        """σ̂² per market: (n0·σ0² + Σ Δmid²) / (n0 + t), ticks² per step."""
+        return (self.prior_steps * self.prior_variance + self._squares) / (
+            self.prior_steps + self._steps
+        )
 
     def __call__(self, obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
         env, books = self.env, self.env.books
+        # the mid in absolute ticks: base moves with a re-centred window, mid2 against it
+        mid = books.base + env.mid2 / 2.0
+        if env.clock == 0:  # a new episode: its own realised variance only
+            self._squares[...] = 0.0
+            self._steps = 0
+        else:
+            self._squares += (mid - self._last_mid) ** 2
+            self._steps += 1
+        self._last_mid = mid
         bid, ask = books.best(BID), books.best(ASK)
         # an empty side's touch is taken next to the mid, as the env prices quotes
         bid = np.where(bid >= 0, bid, env.mid2 // 2)
         ask = np.where(ask >= 0, ask, (env.mid2 + 1) // 2)
         return avellaneda_stoikov_actions(
-            env.mid2 / 2.0, bid, ask, books.inventory, env.variance, env.cfg.horizon - env.t,
+            env.mid2 / 2.0, bid, ask, books.inventory, self.variance(), env.cfg.horizon - env.t,
             self.gamma, self.k,
         )  # fmt: skip
 
 
-def baselines(seed: int) -> dict[str, PolicyFactory]:
-    """HOLD, uniformly random actions (seeded), always QUOTE(0,0), Avellaneda–Stoikov."""
+def baselines(seed: int, gamma: float = AS_GAMMA, k: float = AS_K) -> dict[str, PolicyFactory]:
+    """HOLD, uniformly random actions (seeded), always QUOTE(0,0), the inventory-skew rule and
+    Avellaneda–Stoikov with (γ, k)."""
     return {
         "hold": lambda env: constant(0),
         "random": lambda env: uniform_random(seed),
         "quote(0,0)": lambda env: constant(2),
-        "avellaneda-stoikov": AvellanedaStoikov,
+        "inventory-skew": inventory_skew,
+        "avellaneda-stoikov": lambda env: AvellanedaStoikov(env, gamma, k),
     }
+
+
+# ------------------------------------------------------------------------------ tuning
+@dataclass(frozen=True)
+class ASTuning:
+    """The grid search's outcome: the best (γ, k), its score (mean episode return over its
+    markets ± 95 %; the best has the highest lower bound) and every pair's score, on training
+    seed `seed`."""
+
+    gamma: float
+    k: float
+    score: Interval
+    seed: int
+    grid: ASGrid
+    scores: tuple[Interval, ...]  # one per grid.pairs entry
+
+    def to_json(self) -> dict:
+        return {
+            "gamma": self.gamma,
+            "k": self.k,
+            "score": self.score.to_json(),
+            "seed": self.seed,
+            "markets_per_pair": self.grid.markets_per_pair,
+            "prior_variance": AS_PRIOR_VARIANCE,
+            "prior_steps": AS_PRIOR_STEPS,
+            "grid": [
+                {"gamma": g, "k": k, "score": score.to_json()}
+                for (g, k), score in zip(self.grid.pairs, self.scores, strict=True)
+            ],
+        }
+
+
+def tune_avellaneda_stoikov(cfg: LobsimConfig, seed: int, grid: ASGrid | None = None) -> ASTuning:
+    """Grid search of Avellaneda–Stoikov's (γ, k) by episode return on training seed `seed`:
+    one LobSim of len(grid.pairs) · markets_per_pair markets, pair p playing markets
+    [p·m, (p + 1)·m). Markets are independent, so each pair's markets play exactly as they
+    would in a LobSim of the same size and seed where every market used that pair.
+
+    The pair with the highest lower 95 % bound (mean − half-width) wins, the first in grid
+    order on a tie. Each pair plays different markets, so the highest of ~20 noisy means is
+    biased upwards most where a pair's returns are most dispersed (the winner's curse); the
+    lower bound discounts that. On the default markets the highest mean (γ 0.3, k 3: 10.4 ±
+    5.4 on 32 training markets) returned 4.8 ± 3.1 on 128 held-out ones, the highest lower
+    bound (γ 1, k 10: 7.2 ± 2.1) 6.4 ± 1.5."""
+    grid = grid or ASGrid()
+    pairs, m = grid.pairs, grid.markets_per_pair
+    gamma = np.repeat([g for g, _ in pairs], m)
+    k = np.repeat([k for _, k in pairs], m)
+    env = LobSim(len(pairs) * m, cfg, seed)
+    returns = play_episode(env, AvellanedaStoikov(env, gamma, k)).episode_return
+    scores = tuple(interval(r) for r in returns.reshape(len(pairs), m))
+    best = int(np.argmax([s.low for s in scores]))
+    return ASTuning(pairs[best][0], pairs[best][1], scores[best], seed, grid, scores)
 
 
 # ------------------------------------------------------------------------------ metrics
@@ -190,41 +385,268 @@ def sharpe(pnl: np.ndarray) -> np.ndarray:
     return np.where(std > 0, ratio, 0.0)
 
 
+def max_drawdown(pnl: np.ndarray) -> np.ndarray:
+    """Per market: the largest fall of the PnL path [steps, N] from its running peak, the path
+    starting at 0 before the first step (ticks, >= 0)."""
+    path = np.concatenate([np.zeros((1, pnl.shape[1])), pnl], axis=0)
+    return (np.maximum.accumulate(path, axis=0) - path).max(axis=0)
+
+
+def mean_abs_inventory(inventory: np.ndarray) -> np.ndarray:
+    """MAP per market: the mean |position| held through the episode's steps. The trace's last
+    entry is 0 (liquidated), so this is also the mean over the positions each step began with."""
+    return np.abs(inventory).mean(axis=0)
+
+
+# column key: (header, legend)
+METRICS = {
+    "return": ("return", "episode return: PnL less taker fees, speculation damping and the "
+                         "inventory penalty, plus maker rebates (the env's reward; ticks)"),
+    "pnl": ("final PnL", "cash after liquidation at the far touch (ticks)"),
+    "map": ("MAP", "mean |inventory| held per step (lots)"),
+    "pnl_per_map": ("PnL/MAP", "mean final PnL / mean MAP over the markets (ratio of means, "
+                               "delta-method interval; n/a where MAP is always 0)"),
+    "sharpe": ("Sharpe", "per episode: mean / std of per-step PnL changes x sqrt(steps)"),
+    "max_drawdown": ("max DD", "largest fall of the PnL path from its running peak (ticks)"),
+    "taker_lots": ("taker lots", "lots the agent's market orders took"),
+    "passive_lots": ("passive lots", "lots of the agent's resting quotes filled"),
+}  # fmt: skip
+
+
 def metrics(trace: Trace) -> dict[str, Interval]:
-    """Per-episode metrics as mean ± 95 % interval over the markets."""
+    """Per-episode metrics (METRICS' keys) as mean ± 95 % interval over the markets."""
+    held = mean_abs_inventory(trace.inventory)
     return {
-        "final PnL": interval(trace.pnl[-1]),
-        "Sharpe": interval(sharpe(trace.pnl)),
-        "mean |inv|": interval(np.abs(trace.inventory).mean(axis=0)),
-        "taker lots": interval(trace.taken.sum(axis=0)),
-        "passive lots": interval(trace.passive.sum(axis=0)),
         "return": interval(trace.episode_return),
+        "pnl": interval(trace.pnl[-1]),
+        "map": interval(held),
+        "pnl_per_map": ratio_of_means(trace.pnl[-1], held),
+        "sharpe": interval(sharpe(trace.pnl)),
+        "max_drawdown": interval(max_drawdown(trace.pnl)),
+        "taker_lots": interval(trace.taken.sum(axis=0)),
+        "passive_lots": interval(trace.passive.sum(axis=0)),
     }
 
 
-def table(results: Mapping[str, Mapping[str, Interval]]) -> str:
-    """One row per policy, one `mean ± CI` column per metric."""
-    names = list(next(iter(results.values())))
-    width = max(len("policy"), *map(len, results))
-    lines = [f"{'policy':<{width}} " + " ".join(f"{name:>18}" for name in names)]
-    for policy, row in results.items():
-        lines.append(f"{policy:<{width}} " + " ".join(f"{row[name]!s:>18}" for name in names))
-    return "\n".join(lines)
+# ------------------------------------------------------------------------------ the report
+@dataclass(frozen=True)
+class Paired:
+    """Trained − baseline, per market on the same markets: return and final PnL."""
+
+    episode_return: Interval
+    pnl: Interval
+    identical: bool  # the same PnL and inventory paths on every market
+
+    @property
+    def verdict(self) -> str:
+        """Better / worse where the return difference's interval lies above / below 0."""
+        if self.identical:
+            return "identical"
+        if self.episode_return.low > 0:
+            return "better"
+        if self.episode_return.high < 0:
+            return "worse"
+        return "no significant difference"
+
+    def to_json(self) -> dict:
+        return {"return": self.episode_return.to_json(), "pnl": self.pnl.to_json(),
+                "identical": self.identical, "verdict": self.verdict}  # fmt: skip
+
+
+def paired(trained: Trace, baseline: Trace) -> Paired:
+    same = bool(
+        np.array_equal(trained.pnl, baseline.pnl)
+        and np.array_equal(trained.inventory, baseline.inventory)
+    )
+    return Paired(
+        paired_difference(trained.episode_return, baseline.episode_return),
+        paired_difference(trained.pnl[-1], baseline.pnl[-1]),
+        same,
+    )
+
+
+@dataclass(frozen=True)
+class Report:
+    """One comparison on `markets` held-out markets of seed `seed`."""
+
+    seed: int
+    markets: int
+    cfg: LobsimConfig
+    tuning: ASTuning
+    metrics: dict[str, dict[str, Interval]]  # policy -> METRICS key -> interval
+    paired: dict[str, Paired]  # baseline -> trained − baseline (empty without a trained policy)
+    traces: dict[str, Trace] = field(repr=False, compare=False)
+
+    @property
+    def baselines(self) -> list[str]:
+        return [name for name in self.metrics if name != TRAINED]
+
+    @property
+    def best_baseline(self) -> str:
+        """The baseline with the highest mean return (the first listed on a tie)."""
+        return max(self.baselines, key=lambda name: self.metrics[name]["return"].mean)
+
+    def beats(self, baseline: str) -> bool:
+        """Whether the trained policy's per-market return difference against `baseline` has
+        its whole 95 % interval above 0."""
+        if baseline not in self.paired:
+            raise KeyError(f"baseline: expected one of {sorted(self.paired)}, got {baseline!r}")
+        return self.paired[baseline].verdict == "better"
+
+    def verdict(self) -> str:
+        """One line: the trained policy against the best baseline."""
+        best = self.best_baseline
+        line = f"verdict: the best baseline is {best} (return {self.metrics[best]['return']})"
+        if not self.paired:
+            return line
+        same = [name for name, p in self.paired.items() if p.identical]
+        diff = self.paired[best].episode_return
+        if best in same:
+            return (f"{line}; the trained agent plays exactly like it on all {self.markets} "
+                    "markets (identical PnL and inventory paths): it does not beat it")  # fmt: skip
+        if same:
+            line += (f"; the trained agent plays exactly like {', '.join(same)} on all "
+                     f"{self.markets} markets (identical PnL and inventory paths)")  # fmt: skip
+        outcome = {
+            "better": "beats it",
+            "worse": "is worse than it",
+            "no significant difference": "does not beat it (the interval includes 0)",
+        }[self.paired[best].verdict]
+        return f"{line}; the trained agent {outcome}: paired return difference {diff} ticks"
+
+    def table(self) -> str:
+        """The policies x metrics table, the paired-difference table and their legends."""
+        header = ["policy", *(METRICS[key][0] for key in METRICS)]
+        rows = [[name, *(str(row[key]) for key in METRICS)] for name, row in self.metrics.items()]
+        lines = _columns([header, *rows])
+        lines.append(f"mean ± 95 % interval (1.96 standard errors) over {self.markets} markets, "
+                     "one episode each:")  # fmt: skip
+        lines += [f"  {METRICS[key][0]}: {METRICS[key][1]}" for key in METRICS]
+        if self.paired:
+            header = ["baseline", "Δ return", "Δ final PnL", "verdict"]
+            rows = [[name, str(p.episode_return), str(p.pnl), p.verdict]
+                    for name, p in self.paired.items()]  # fmt: skip
+            lines += ["", *_columns([header, *rows])]
+            lines += [
+                f"Δ: {TRAINED} − baseline per market (same markets, same background flow), "
+                "mean ± 95 % interval;",
+                "  verdict: better / worse where the Δ return interval lies wholly above / "
+                "below 0, identical where the PnL and inventory paths are the same",
+            ]
+        return "\n".join(lines)
+
+    def text(self) -> str:
+        """What `trident eval` and the main job print: the tuned Avellaneda–Stoikov, the
+        tables with their legends, and the verdict."""
+        tuned = self.tuning
+        return "\n".join([
+            f"Avellaneda-Stoikov: gamma {tuned.gamma:g}, k {tuned.k:g}, tuned on training seed "
+            f"{tuned.seed} ({len(tuned.grid.pairs)} pairs x {tuned.grid.markets_per_pair} "
+            f"markets; return {tuned.score} there)",
+            self.table(),
+            self.verdict(),
+        ])  # fmt: skip
+
+    def to_json(self) -> dict:
+        """Every number of the report, JSON-ready (undefined values as null)."""
+        return {
+            "seed": self.seed,
+            "markets": self.markets,
+            "horizon": self.cfg.horizon,
+            "interval": "mean ± 1.96 standard errors over markets (one episode per market)",
+            "lobsim": dataclasses.asdict(self.cfg),
+            "avellaneda_stoikov": self.tuning.to_json(),
+            "metrics": {key: legend for key, (_, legend) in METRICS.items()},
+            "policies": {
+                name: {key: value.to_json() for key, value in row.items()}
+                for name, row in self.metrics.items()
+            },
+            "best_baseline": self.best_baseline,
+            "paired": {name: p.to_json() for name, p in self.paired.items()},
+            "beats": {name: self.beats(name) for name in self.paired},
+            "verdict": self.verdict(),
+        }
+
+
+def _columns(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Left-aligned first column, right-aligned others, each as wide as its widest cell."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(
+            cell.ljust(width) if i == 0 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    ]
+
+
+def compare(
+    agent: PolicyFactory | None,
+    cfg: LobsimConfig,
+    seed: int,
+    train_seed: int,
+    markets: int = EVAL_MARKETS,
+    out_dir: Path | None = None,
+    grid: ASGrid | None = None,
+    title: str = "LobSim",
+) -> Report:
+    """The evaluation: tune Avellaneda–Stoikov on training seed `train_seed`, then play the
+    trained policy `agent` (None: baselines only) and every baseline for one episode on the
+    same `markets` held-out markets of seed `seed`; with `out_dir`, write JSON_NAME and
+    PNG_NAME there."""
+    if isinstance(markets, bool) or not isinstance(markets, int) or markets < 2:
+        raise ValueError(f"markets: expected an integer >= 2 (an interval needs two markets), "
+                         f"got {markets!r}")  # fmt: skip
+    if seed == train_seed:
+        raise ValueError(f"seed: the held-out seed must differ from train_seed, the training "
+                         f"seed Avellaneda–Stoikov is tuned on; both are {seed}")  # fmt: skip
+    tuning = tune_avellaneda_stoikov(cfg, train_seed, grid)
+    policies = {} if agent is None else {TRAINED: agent}
+    policies.update(baselines(seed, tuning.gamma, tuning.k))
+    traces = play_all(policies, cfg, seed, markets)
+    results = {name: metrics(trace) for name, trace in traces.items()}
+    comparisons = {}
+    if agent is not None:
+        comparisons = {name: paired(traces[TRAINED], trace)
+                       for name, trace in traces.items() if name != TRAINED}  # fmt: skip
+    report = Report(seed, markets, cfg, tuning, results, comparisons, traces)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / JSON_NAME).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        plot(traces, out_dir / PNG_NAME, f"{title}: {markets} held-out markets, seed {seed}")
+    return report
+
+
+# colour, dashes and marker of each baseline; markers at staggered steps keep baselines that
+# coincide apart. The trained policy is drawn last, black, solid and thicker, on top.
+_STYLES = [("tab:blue", "--", "o"), ("tab:orange", ":", "v"), ("tab:green", "-.", "s"),
+           ("tab:red", (0, (5, 1)), "^"), ("tab:purple", (0, (3, 1, 1, 1, 1, 1)), "D"),
+           ("tab:brown", (0, (1, 2)), "x")]  # fmt: skip
 
 
 def plot(traces: Mapping[str, Trace], path: Path, title: str) -> None:
     """PNG: mean PnL and mean |inventory| over the markets against the step, one line per
-    policy (both start at 0 before the first step)."""
+    policy (both start at 0 before the first step); TRAINED, if present, on top."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(8, 6))
+    figure = Figure(figsize=(9, 7))
     FigureCanvasAgg(figure)
     top, bottom = figure.subplots(2, 1, sharex=True)
-    for name, trace in traces.items():
+    names = [name for name in traces if name != TRAINED] + [n for n in traces if n == TRAINED]
+    for i, name in enumerate(names):
+        trace = traces[name]
         steps = np.arange(trace.pnl.shape[0] + 1)
-        top.plot(steps, np.concatenate([[0.0], trace.pnl.mean(axis=1)]), label=name)
-        bottom.plot(steps, np.concatenate([[0.0], np.abs(trace.inventory).mean(axis=1)]))
+        if name == TRAINED:
+            style = {"color": "black", "linestyle": "-", "linewidth": 2.4, "zorder": 10}
+        else:
+            color, dash, marker = _STYLES[i % len(_STYLES)]
+            every = max(1, steps.size // 10)
+            style = {"color": color, "linestyle": dash, "linewidth": 1.6, "zorder": 2 + i,
+                     "marker": marker, "markersize": 5,
+                     "markevery": (i * every // len(_STYLES) % every, every)}  # fmt: skip
+        top.plot(steps, np.concatenate([[0.0], trace.pnl.mean(axis=1)]), label=name, **style)
+        bottom.plot(steps, np.concatenate([[0.0], np.abs(trace.inventory).mean(axis=1)]), **style)
     top.set_ylabel("mean PnL (ticks)")
     top.legend(fontsize="small")
     bottom.set_ylabel("mean |inventory| (lots)")

@@ -156,25 +156,27 @@ def make_stepper(
     return on_host
 
 
-def compare_with_baselines(trainer: Trainer, config: Config) -> None:
-    """One episode of held-out markets: the trained greedy policy against the baselines."""
-    lob, seed = config.lobsim, config.train.seed + HELD_OUT
-    policies = {
-        "trained (greedy-π)": lambda obs, mask: trainer.act(obs, ActMode.GREEDY_PI).actions,
-        "random": evaluate.uniform_random(seed),
-        "hold": evaluate.constant(0),
-        "quote(0,0)": evaluate.constant(2),
-    }
-    results = {
-        name: evaluate.episode_returns(policy, lob, seed, EVAL_MARKETS)
-        for name, policy in policies.items()
-    }
-    print(f"{'policy':<20} episode return (mean ± 95% CI over {EVAL_MARKETS} markets)")
-    for name, episode_returns in results.items():
-        print(f"{name:<20} {evaluate.summary(episode_returns)}")
-    trained, random = results["trained (greedy-π)"].mean(), results["random"].mean()
-    verdict = "beats" if trained > random else "does not beat"
-    print(f"the trained agent {verdict} the random baseline", flush=True)
+def compare_with_baselines(
+    trainer: Trainer, config: Config, out_dir: Path = Path("trident_eval")
+) -> evaluate.Report:
+    """The trained greedy policy against the baselines (Avellaneda–Stoikov tuned on the
+    training seed) on evaluate.EVAL_MARKETS held-out markets: the table, the verdict, and
+    evaluate.JSON_NAME and evaluate.PNG_NAME in `out_dir`."""
+    seed, train_seed = config.train.seed + HELD_OUT, config.train.seed
+    print(
+        f"evaluation: {evaluate.EVAL_MARKETS} held-out markets, seed {seed}; "
+        f"Avellaneda-Stoikov tuned on training seed {train_seed}",
+        flush=True,
+    )
+    act = lambda obs, mask: trainer.act(obs, ActMode.GREEDY_PI).actions  # noqa: E731
+    report = evaluate.compare(
+        lambda env: act, config.lobsim, seed, train_seed, out_dir=out_dir, title="trident train"
+    )
+    print(report.text())
+    print(
+        f"evaluation -> {out_dir / evaluate.JSON_NAME}, {out_dir / evaluate.PNG_NAME}", flush=True
+    )
+    return report
 
 
 def plot_learning_curve(log_csv: Path, png: Path) -> None:
