@@ -20,13 +20,16 @@ import numpy as np
 from google.protobuf.json_format import MessageToDict
 
 from service.actor import run_actor
+from service.backend import select_backend
+from service.backend.blas import single_blas_thread
 from service.checkpoint import save_checkpoint
 from service.client.client import TridentClient, channel_credentials
-from service.config import Config, ConfigError, load_config
+from service.config import Config, ConfigError, load_config, sized_for
 from service.errors import TridentError
 from service.lobsim import evaluate
 from service.lobsim.train import run_train_lobsim
 from service.synthetic import ContextualBandit
+from service.trainer import model
 from service.trainer.loop import Progress, train
 from service.trainer.trainer import ActMode, Trainer
 
@@ -174,7 +177,14 @@ def greedy_accuracy(trainer: Trainer, env: ContextualBandit, mode: ActMode) -> f
 
 
 def run_train(config: Config, write_checkpoint: bool) -> int:
-    trainer = Trainer(config)
+    backend = select_backend(config.train.backend, model.dims(config))
+    config = sized_for(config, backend.name)
+    with single_blas_thread(backend.name):
+        return _train_bandit(Trainer(config, backend), write_checkpoint)
+
+
+def _train_bandit(trainer: Trainer, write_checkpoint: bool) -> int:
+    config = trainer.config
     train_cfg = config.train
     env = ContextualBandit(
         train_cfg.num_envs, config.model.obs_dim, config.model.num_actions, train_cfg.seed

@@ -26,6 +26,7 @@ __all__ = [
     "ServerConfig",
     "TrainConfig",
     "load_config",
+    "sized_for",
     "with_overrides",
 ]
 
@@ -112,9 +113,11 @@ class TrainConfig(_Section):
     lambda_bce: float = _f(0.1, ge=0)  # encoder-gradient weight of the BCE head
     lambda_aux: float = _f(0.1, ge=0)  # encoder-gradient weight of the aux regression head
     max_policy_lag: int = _f(4, ge=0)  # max policy versions a rollout may lag the learner
-    num_envs: int = _f(64, ge=1)  # parallel environments per rollout
+    # parallel environments per rollout of the `trident train` job; 0: the backend's size
+    # (JOB_SIZES: a few hundred on NumPy, thousands on CUDA)
+    num_envs: int = _f(0, ge=0)
     rollout_len: int = _f(16, ge=1)  # env steps per environment per rollout
-    steps: int = _f(120, ge=1)  # training steps run by the `trident train` job
+    steps: int = _f(0, ge=0)  # training steps run by the `trident train` job; 0: JOB_SIZES
     log_every: int = _f(20, ge=1)  # training steps between log lines
 
 
@@ -226,6 +229,11 @@ class LobsimConfig(_Section):
     hawkes_jump: int = _f(40, ge=0)  # market weight added by each market order (hawkes)
     hawkes_decay_pct: int = _f(85, ge=0, lt=100)  # excitation kept per background event
     max_order_lots: int = _f(4, ge=1)  # background order sizes are uniform in 1..this
+    # % of background market orders that are informed: they take the side of the market's
+    # hidden direction (a buy when it is up), so signed flow predicts the next mid move (0: off)
+    informed_pct: int = _f(0, ge=0, le=100)
+    # ‰ chance per agent step that a market's hidden direction flips (informed flow)
+    informed_flip_permille: int = _f(20, ge=0, le=1000)
     randomize_pct: int = _f(30, ge=0, le=90)  # per-env flow weights scaled by 1 ± this %
     initial_depth: int = _f(8, ge=1)  # levels per side filled at reset
     # the window re-centres on the mid once it has drifted more than this many ticks (0: never)
@@ -455,6 +463,21 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
     _merge_env(raw, os.environ if env is None else env)
     _merge_overrides(raw, overrides)
     return _build(raw)
+
+
+# What `train.num_envs = 0` and `train.steps = 0` stand for on each backend: sized so that the
+# main job trains in a few minutes on a 2-core CPU, or takes tens of millions of env steps on
+# one GPU (bench/README.md, "Learning", has the sweeps they come from).
+JOB_SIZES = {
+    "numpy": {"num_envs": 256, "steps": 100},
+    "cuda": {"num_envs": 8192, "steps": 50},
+}
+
+
+def sized_for(cfg: Config, backend: str) -> Config:
+    """`cfg` with train.num_envs / train.steps of 0 replaced by `backend`'s JOB_SIZES."""
+    auto = {key: size for key, size in JOB_SIZES[backend].items() if getattr(cfg.train, key) == 0}
+    return with_overrides(cfg, [f"train.{key}={size}" for key, size in auto.items()])
 
 
 def with_overrides(cfg: Config, overrides: Sequence[str]) -> Config:

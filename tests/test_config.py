@@ -4,13 +4,16 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from service.config import (
+    JOB_SIZES,
     Config,
     ConfigError,
     ModelConfig,
     load_config,
+    sized_for,
     with_overrides,
 )
 
@@ -39,7 +42,8 @@ def test_defaults() -> None:
     assert [f.name for f in dataclasses.fields(cfg)] == SECTIONS
     assert cfg.model.obs_dim == 40 and cfg.model.hidden_dim == 256 and cfg.model.depth == 2
     assert cfg.model.num_actions == 9 and cfg.model.aux_dim == 3 and cfg.model.dtype == "float32"
-    assert cfg.train.backend == "auto" and cfg.train.gamma == 0.99 and cfg.train.steps == 120
+    assert cfg.train.backend == "auto" and cfg.train.gamma == 0.99
+    assert cfg.train.steps == 0 and cfg.train.num_envs == 0  # the backend's JOB_SIZES
     assert cfg.ppo.norm_adv is True and cfg.ppo.clip_value_loss is False
     assert cfg.c51.num_atoms == 51 and (cfg.c51.v_min, cfg.c51.v_max) == (-10.0, 10.0)
     assert cfg.c51.target_update_period == 100 and cfg.c51.target_tau == 0.0
@@ -307,8 +311,8 @@ def test_non_finite_floats_are_rejected(flag: str) -> None:
 
 
 def test_out_of_range_in_env() -> None:
-    msg = error_of(env={"TRIDENT_TRAIN__NUM_ENVS": "0"})
-    assert "train.num_envs = 0" in msg and ">= 1" in msg and "TRIDENT_TRAIN__NUM_ENVS" in msg
+    msg = error_of(env={"TRIDENT_TRAIN__NUM_ENVS": "-1"})
+    assert "train.num_envs = -1" in msg and ">= 0" in msg and "TRIDENT_TRAIN__NUM_ENVS" in msg
 
 
 def test_bad_choice(tmp_path: Path) -> None:
@@ -376,3 +380,16 @@ def test_config_error_is_value_error() -> None:
 def test_lobsim_settings_that_cannot_fit_are_refused(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(env={}, overrides=overrides)
+
+
+def test_job_sizes_fill_only_what_was_left_to_the_backend() -> None:
+    rng = np.random.default_rng()
+    envs, steps = (int(v) for v in rng.integers(1, 10_000, 2))
+    for backend, sizes in JOB_SIZES.items():
+        auto = sized_for(load_config(env={}), backend)
+        assert (auto.train.num_envs, auto.train.steps) == (sizes["num_envs"], sizes["steps"])
+        mine = sized_for(load_config(env={}, overrides=[f"train.num_envs={envs}"]), backend)
+        assert (mine.train.num_envs, mine.train.steps) == (envs, sizes["steps"])
+        mine = sized_for(load_config(env={}, overrides=[f"train.steps={steps}"]), backend)
+        assert (mine.train.num_envs, mine.train.steps) == (sizes["num_envs"], steps)
+    assert JOB_SIZES["cuda"]["num_envs"] >= 10 * JOB_SIZES["numpy"]["num_envs"]

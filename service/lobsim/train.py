@@ -18,17 +18,19 @@ from pathlib import Path
 
 import numpy as np
 
+from service.backend import select_backend
+from service.backend.blas import single_blas_thread
 from service.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
-from service.config import Config, LobsimConfig, with_overrides
+from service.config import Config, LobsimConfig, sized_for, with_overrides
 from service.errors import InvalidInput
 from service.lobsim import evaluate
 from service.lobsim.device_loop import DeviceLoop, LoopStep
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, LobSim, observation_dim
 from service.lobsim.vector import LobSimVectorEnv
+from service.trainer import model
 from service.trainer.loop import collect_rollout
 from service.trainer.trainer import ActMode, Trainer
 
-EVAL_MARKETS = 32  # held-out markets per policy in the final comparison
 HELD_OUT = 1_000_003  # evaluation seed = train.seed + this: markets training never saw
 CSV_COLUMNS = ("step", "elapsed_s", "env_steps", "reward_per_step", "episodes", "episode_return",
                "loss_total", "loss_q", "loss_pi", "loss_v", "loss_bce", "loss_aux", "grad_norm",
@@ -56,7 +58,20 @@ def run_train_lobsim(
 ) -> int:
     """The main job; `resume`: "latest" or a checkpoint name under checkpoint.dir."""
     config = lobsim_model(config)
-    trainer = Trainer(config)
+    backend = select_backend(config.train.backend, model.dims(config))
+    config = sized_for(config, backend.name)
+    with single_blas_thread(backend.name):
+        return _train_lobsim(Trainer(config, backend), write_checkpoint, resume, log_csv, curve_png)
+
+
+def _train_lobsim(
+    trainer: Trainer,
+    write_checkpoint: bool,
+    resume: str | None,
+    log_csv: Path,
+    curve_png: Path,
+) -> int:
+    config = trainer.config
     if resume is not None:
         name = resume
         if resume == "latest":
@@ -97,6 +112,8 @@ def run_train_lobsim(
             elapsed = time.perf_counter() - started
             rate = (step - first) * samples_per_step / max(elapsed, 1e-9)
             losses = result.losses
+            for warning in result.warnings:
+                print(("\n" if interactive else "") + f"warning: {warning}", flush=True)
             mean_return = progress.return_sum / max(progress.episodes, 1)
             writer.writerow(
                 [step, f"{elapsed:.3f}", step * samples_per_step, f"{progress.mean_reward:.6f}",

@@ -1,0 +1,217 @@
+"""Learning benchmarks: does the trainer learn, how fast, over several seeds, baselines beside it.
+
+    python3 bench/learning.py cartpole --seeds 0 1 2 --out bench/results/learning_cartpole.json
+    python3 bench/learning.py lobsim --seeds 0 1 2 --out bench/results/learning_lobsim.json
+    python3 bench/learning.py sweep --grid optim.lr=3e-4,1e-3 --grid ppo.epochs=2,4 \\
+        --seeds 0 1 --workers 2 --out bench/results/sweep.json
+
+`cartpole`: a real `trident serve` process shaped for CartPole-v1 and an actor loop in this
+process talking to it over gRPC (Act per env step, one Step per rollout), until the mean return
+of the last 100 finished episodes reaches 475 or the env-step budget runs out; per seed the env
+steps and wall time to 475. `lobsim`: the README's main job (`trident train`, a subprocess per
+seed in its own run folder) and its evaluation on held-out markets: per seed the wall time and
+the evaluation's table (every baseline, paired differences with 95 % intervals). `sweep`: the
+main job over a grid of settings × seeds, ranked by the trained policy's paired difference with
+the best baseline. `--set section.key=value` applies to every run; `train.backend=cuda` runs on
+the GPU. Each command prints a table and writes a JSON with the machine, versions and commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime as dt
+import itertools
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import host_report
+from grpc_step import running_server
+
+from service.actor import GymnasiumVectorEnv, make_gymnasium_env
+from service.client.client import TridentClient
+from service.trainer.loop import collect_rollout
+from service.trainer.trainer import ActMode
+
+CARTPOLE = ("model.obs_dim=4", "model.num_actions=2", "model.aux_dim=0")
+SOLVED = 475.0  # CartPole-v1's reward threshold
+WINDOW = 100  # finished episodes averaged for the solved test
+EVAL_JSON = Path("trident_eval", "eval.json")  # what the main job writes into its folder
+
+
+# ------------------------------------------------------------------------------ CartPole
+def cartpole_run(seed: int, sets: list[str], args: argparse.Namespace, workdir: Path) -> dict:
+    """One seed: env steps and seconds until the last WINDOW episodes average SOLVED."""
+    server_sets = [*CARTPOLE, f"train.seed={seed}", "train.backend=numpy", *sets]
+    with running_server(server_sets, workdir) as server:
+        client = TridentClient(f"127.0.0.1:{server.port}", timeout_s=600.0)
+        env: GymnasiumVectorEnv = make_gymnasium_env("CartPole-v1", args.num_envs, seed)
+        try:
+            recent: deque[float] = deque(maxlen=WINDOW)
+            curve, env_steps, started = [], 0, time.perf_counter()
+            solved_at = None
+            while env_steps < args.budget and solved_at is None:
+                rollout = collect_rollout(
+                    lambda obs: client.act(obs, ActMode.SAMPLE), env, args.rollout_len
+                )
+                client.step(rollout)
+                env_steps += rollout.horizon * rollout.num_envs
+                recent.extend(env.take_returns())
+                mean = float(np.mean(recent)) if recent else 0.0
+                curve.append((env_steps, round(time.perf_counter() - started, 3), mean))
+                if len(recent) == WINDOW and mean >= SOLVED:
+                    solved_at = curve[-1]
+        finally:
+            env.envs.close()
+            client.close()
+    return {
+        "seed": seed,
+        "solved": solved_at is not None,
+        "env_steps": solved_at[0] if solved_at else None,
+        "seconds": solved_at[1] if solved_at else None,
+        "final_mean_return": curve[-1][2] if curve else None,
+        "curve": curve[:: max(1, len(curve) // 200)],
+    }
+
+
+def cartpole(args: argparse.Namespace) -> dict[str, Any]:
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="learning-") as tmp:
+        for seed in args.seeds:
+            run = cartpole_run(seed, args.sets, args, Path(tmp))
+            runs.append(run)
+            print(f"seed {seed}: " + (
+                f"mean return {SOLVED:g} after {run['env_steps']:,} env steps, "
+                f"{run['seconds']:.0f} s" if run["solved"]
+                else f"not solved in {args.budget:,} env steps "
+                     f"(last mean {run['final_mean_return']:.1f})"), flush=True)  # fmt: skip
+    solved = [r for r in runs if r["solved"]]
+    print(f"\nCartPole-v1 through gRPC: {len(solved)}/{len(runs)} seeds reached a mean of "
+          f"{SOLVED:g} over {WINDOW} episodes")  # fmt: skip
+    if solved:
+        steps = [r["env_steps"] for r in solved]
+        seconds = [r["seconds"] for r in solved]
+        print(f"env steps: median {np.median(steps):,.0f} (min {min(steps):,}, max {max(steps):,});"
+              f" wall time: median {np.median(seconds):.0f} s")  # fmt: skip
+    return {"runs": runs, "num_envs": args.num_envs, "rollout_len": args.rollout_len,
+            "budget_env_steps": args.budget}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ LobSim
+def lobsim_run(seed: int, sets: list[str], workdir: Path, timeout_s: float) -> dict[str, Any]:
+    """The main job for one seed in its own folder; its evaluation JSON and wall time."""
+    run_dir = Path(tempfile.mkdtemp(prefix=f"seed{seed}-", dir=workdir))
+    command = [sys.executable, "-m", "service.cli", "train", "--no-checkpoint",
+               "--set", f"train.seed={seed}"]  # fmt: skip
+    for setting in sets:
+        command += ["--set", setting]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIDENT_")}
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=run_dir, env=env, capture_output=True, text=True,
+                          timeout=timeout_s)  # fmt: skip
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"{shlex.join(command)} exited {done.returncode}:\n{done.stderr}")
+    report = json.loads((run_dir / EVAL_JSON).read_text())
+    return {"seed": seed, "settings": sets, "seconds": round(seconds, 1),
+            "stdout_tail": done.stdout.splitlines()[-30:], "evaluation": report}  # fmt: skip
+
+
+def margin(report: dict[str, Any]) -> float:
+    """The trained policy's mean return minus the best baseline's, per market (paired)."""
+    return report["paired"][report["best_baseline"]]["return"]["mean"]
+
+
+def run_all(jobs: list[tuple[int, list[str]]], workers: int, timeout_s: float) -> list[dict]:
+    """Every (seed, settings) job, `workers` at a time (one BLAS thread each)."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    with (
+        tempfile.TemporaryDirectory(prefix="learning-") as tmp,
+        concurrent.futures.ThreadPoolExecutor(workers) as pool,
+    ):
+        futures = [pool.submit(lobsim_run, seed, sets, Path(tmp), timeout_s)
+                   for seed, sets in jobs]  # fmt: skip
+        return [future.result() for future in futures]
+
+
+def lobsim(args: argparse.Namespace) -> dict[str, Any]:
+    runs = run_all([(seed, args.sets) for seed in args.seeds], args.workers, args.timeout)
+    for run in runs:
+        print(f"\nseed {run['seed']} ({run['seconds']:.0f} s):")
+        print("\n".join(run["stdout_tail"]))
+    return {"runs": runs}
+
+
+def sweep(args: argparse.Namespace) -> dict[str, Any]:
+    axes = [[f"{key}={value}" for value in values.split(",")]
+            for key, _, values in (g.partition("=") for g in args.grid)]  # fmt: skip
+    points = [list(point) for point in itertools.product(*axes)]
+    jobs = [(seed, [*args.sets, *point]) for point in points for seed in args.seeds]
+    runs = run_all(jobs, args.workers, args.timeout)
+    rows = []
+    for point in points:
+        mine = [r for r in runs if r["settings"] == [*args.sets, *point]]
+        margins = [margin(r["evaluation"]) for r in mine]
+        rows.append({"settings": point, "margin_mean": float(np.mean(margins)),
+                     "margins": margins, "seconds": [r["seconds"] for r in mine]})  # fmt: skip
+    rows.sort(key=lambda row: -row["margin_mean"])
+    print(f"\n{'trained − best baseline (return), mean over seeds':>50}  settings")
+    for row in rows:
+        per_seed = ", ".join(f"{m:+.2f}" for m in row["margins"])
+        print(f"{row['margin_mean']:+50.2f}  {' '.join(row['settings'])}  [{per_seed}]")
+    return {"grid": args.grid, "ranking": rows, "runs": runs}
+
+
+# ------------------------------------------------------------------------------ main
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name in ("cartpole", "lobsim", "sweep"):
+        sub = commands.add_parser(name)
+        sub.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+        sub.add_argument("--set", dest="sets", action="append", default=[],
+                         metavar="SECTION.KEY=VALUE")  # fmt: skip
+        sub.add_argument("--out", type=Path, required=True, help="JSON result file")
+        if name == "cartpole":
+            sub.add_argument("--num-envs", type=int, default=8)
+            sub.add_argument("--rollout-len", type=int, default=128)
+            sub.add_argument("--budget", type=int, default=1_000_000, help="env steps per seed")
+        else:
+            sub.add_argument("--workers", type=int, default=1, help="runs at a time")
+            sub.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
+        if name == "sweep":
+            sub.add_argument("--grid", action="append", required=True,
+                             metavar="SECTION.KEY=V1,V2,...")  # fmt: skip
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = dt.datetime.now(dt.UTC)
+    result = {"cartpole": cartpole, "lobsim": lobsim, "sweep": sweep}[args.command](args)
+    record = {
+        "command": shlex.join(["python3", "bench/learning.py", *(argv or sys.argv[1:])]),
+        "started_utc": started.isoformat(timespec="seconds"),
+        "machine": host_report.machine(),
+        "versions": host_report.versions(["numpy", "grpcio", "cupy-cuda13x"]),
+        **result,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

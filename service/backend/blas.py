@@ -1,0 +1,24 @@
+"""BLAS threads for the NumPy backend.
+
+The update's matrices are small (a few hundred rows by at most a few hundred columns): split
+over threads, a GEMM spends more on synchronisation than it saves, and on a machine with few
+cores the BLAS pool's waiting threads take cores from the environments. So the jobs that train
+on the NumPy backend run with one BLAS thread (bench/README.md has the before / after times).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from threadpoolctl import threadpool_limits
+
+
+@contextmanager
+def single_blas_thread(backend: str) -> Iterator[None]:
+    """One BLAS thread inside the block when `backend` is "numpy"; nothing otherwise."""
+    if backend != "numpy":
+        yield
+        return
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
