@@ -29,6 +29,8 @@ def make_trainer(*overrides: str) -> Trainer:
 def random_rollout(rng: np.random.Generator, T: int = 5, N: int = 6, D: int = 6) -> Rollout:
     truncated = rng.random((T, N)) < 0.15
     terminated = (rng.random((T, N)) < 0.15) & ~truncated
+    truncated[0, 0], terminated[0, 0] = True, False  # at least one of each, so that every
+    terminated[-1, -1], truncated[-1, -1] = True, False  # mutation below changes something
     index = np.flatnonzero(truncated.reshape(-1))
     return Rollout(
         obs=rng.standard_normal((T + 1, N, D)).astype(np.float32),

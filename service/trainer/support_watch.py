@@ -31,8 +31,8 @@ class SupportWatch:
         self, step: int, ratio: float, returns: Callable[[], tuple[float, float]] | None
     ) -> str | None:
         """`ratio` of Step `step` (one that updated the Q head); `returns`: the (mean, std) of
-        the returns seen, when known, asked only for a warning (it may read the device) to
-        suggest a support. A message, or None."""
+        the returns seen, when known, asked only for a warning, to suggest a support. A
+        message, or None."""
         self.ratios.append(ratio)
         mean = sum(self.ratios) / len(self.ratios)
         if len(self.ratios) < WINDOW or mean < THRESHOLD or step < self.quiet_until:

@@ -38,7 +38,7 @@ from service.trainer.rollout import (
     validate_rollout,
 )
 from service.trainer.support_watch import SupportWatch
-from service.trainer.value_norm import ValueNorm
+from service.trainer.value_norm import ValueNorm, moments
 
 T = TypeVar("T")
 
@@ -61,6 +61,9 @@ STATS = (
 )
 APPLIED, SKIPPED, BAD = len(STATS), len(STATS) + 1, len(STATS) + 2
 STATS_SIZE = BAD + len(LOSS_HEADS)
+# The Step's readback: the statistics, the rollout guard, the value head's return statistics
+# (3), then what the caller asked for.
+GUARD, REPORT = STATS_SIZE, STATS_SIZE + 4
 
 
 class ActMode(Enum):
@@ -317,14 +320,16 @@ class Trainer:
         use_q = len(self.replay) >= self.config.replay.min_size
         totals = self._run_updates(batch, order, bounds, use_q)
         extra = xp.zeros(0) if report is None else report
-        readback = xp.empty(STATS_SIZE + 1 + extra.size, dtype=np.float64)
+        # [statistics, guard, return statistics, the caller's report]
+        readback = xp.empty(REPORT + extra.size, dtype=np.float64)
         readback[:STATS_SIZE] = totals
-        readback[STATS_SIZE] = guard[0]
-        readback[STATS_SIZE + 1 :] = extra
+        readback[GUARD] = guard[0]
+        readback[GUARD + 1 : REPORT] = self.value_norm.stats
+        readback[REPORT:] = extra
         host = self.backend.to_host(readback)  # the Step's one device read
         self.counters["updates_attempted"] += len(bounds)
-        if np.isfinite(host[STATS_SIZE]):
-            self._summarize(host[:STATS_SIZE], batch, use_q, result)
+        if np.isfinite(host[GUARD]):
+            self._summarize(host[:STATS_SIZE], batch, use_q, result, host[GUARD + 1 : REPORT])
         else:
             self.replay.undo(before)
             result.updates_skipped = len(bounds)
@@ -339,7 +344,7 @@ class Trainer:
             "update": 1e3 * (finished - prepared),
             "total": 1e3 * (finished - started),
         }
-        return host[STATS_SIZE + 1 :]
+        return host[REPORT:]
 
     def _minibatch_plan(self, rows: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
         """The Step's minibatches: each epoch's seeded permutation of the rows, concatenated
@@ -396,8 +401,15 @@ class Trainer:
         for k, (start, stop) in enumerate(bounds):
             self._update(batch, order[start:stop], use_q, totals, first=k == 0)
 
-    def _summarize(self, totals: np.ndarray, batch: Batch, use_q: bool, result: StepResult) -> None:
-        """Fill `result` from the read-back statistics vector."""
+    def _summarize(
+        self,
+        totals: np.ndarray,
+        batch: Batch,
+        use_q: bool,
+        result: StepResult,
+        return_stats: np.ndarray,
+    ) -> None:
+        """Fill `result` from the read-back statistics vector (and return statistics)."""
         train = self.config.train
         result.updates_applied = int(totals[APPLIED])
         result.updates_skipped = int(totals[SKIPPED])
@@ -421,7 +433,7 @@ class Trainer:
         result.clip_fraction = float(means["clip_fraction"])
         if use_q:
             result.c51_support_clip_ratio = float(means["c51_support_clip_ratio"])
-            returns = self.value_norm.moments if self.value_norm.enabled else None
+            returns = (lambda: moments(return_stats)) if self.value_norm.enabled else None
             warning = self.support_watch.observe(
                 self.global_step, result.c51_support_clip_ratio, returns
             )

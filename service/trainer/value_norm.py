@@ -32,13 +32,7 @@ class ValueNorm:
 
     def _moments(self) -> tuple[np.ndarray, np.ndarray]:
         """(μ, σ) as float64 [1] arrays on the device."""
-        xp = self.xp
-        a, b, c = self.stats[0:1], self.stats[1:2], self.stats[2:3]
-        seen = c > 0
-        c = xp.where(seen, c, 1.0)
-        mean = xp.where(seen, a / c, 0.0)
-        var = xp.where(seen, xp.maximum(b / c - mean * mean, VARIANCE_FLOOR), 1.0)
-        return mean, xp.sqrt(var)
+        return _moments(self.xp, self.stats)
 
     def update(self, returns: np.ndarray, ok: np.ndarray) -> None:
         """Fold one Step's returns [any shape] into the moving averages, in place, where the
@@ -67,7 +61,19 @@ class ValueNorm:
         mean, std = self._moments()
         return (outputs * std + mean).astype(self.dtype)
 
-    def moments(self) -> tuple[float, float]:
-        """(μ, σ) on the host (reads the device: for reports, not for the Step path)."""
-        mean, std = self._moments()
-        return float(mean[0]), float(std[0])
+
+
+def moments(stats: np.ndarray) -> tuple[float, float]:
+    """(μ, σ) of a host copy of ValueNorm.stats (the Step reads them back with its statistics)."""
+    mean, std = _moments(np, np.asarray(stats, dtype=np.float64))
+    return float(mean[0]), float(std[0])
+
+
+def _moments(xp: ModuleType, stats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(μ, σ) as float64 [1] arrays of the statistics [a, b, c] (μ = 0, σ = 1 while c = 0)."""
+    a, b, c = stats[0:1], stats[1:2], stats[2:3]
+    seen = c > 0
+    c = xp.where(seen, c, 1.0)
+    mean = xp.where(seen, a / c, 0.0)
+    var = xp.where(seen, xp.maximum(b / c - mean * mean, VARIANCE_FLOOR), 1.0)
+    return mean, xp.sqrt(var)
