@@ -9,10 +9,14 @@
 // Layouts (int64 unless noted; N markets, P = TRIDENT_LOB_P prices, D = TRIDENT_LOB_D):
 //   lots [2, N, P] background lots (side 0 bid, 1 ask), agent_px / agent_qty / agent_ahead [2, N],
 //   inventory, cash, overflow, traded, base [N], limit_w [N, D], cancel_w, market_w,
-//   excitation [N]; agent messages: msg [2, 6, N] (kind, side, owner, price, qty, position) for
-//   the first and second message; latency [N]; outputs taken, passive, flow [N] (zeroed here).
+//   excitation, direction [N]; agent messages: msg [2, 6, N] (kind, side, owner, price, qty,
+//   position) for the first and second message; latency [N]; outputs taken, passive, flow [N]
+//   (zeroed here).
 // Background event i of this step draws Philox counter (env, seq_lo, LOB_FLOW = 6, seq_hi) with
-// seq = first_seq + i: word 0 picks the kind, word 1 the size.
+// seq = first_seq + i: word 0 picks the kind, word 1 the size. With informed flow
+// (informed_pct > 0) it also draws (env, seq_lo, LOB_INFORMED = 8, seq_hi): word 0 is its
+// informed coin (a market order takes side `direction` when ⌊w·100 / 2³²⌋ < informed_pct), and
+// event 0's word 1 flips the hidden direction when ⌊w·1000 / 2³²⌋ < flip_permille.
 //
 // Determinism: no atomics, no shared memory; each thread writes only its market's slots.
 #include "common.cuh"
@@ -30,7 +34,8 @@
 #define LOB_MARKET 3
 #define LOB_AGENT 1
 
-static constexpr unsigned int kLobFlowStream = 6u;  // philox.Stream.LOB_FLOW
+static constexpr unsigned int kLobFlowStream = 6u;      // philox.Stream.LOB_FLOW
+static constexpr unsigned int kLobInformedStream = 8u;  // philox.Stream.LOB_INFORMED
 
 struct LobMarket {
     long long* lots;        // this market's bid row; its ask row is lots + ask_offset
@@ -190,11 +195,12 @@ extern "C" __global__ void lobsim_step(
     long long* __restrict__ overflow, long long* __restrict__ traded,
     const long long* __restrict__ base, const long long* __restrict__ limit_w,
     const long long* __restrict__ cancel_w, const long long* __restrict__ market_w,
-    long long* __restrict__ excitation, const long long* __restrict__ msg,
-    const long long* __restrict__ latency, long long* __restrict__ taken,
-    long long* __restrict__ passive, long long* __restrict__ flow,
+    long long* __restrict__ excitation, long long* __restrict__ direction,
+    const long long* __restrict__ msg, const long long* __restrict__ latency,
+    long long* __restrict__ taken, long long* __restrict__ passive, long long* __restrict__ flow,
     const unsigned int* __restrict__ key, long long first_seq, int events, int max_order_lots,
-    int hawkes, long long hawkes_jump, long long hawkes_decay_pct, long long N)
+    int hawkes, long long hawkes_jump, long long hawkes_decay_pct, int informed_pct,
+    int flip_permille, long long N)
 {
     const long long n = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N) return;
@@ -219,6 +225,7 @@ extern "C" __global__ void lobsim_step(
         limit_total += limit_weights[d];
     }
     long long excite = excitation[n];
+    long long hidden = direction[n];  // informed flow's direction: +1 up, -1 down
     const uint2 philox_key = make_uint2(key[0], key[1]);
     for (int slot = 0; slot <= events; ++slot) {
         if (latency[n] == slot) {
@@ -234,6 +241,18 @@ extern "C" __global__ void lobsim_step(
             make_uint4((unsigned int)n, (unsigned int)(seq & 0xffffffffull), kLobFlowStream,
                        (unsigned int)(seq >> 32)),
             philox_key);
+        long long informed_side = 0;  // the side an informed market order takes; 0: uninformed
+        if (informed_pct > 0) {
+            const uint4 v = trident_philox4x32_10(
+                make_uint4((unsigned int)n, (unsigned int)(seq & 0xffffffffull),
+                           kLobInformedStream, (unsigned int)(seq >> 32)),
+                philox_key);
+            // The direction steers background market orders only, so flipping it here, after
+            // slot 0's agent messages, is the host's flip at the start of the step.
+            if (slot == 0 && trident_below(v.y, 1000u) < (unsigned int)flip_permille)
+                hidden = -hidden;
+            if (trident_below(v.x, 100u) < (unsigned int)informed_pct) informed_side = hidden;
+        }
         long long bid_total = 0, ask_total = 0;
         const long long* bid_row = lob_row(m, 0);
         const long long* ask_row = lob_row(m, 1);
@@ -271,6 +290,7 @@ extern "C" __global__ void lobsim_step(
             if (rest < 2 * market) {
                 kind = LOB_MARKET;
                 side = rest >= market ? -1 : 1;
+                if (informed_side != 0) side = informed_side;
             } else {
                 const long long per_lot = cancel_w[n] > 1 ? cancel_w[n] : 1;
                 const long long lot = (rest - 2 * market) / per_lot;
@@ -296,6 +316,7 @@ extern "C" __global__ void lobsim_step(
     overflow[n] = m.overflow;
     traded[n] = m.traded;
     excitation[n] = excite;
+    direction[n] = hidden;
     taken[n] = m.taken;
     passive[n] = m.passive;
     flow[n] = m.flow;

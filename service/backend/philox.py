@@ -31,6 +31,7 @@ class Stream(IntEnum):
     LOB_RESET = 5  # LobSim: initial books and per-env flow weights, one per env
     LOB_FLOW = 6  # LobSim: background events, one per env
     LOB_LATENCY = 7  # LobSim: the agent's random latency, one per env
+    LOB_INFORMED = 8  # LobSim: informed flow's hidden direction and coins, one per env
 
 
 def philox4x32(counter: np.ndarray, key: tuple[int, int]) -> np.ndarray:

@@ -52,15 +52,22 @@ class CudaMarket:
         latency: cupy.ndarray,
         weights: tuple[cupy.ndarray, cupy.ndarray, cupy.ndarray],
         excitation: cupy.ndarray,
+        direction: cupy.ndarray,
         first_seq: int,
         events: int,
-        flow_settings: tuple[int, bool, int, int],
+        flow_settings: tuple[int, bool, int, int, int, int],
     ) -> tuple[cupy.ndarray, cupy.ndarray, cupy.ndarray]:
-        """One step's events; updates `books` and `excitation` in place and returns the
-        agent's taken and passive lots and the signed flow per market."""
+        """One step's events; updates `books`, `excitation` and the informed flow's hidden
+        `direction` in place and returns the agent's taken and passive lots and the signed
+        flow per market. `flow_settings`: (max_order_lots, hawkes, hawkes_jump,
+        hawkes_decay_pct, informed_pct, informed_flip_permille)."""
         N = books.num_envs
         limit_w, cancel_w, market_w = weights
-        max_order_lots, hawkes, jump, decay_pct = flow_settings
+        max_order_lots, hawkes, jump, decay_pct, informed_pct, flip_permille = flow_settings
+        for name, array in (("excitation", excitation), ("direction", direction)):
+            if array.dtype != cupy.int64 or array.shape != (N,) or not array.flags.c_contiguous:
+                raise ValueError(f"{name}: expected a contiguous int64 array of shape ({N},), "
+                                 f"got {array.dtype} {array.shape}")  # fmt: skip
         msg = cupy.stack([cupy.stack([getattr(m, f) for f in FIELDS]) for m in messages])
         outputs = [cupy.empty(N, dtype=cupy.int64) for _ in range(3)]
         self._kernel(
@@ -69,11 +76,12 @@ class CudaMarket:
             (
                 books.lots, books.agent_px, books.agent_qty, books.agent_ahead,
                 books.inventory, books.cash, books.overflow, books.traded, books.base,
-                cupy.ascontiguousarray(limit_w), cancel_w, market_w, excitation,
+                cupy.ascontiguousarray(limit_w), cancel_w, market_w, excitation, direction,
                 cupy.ascontiguousarray(msg, dtype=cupy.int64), latency, *outputs,
                 self._key_on_device, np.int64(first_seq),
                 np.int32(events), np.int32(max_order_lots), np.int32(int(hawkes)),
-                np.int64(jump), np.int64(decay_pct), np.int64(N),
+                np.int64(jump), np.int64(decay_pct), np.int32(informed_pct),
+                np.int32(flip_permille), np.int64(N),
             ),
         )  # fmt: skip
         taken, passive, flow = outputs

@@ -2,10 +2,14 @@
 
 One `step(actions)` is one agent decision per env followed by `events_per_step` background
 events (`flow.py`). With `lobsim.hawkes`, each market order adds `hawkes_jump` to its env's
-market weight and the addition decays by `hawkes_decay_pct` % per event (clustered flow). The
-agent's messages land after `latency_events` background events (or a uniform random number in
-[0, latency_events] per env and step). Every random draw is Philox, keyed by the seed, with
-the env index as the counter's element: one seed gives one trajectory.
+market weight and the addition decays by `hawkes_decay_pct` % per event (clustered flow). With
+`lobsim.informed_pct` > 0 each market has a hidden direction d = ±1, drawn at reset and flipped
+with probability `informed_flip_permille` ‰ at the start of each step, and each background
+market order is informed with probability `informed_pct` % and then takes side d (SPEC.md,
+"Informed flow"): signed flow predicts the next mid move. The agent's messages land after
+`latency_events` background events (or a uniform random number in [0, latency_events] per env
+and step). Every random draw is Philox, keyed by the seed, with the env index as the counter's
+element: one seed gives one trajectory.
 
 Actions (the agent's orders are `quote_size` lots; market orders `market_size` lots):
   0 HOLD          resting quotes stay, with their queue priority
@@ -34,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.backend.philox import Stream, random_bits, random_bits_span, seed_key
+from service.backend.philox import Stream, below, random_bits, random_bits_span, seed_key
 from service.config import LobsimConfig
 from service.lobsim.book import (
     AGENT,
@@ -108,6 +112,8 @@ class LobSim:
         self.cancel_w = xp.zeros(num_envs, dtype=xp.int64)
         self.market_w = xp.zeros(num_envs, dtype=xp.int64)
         self.excitation = xp.zeros(num_envs, dtype=xp.int64)  # hawkes: extra market weight
+        # informed flow: the hidden direction, +1 (up) or -1; 0 while informed flow is off
+        self.direction = xp.zeros(num_envs, dtype=xp.int64)
         self.truncated_lots = xp.zeros(num_envs, dtype=xp.int64)  # fell off a re-centred window
         self.episode_return = xp.zeros(num_envs)
         # Every market starts its episodes together and they all last `horizon` steps, so one
@@ -165,8 +171,9 @@ class LobSim:
         if self._cuda is not None:
             taken, passive, flow = self._cuda.step(
                 books, agent_messages, latency, (self.limit_w, self.cancel_w, self.market_w),
-                self.excitation, first, events,
-                (cfg.max_order_lots, cfg.hawkes, cfg.hawkes_jump, cfg.hawkes_decay_pct),
+                self.excitation, self.direction, first, events,
+                (cfg.max_order_lots, cfg.hawkes, cfg.hawkes_jump, cfg.hawkes_decay_pct,
+                 cfg.informed_pct, cfg.informed_flip_permille),
             )  # fmt: skip
         else:
             taken, passive, flow = self._events(agent_messages, latency, first)
@@ -224,6 +231,7 @@ class LobSim:
         flow = np.zeros(N, dtype=np.int64)  # signed aggressor lots
         events = cfg.events_per_step
         bits = random_bits_span(self.key, Stream.LOB_FLOW, first, events, N)
+        informed = self._informed_sides(first) if cfg.informed_pct else None
         for slot in range(events + 1):
             for message in agent_messages:
                 landing = latency == slot
@@ -234,12 +242,25 @@ class LobSim:
                 messages = background_messages(
                     books, bits[slot], self.limit_w, self.cancel_w,
                     self.market_w + self.excitation, cfg.max_order_lots,
+                    None if informed is None else informed[slot],
                 )  # fmt: skip
                 self._account(books.apply(messages, first + slot), taken, passive, flow)
                 if cfg.hawkes:  # each market order raises the market weight, which decays
                     self.excitation = self.excitation * cfg.hawkes_decay_pct // 100
                     self.excitation += cfg.hawkes_jump * (messages.kind == MARKET)
         return taken, passive, flow
+
+    def _informed_sides(self, first: int) -> np.ndarray:
+        """Informed flow of the step whose background events have Philox sequences first ..
+        first + events - 1: flips the hidden direction (word 1 of the first event's
+        LOB_INFORMED draw) and returns [events, N] the side each event's market order takes
+        if it is informed (the direction), 0 if it is not (word 0 of the event's draw)."""
+        cfg, N = self.cfg, self.num_envs
+        words = random_bits_span(self.key, Stream.LOB_INFORMED, first, cfg.events_per_step, N)
+        flip = below(words[0, :, 1], 1000) < cfg.informed_flip_permille  # ⌊w·1000 / 2³²⌋ < ‰
+        self.direction[flip] = -self.direction[flip]
+        informed = below(words[:, :, 0], 100) < cfg.informed_pct  # ⌊w·100 / 2³²⌋ < %
+        return np.where(informed, self.direction[None, :], 0)
 
     # ----------------------------------------------------------------------------- internals
     def _reset(self) -> None:
@@ -249,6 +270,9 @@ class LobSim:
         depth = cfg.initial_depth
         words = self._random_bits(Stream.LOB_RESET, N * (depth // 2 + 2))
         words = words.reshape(N, -1).astype(xp.uint64)  # [N, 4·(depth/2 + 2)]
+        if cfg.informed_pct:  # the hidden direction: up where ⌊w·2 / 2³²⌋ = 0
+            up = self._random_bits(Stream.LOB_INFORMED, N)[:, 0] < np.uint32(1 << 31)
+            self.direction[...] = xp.where(up, 1, -1)
         self.calls += 1
         sizes = 1 + ((words[:, : 2 * depth] * np.uint64(cfg.max_order_lots))
                      >> np.uint64(32)).astype(xp.int64)  # fmt: skip

@@ -12,6 +12,11 @@ Weights per env (fixed at reset, each family scaled by its own factor in 1 ± ra
   lots starting at it is cancelled (so deep queues shrink faster, as in Cont-Stoikov-Talreja);
 - a market buy or sell: market_weight each.
 Sizes are uniform in 1 .. max_order_lots.
+
+Informed flow (`lobsim.informed_pct` > 0): a market order whose event drew the informed coin
+takes the side of its market's hidden direction instead of its own (env.py draws the coin and
+keeps the direction), so informed buying lifts the ask while the direction is up and a quote on
+the wrong side is filled just before the mid moves through it (adverse selection).
 """
 
 from __future__ import annotations
@@ -48,11 +53,13 @@ def scaled(weights: np.ndarray, factor_pct: np.ndarray) -> np.ndarray:
 
 def background_messages(
     books: Books, bits: np.ndarray, limit_w: np.ndarray, cancel_w: np.ndarray, market_w: np.ndarray,
-    max_order_lots: int,
+    max_order_lots: int, informed_side: np.ndarray | None = None,
 ) -> Messages:  # fmt: skip
     """One background event per env from Philox words `bits` [N, 4] (words 0: kind, 1: size).
 
     limit_w [N, D] (per side), cancel_w [N] (per lot), market_w [N] (per side).
+    informed_side [N] (optional): +1 / -1 where this event's order, if it is a market order, is
+    informed and takes that side; 0 where it is not (its side is then the pick's).
     """
     N = limit_w.shape[0]
     envs = np.arange(N)
@@ -92,6 +99,8 @@ def background_messages(
     is_market = ~is_limit & (rest < 2 * market_w)
     kind[is_market] = MARKET
     side[is_market & (rest >= market_w)] = SELL
+    if informed_side is not None:  # the pick still decides that it is a market order
+        side = np.where(is_market & (informed_side != 0), informed_side, side)
 
     # cancels: the picked lot, then its level and its place in that level's queue
     is_cancel = ~is_limit & ~is_market

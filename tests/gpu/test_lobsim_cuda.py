@@ -13,6 +13,34 @@ from service.lobsim.env import NUM_ACTIONS, LobSim
 STATE = ("lots", "agent_px", "agent_qty", "agent_ahead", "inventory", "cash", "overflow", "traded")
 
 
+def run_both(settings: dict, steps: int, horizon: int) -> LobSim:
+    """The same seed and actions on NumPy and on the device for `steps` steps, checked after
+    every step; returns the NumPy markets."""
+    seed = int(np.random.default_rng().integers(2**32))
+    print(f"seed {seed}")
+    cfg = LobsimConfig(horizon=horizon, **settings)
+    N = 257  # not a multiple of the block size
+    cpu, gpu = LobSim(N, cfg, seed), LobSim(N, cfg, seed, backend="cuda")
+    rng = np.random.default_rng(seed)
+    import cupy
+
+    host = cupy.asnumpy
+    for step in range(steps):
+        actions = rng.integers(0, NUM_ACTIONS, N)
+        want, got = cpu.step(actions), gpu.step(actions)
+        for name in (*STATE, "base"):
+            a, b = getattr(cpu.books, name), host(getattr(gpu.books, name))
+            assert a.tobytes() == b.tobytes(), (step, name)
+        for name in ("excitation", "direction", "t", "mid2", "truncated_lots"):
+            assert getattr(cpu, name).tobytes() == host(getattr(gpu, name)).tobytes(), step
+        assert np.array_equal(want.terminated, host(got.terminated)), step
+        # floats: the same formulas, but CuPy may contract a multiply-add into one rounding
+        np.testing.assert_allclose(host(got.obs), want.obs, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(host(got.reward), want.reward, rtol=1e-6, atol=1e-6)
+    assert cpu.books.traded.sum() > 0 and (cpu.books.agent_px >= 0).any()
+    return cpu
+
+
 @pytest.mark.parametrize(
     "settings",
     [
@@ -25,33 +53,30 @@ STATE = ("lots", "agent_px", "agent_qty", "agent_ahead", "inventory", "cash", "o
     ids=["default", "hawkes-random-latency", "narrow-window", "recentring"],
 )
 def test_cpu_and_gpu_markets_are_bit_identical(settings: dict) -> None:
-    seed = int(np.random.default_rng().integers(2**32))
-    print(f"seed {seed}")
-    cfg = LobsimConfig(horizon=25, **settings)
-    N = 257  # not a multiple of the block size
-    cpu, gpu = LobSim(N, cfg, seed), LobSim(N, cfg, seed, backend="cuda")
-    rng = np.random.default_rng(seed)
-    import cupy
-
-    host = cupy.asnumpy
-    for step in range(60):  # two episode ends: liquidation and reset on both
-        actions = rng.integers(0, NUM_ACTIONS, N)
-        want, got = cpu.step(actions), gpu.step(actions)
-        for name in (*STATE, "base"):
-            a, b = getattr(cpu.books, name), host(getattr(gpu.books, name))
-            assert a.tobytes() == b.tobytes(), (step, name)
-        for name in ("excitation", "t", "mid2", "truncated_lots"):
-            assert getattr(cpu, name).tobytes() == host(getattr(gpu, name)).tobytes(), step
-        assert np.array_equal(want.terminated, host(got.terminated)), step
-        # floats: the same formulas, but CuPy may contract a multiply-add into one rounding
-        np.testing.assert_allclose(host(got.obs), want.obs, rtol=1e-6, atol=1e-7)
-        np.testing.assert_allclose(host(got.reward), want.reward, rtol=1e-6, atol=1e-6)
-    assert cpu.books.traded.sum() > 0 and (cpu.books.agent_px >= 0).any()
-    if cfg.recentre_ticks == 2:
+    cpu = run_both(settings, steps=60, horizon=25)  # two episode ends: liquidation and reset
+    if cpu.cfg.recentre_ticks == 2:
         assert (cpu.books.base != cpu.books.base[0]).any() or cpu.truncated_lots.any()
 
 
-@pytest.mark.parametrize("stream", [Stream.LOB_RESET, Stream.LOB_LATENCY])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"informed_pct": 100},
+        {"informed_pct": 40, "informed_flip_permille": 300, "hawkes": True,
+         "random_latency": True, "latency_events": 5},
+        {"informed_pct": 70, "informed_flip_permille": 50, "price_levels": 24,
+         "visible_levels": 4, "recentre_ticks": 2},
+    ],
+    ids=["all-informed", "flipping-hawkes-random-latency", "informed-recentring"],
+)
+def test_informed_flow_cpu_and_gpu_markets_are_bit_identical(settings: dict) -> None:
+    """Informed flow: the hidden direction (reset draws, flips) and the steered market orders
+    alike on both engines over 300 steps (three episode ends)."""
+    cpu = run_both(settings, steps=300, horizon=90)
+    assert ((cpu.direction == 1) | (cpu.direction == -1)).all()
+
+
+@pytest.mark.parametrize("stream", [Stream.LOB_RESET, Stream.LOB_LATENCY, Stream.LOB_INFORMED])
 def test_device_random_bits_are_the_host_philox_words(stream: Stream) -> None:
     rng = np.random.default_rng()
     seed = int(rng.integers(1 << 31))

@@ -47,8 +47,13 @@ INVARIANT_STEPS = int(os.environ.get("TRIDENT_LOBSIM_STEPS") or 3_000)
 
 
 def test_invariants_over_random_steps_on_64_markets() -> None:
-    cfg = LobsimConfig(horizon=400)
-    env = LobSim(64, cfg, seed=fresh_seed())
+    check_random_run(LobsimConfig(horizon=400), INVARIANT_STEPS)
+
+
+def check_random_run(cfg: LobsimConfig, steps: int, num_envs: int = 64) -> None:
+    """`steps` uniformly random actions on fresh markets: the book invariants after every
+    step, the agent's account equal to the signed sum of its fills, lots traded counted."""
+    env = LobSim(num_envs, cfg, seed=fresh_seed())
     recorder = Recorder(env.books)
     rng = np.random.default_rng(fresh_seed())
     books = env.books
@@ -56,18 +61,20 @@ def test_invariants_over_random_steps_on_64_markets() -> None:
     traded = books.traded.copy()
     agent_lots = 0
     started = time.perf_counter()
-    for _ in range(INVARIANT_STEPS):
-        out = env.step(rng.integers(0, NUM_ACTIONS, 64))
+    for _ in range(steps):
+        base = books.base.copy()  # the step's fills are priced before any re-centring
+        out = env.step(rng.integers(0, NUM_ACTIONS, num_envs))
         check_invariants(books)
         assert np.isfinite(out.obs).all() and np.isfinite(out.reward).all()
         for _messages, fills in recorder.take():
-            traded += np.bincount(fills.env, weights=fills.qty, minlength=64).astype(np.int64)
+            lots = np.bincount(fills.env, weights=fills.qty, minlength=num_envs)
+            traded += lots.astype(np.int64)
             for who, sign in ((fills.aggressor, fills.side), (fills.resting, -fills.side)):
                 agent = who == AGENT
                 agent_lots += int(fills.qty[agent].sum())
                 signed = sign[agent] * fills.qty[agent]
                 np.add.at(inventory, fills.env[agent], signed)
-                price = books.base[fills.env[agent]] + fills.price[agent]
+                price = base[fills.env[agent]] + fills.price[agent]
                 np.add.at(cash, fills.env[agent], -signed * price)
         # Shares and cash conserved: the agent's account is the signed sum of its fills
         # (an ended episode is liquidated and reset, its account starts again at zero).
@@ -77,7 +84,7 @@ def test_invariants_over_random_steps_on_64_markets() -> None:
         inventory[~live], cash[~live] = 0, 0
         assert (books.traded == traded).all()
     elapsed = time.perf_counter() - started
-    print(f"{64 * INVARIANT_STEPS:,} env steps in {elapsed:.1f} s; agent lots {agent_lots}; "
+    print(f"{num_envs * steps:,} env steps in {elapsed:.1f} s; agent lots {agent_lots}; "
           f"overflow {books.overflow.sum()}; traded {books.traded.sum()}")  # fmt: skip
     assert agent_lots > 0 and books.traded.sum() > 0
 
