@@ -2,8 +2,8 @@
 
     python3 bench/learning.py cartpole --seeds 0 1 2 --out bench/results/learning_cartpole.json
     python3 bench/learning.py lobsim --seeds 0 1 2 --out bench/results/learning_lobsim.json
-    python3 bench/learning.py sweep --grid optim.lr=3e-4,1e-3 --grid ppo.epochs=2,4 \\
-        --seeds 0 1 --workers 2 --out bench/results/sweep.json
+    python3 bench/learning.py sweep --point "" --point "optim.lr=1e-3" \\
+        --point "ppo.epochs=2 ppo.num_minibatches=4" --seeds 0 1 2 --workers 2 --out sweep.json
 
 `cartpole`: a real `trident serve` process shaped for CartPole-v1 and an actor loop in this
 process talking to it over gRPC (Act per env step, one Step per rollout), until the mean return
@@ -11,9 +11,11 @@ of the last 100 finished episodes reaches 475 or the env-step budget runs out; p
 steps and wall time to 475. `lobsim`: the README's main job (`trident train`, a subprocess per
 seed in its own run folder) and its evaluation on held-out markets: per seed the wall time and
 the evaluation's table (every baseline, paired differences with 95 % intervals). `sweep`: the
-main job over a grid of settings × seeds, ranked by the trained policy's paired difference with
-the best baseline. `--set section.key=value` applies to every run; `train.backend=cuda` runs on
-the GPU. Each command prints a table and writes a JSON with the machine, versions and commit.
+main job at several points × seeds, ranked by the trained policy's paired difference with the
+best baseline; each `--point` is one set of settings on top of the defaults ("" is the defaults
+themselves), so a sweep varies one choice at a time around them. `--set section.key=value`
+applies to every run; `train.backend=cuda` runs on the GPU. Each command prints a table and
+writes a JSON with the machine, versions and commit.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime as dt
-import itertools
 import json
 import os
 import shlex
@@ -30,6 +31,7 @@ import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -133,44 +135,73 @@ def margin(report: dict[str, Any]) -> float:
     return report["paired"][report["best_baseline"]]["return"]["mean"]
 
 
-def run_all(jobs: list[tuple[int, list[str]]], workers: int, timeout_s: float) -> list[dict]:
-    """Every (seed, settings) job, `workers` at a time (one BLAS thread each)."""
+def run_all(
+    jobs: list[tuple[int, list[str]]],
+    args: argparse.Namespace,
+    summarize: Callable[[list[dict]], dict[str, Any]],
+) -> dict[str, Any]:
+    """Every (seed, settings) job, `args.workers` at a time (one BLAS thread each); after each
+    one ends, the summary of those ended so far is written to `args.out` (a sweep cut short
+    keeps what it measured). A run that fails is recorded with its error."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    runs: list[dict] = []
     with (
         tempfile.TemporaryDirectory(prefix="learning-") as tmp,
-        concurrent.futures.ThreadPoolExecutor(workers) as pool,
+        concurrent.futures.ThreadPoolExecutor(args.workers) as pool,
     ):
-        futures = [pool.submit(lobsim_run, seed, sets, Path(tmp), timeout_s)
-                   for seed, sets in jobs]  # fmt: skip
-        return [future.result() for future in futures]
+        futures = {pool.submit(lobsim_run, seed, sets, Path(tmp), args.timeout): (seed, sets)
+                   for seed, sets in jobs}  # fmt: skip
+        for future in concurrent.futures.as_completed(futures):
+            seed, sets = futures[future]
+            try:
+                runs.append(future.result())
+            except (RuntimeError, subprocess.TimeoutExpired, OSError, ValueError) as error:
+                runs.append({"seed": seed, "settings": sets, "error": str(error)[-2000:]})
+                print(f"seed {seed} {' '.join(sets)}: failed: {str(error)[-300:]}", flush=True)
+            write(args, summarize(runs))
+    return summarize(runs)
 
 
 def lobsim(args: argparse.Namespace) -> dict[str, Any]:
-    runs = run_all([(seed, args.sets) for seed in args.seeds], args.workers, args.timeout)
-    for run in runs:
-        print(f"\nseed {run['seed']} ({run['seconds']:.0f} s):")
-        print("\n".join(run["stdout_tail"]))
-    return {"runs": runs}
+    def summarize(runs: list[dict]) -> dict[str, Any]:
+        return {"runs": sorted(runs, key=lambda run: run["seed"])}
+
+    result = run_all([(seed, args.sets) for seed in args.seeds], args, summarize)
+    for run in result["runs"]:
+        if "error" not in run:
+            print(f"\nseed {run['seed']} ({run['seconds']:.0f} s):")
+            print("\n".join(run["stdout_tail"]))
+    return result
 
 
 def sweep(args: argparse.Namespace) -> dict[str, Any]:
-    axes = [[f"{key}={value}" for value in values.split(",")]
-            for key, _, values in (g.partition("=") for g in args.grid)]  # fmt: skip
-    points = [list(point) for point in itertools.product(*axes)]
+    points = [point.split() for point in args.points]
     jobs = [(seed, [*args.sets, *point]) for point in points for seed in args.seeds]
-    runs = run_all(jobs, args.workers, args.timeout)
+    result = run_all(jobs, args, lambda runs: ranking(points, runs, args))
+    print(f"\n{'Δ vs best baseline':>18} {'return':>8} {'seconds':>8}  settings (per-seed Δ)")
+    for row in result["ranking"]:
+        per_seed = ", ".join(f"{m:+.2f}" for m in row["margins"])
+        print(f"{row['margin_mean']:+18.2f} {np.mean(row['returns']):8.2f} "
+              f"{np.mean(row['seconds']):8.0f}  {' '.join(row['settings']) or '(defaults)'}"
+              f"  [{per_seed}]")  # fmt: skip
+    return result
+
+
+def ranking(points: list[list[str]], runs: list[dict], args: argparse.Namespace) -> dict:
+    """Each point's paired margins over the best baseline (the seeds that ended), best first."""
     rows = []
     for point in points:
-        mine = [r for r in runs if r["settings"] == [*args.sets, *point]]
+        mine = [r for r in runs if r["settings"] == [*args.sets, *point] and "error" not in r]
+        if not mine:
+            continue
         margins = [margin(r["evaluation"]) for r in mine]
+        returns = [r["evaluation"]["policies"]["trained (greedy-π)"]["return"]["mean"]
+                   for r in mine]  # fmt: skip
         rows.append({"settings": point, "margin_mean": float(np.mean(margins)),
-                     "margins": margins, "seconds": [r["seconds"] for r in mine]})  # fmt: skip
+                     "margins": margins, "returns": returns,
+                     "seconds": [r["seconds"] for r in mine]})  # fmt: skip
     rows.sort(key=lambda row: -row["margin_mean"])
-    print(f"\n{'trained − best baseline (return), mean over seeds':>50}  settings")
-    for row in rows:
-        per_seed = ", ".join(f"{m:+.2f}" for m in row["margins"])
-        print(f"{row['margin_mean']:+50.2f}  {' '.join(row['settings'])}  [{per_seed}]")
-    return {"grid": args.grid, "ranking": rows, "runs": runs}
+    return {"points": args.points, "ranking": rows, "runs": runs}
 
 
 # ------------------------------------------------------------------------------ main
@@ -191,24 +222,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             sub.add_argument("--workers", type=int, default=1, help="runs at a time")
             sub.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
         if name == "sweep":
-            sub.add_argument("--grid", action="append", required=True,
-                             metavar="SECTION.KEY=V1,V2,...")  # fmt: skip
+            sub.add_argument("--point", dest="points", action="append", required=True,
+                             metavar="'SECTION.KEY=VALUE ...'")  # fmt: skip
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    started = dt.datetime.now(dt.UTC)
-    result = {"cartpole": cartpole, "lobsim": lobsim, "sweep": sweep}[args.command](args)
+def write(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """The JSON record: the command, when, the machine and versions, and `result`."""
     record = {
-        "command": shlex.join(["python3", "bench/learning.py", *(argv or sys.argv[1:])]),
-        "started_utc": started.isoformat(timespec="seconds"),
+        "command": shlex.join(["python3", "bench/learning.py", *args.argv]),
+        "started_utc": args.started.isoformat(timespec="seconds"),
         "machine": host_report.machine(),
         "versions": host_report.versions(["numpy", "grpcio", "cupy-cuda13x"]),
         **result,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.argv, args.started = list(argv or sys.argv[1:]), dt.datetime.now(dt.UTC)
+    result = {"cartpole": cartpole, "lobsim": lobsim, "sweep": sweep}[args.command](args)
+    write(args, result)
     print(f"\nwrote {args.out}")
     return 0
 

@@ -7,7 +7,7 @@ LobSim, the perception labels.
 
 `--env lobsim` runs LobSim markets (the `lobsim` settings of --config / --set): start the
 server with `--set model.obs_dim=<observation_dim(lobsim)> --set model.num_actions=9
---set model.aux_dim=3` (obs_dim is 55 with the default lobsim.visible_levels = 10).
+--set model.aux_dim=3` (obs_dim is 56 with the default lobsim.visible_levels = 10).
 `--env gymnasium:ID` runs `gymnasium.make_vec(ID, num_envs=N, vectorization_mode="sync")` for
 any env with Discrete actions and 1-D Box observations (model.obs_dim = the observation size,
 model.num_actions = the number of actions; model.aux_dim is free, no aux targets are sent).

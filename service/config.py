@@ -92,7 +92,7 @@ class ModelConfig(_Section):
     """Network shape and numeric precision."""
 
     obs_dim: int = _f(40, ge=1)  # observation features D per env step
-    hidden_dim: int = _f(256, ge=1)  # encoder/head hidden width (units)
+    hidden_dim: int = _f(128, ge=1)  # encoder/head hidden width (units)
     depth: int = _f(2, ge=1)  # encoder layers
     num_actions: int = _f(9, ge=1)  # discrete actions
     aux_dim: int = _f(3, ge=0)  # K auxiliary regression targets; 0 disables the aux head
@@ -107,7 +107,7 @@ class TrainConfig(_Section):
     backend: str = _f("auto", choices=("auto", "numpy", "cuda"))  # compute backend
     cuda_graphs: bool = True  # cuda backend: replay each Step / Act shape as a captured graph
     gamma: float = _f(0.99, ge=0, le=1)  # discount factor per env step
-    lambda_q: float = _f(1.0, ge=0)  # encoder-gradient weight of the C51 Q head
+    lambda_q: float = _f(0.0, ge=0)  # encoder-gradient weight of the C51 Q head
     lambda_pi: float = _f(1.0, ge=0)  # encoder-gradient weight of the policy head
     lambda_v: float = _f(0.5, ge=0)  # encoder-gradient weight of the value head
     lambda_bce: float = _f(0.1, ge=0)  # encoder-gradient weight of the BCE head
@@ -116,7 +116,7 @@ class TrainConfig(_Section):
     # parallel environments per rollout of the `trident train` job; 0: the backend's size
     # (JOB_SIZES: a few hundred on NumPy, thousands on CUDA)
     num_envs: int = _f(0, ge=0)
-    rollout_len: int = _f(16, ge=1)  # env steps per environment per rollout
+    rollout_len: int = _f(32, ge=1)  # env steps per environment per rollout
     steps: int = _f(0, ge=0)  # training steps run by the `trident train` job; 0: JOB_SIZES
     log_every: int = _f(20, ge=1)  # training steps between log lines
 
@@ -128,14 +128,14 @@ class PPOConfig(_Section):
     gae_lambda: float = _f(0.95, ge=0, le=1)  # GAE lambda (bias/variance trade-off)
     clip_eps: float = _f(0.2, gt=0)  # policy ratio clip range (dimensionless)
     ent_coef: float = _f(0.01, ge=0)  # entropy bonus weight
-    epochs: int = _f(2, ge=1)  # optimisation passes over each rollout
-    num_minibatches: int = _f(4, ge=1)  # minibatches per epoch
+    epochs: int = _f(4, ge=1)  # optimisation passes over each rollout
+    num_minibatches: int = _f(8, ge=1)  # minibatches per epoch
     norm_adv: bool = True  # normalise advantages per minibatch
     clip_value_loss: bool = False  # use the clipped value loss
     value_clip_eps: float = _f(0.2, gt=0)  # value clip range (value-head units; see value_norm)
     # the value head predicts returns normalised by running statistics (trainer/value_norm.py)
-    value_norm: bool = False
-    value_norm_decay: float = _f(0.99, ge=0, lt=1)  # per Step: weight of the older statistics
+    value_norm: bool = True
+    value_norm_decay: float = _f(0.9, ge=0, lt=1)  # per Step: weight of the older statistics
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,15 +155,15 @@ class C51Config(_Section):
 class OptimConfig(_Section):
     """AdamW optimiser and gradient clipping."""
 
-    lr: float = _f(3e-4, gt=0)  # learning rate (per update)
+    lr: float = _f(2e-3, gt=0)  # learning rate (per update)
     beta1: float = _f(0.9, ge=0, lt=1)  # first-moment decay
     beta2: float = _f(0.999, ge=0, lt=1)  # second-moment decay
     eps: float = _f(1e-8, gt=0)  # denominator epsilon
     weight_decay: float = _f(1e-4, ge=0)  # decoupled decay, weight matrices only
-    max_grad_norm: float = _f(10.0, gt=0)  # clip threshold of the gradient norm
+    max_grad_norm: float = _f(1.0, gt=0)  # clip threshold of the gradient norm
     # 'global': one norm over every gradient clips all of them; 'group': each optimizer group
     # (encoder, q, pi, v, bce, aux) is clipped by its own norm
-    clip_scope: str = _f("global", choices=("global", "group"))
+    clip_scope: str = _f("group", choices=("global", "group"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,14 +40,15 @@ def test_defaults() -> None:
     cfg = load_config(env={})
     assert cfg == Config()
     assert [f.name for f in dataclasses.fields(cfg)] == SECTIONS
-    assert cfg.model.obs_dim == 40 and cfg.model.hidden_dim == 256 and cfg.model.depth == 2
+    assert cfg.model.obs_dim == 40 and cfg.model.hidden_dim == 128 and cfg.model.depth == 2
     assert cfg.model.num_actions == 9 and cfg.model.aux_dim == 3 and cfg.model.dtype == "float32"
     assert cfg.train.backend == "auto" and cfg.train.gamma == 0.99
     assert cfg.train.steps == 0 and cfg.train.num_envs == 0  # the backend's JOB_SIZES
     assert cfg.ppo.norm_adv is True and cfg.ppo.clip_value_loss is False
     assert cfg.c51.num_atoms == 51 and (cfg.c51.v_min, cfg.c51.v_max) == (-10.0, 10.0)
     assert cfg.c51.target_update_period == 100 and cfg.c51.target_tau == 0.0
-    assert cfg.optim.lr == 3e-4 and cfg.optim.eps == 1e-8 and cfg.optim.max_grad_norm == 10.0
+    assert cfg.optim.lr == 2e-3 and cfg.optim.eps == 1e-8 and cfg.optim.max_grad_norm == 1.0
+    assert cfg.optim.clip_scope == "group" and cfg.ppo.value_norm is True
     assert (cfg.replay.capacity, cfg.replay.batch_size, cfg.replay.min_size) == (100_000, 256, 1000)
     assert cfg.checkpoint.dir == "checkpoints" and cfg.checkpoint.every_steps == 0
     assert cfg.server.port == 50051 and cfg.server.metrics_port == 9464
@@ -223,7 +224,7 @@ def test_dict_round_trip() -> None:
 
 def test_from_dict_partial_uses_defaults() -> None:
     cfg = Config.from_dict({"model": {"depth": 4}})
-    assert cfg.model.depth == 4 and cfg.model.hidden_dim == 256 and cfg.train == Config().train
+    assert cfg.model.depth == 4 and cfg.model.hidden_dim == 128 and cfg.train == Config().train
 
 
 def test_from_dict_validates() -> None:

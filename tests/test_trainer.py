@@ -137,8 +137,15 @@ def test_bad_rollout_is_rejected_without_change(field, mutate, message, data_see
 
 
 def reference_forward(trainer: Trainer, obs: np.ndarray) -> dict[str, np.ndarray]:
-    """Policy log-probs, E[Z] and V recomputed in float64 with plain NumPy."""
-    p = trainer.params
+    """Policy log-probs, E[Z] and V recomputed in float64 with plain NumPy from the trainer's
+    saved parameters (V = σ v̂ + μ, the return statistics' debiased moving averages)."""
+    p = {k.removeprefix("params/"): v for k, v in trainer.state_dict().items()
+         if k.startswith("params/")}  # fmt: skip
+    a, b, c = p["v/norm"]
+    mean, std = 0.0, 1.0  # before the first Step, or without value normalisation
+    if trainer.config.ppo.value_norm and c > 0:
+        mean = a / c
+        std = np.sqrt(max(b / c - mean * mean, 1e-2))
     h = obs.astype(np.float64)
     for layer in range(trainer.config.model.depth):
         h = np.maximum(h @ p[f"encoder/W{layer}"] + p[f"encoder/b{layer}"], 0)
@@ -151,7 +158,7 @@ def reference_forward(trainer: Trainer, obs: np.ndarray) -> dict[str, np.ndarray
     return {
         "log_pi": log_pi,
         "q_values": q_probs @ np.linspace(-10, 10, 51),
-        "values": (h @ p["v/W"])[:, 0] + p["v/b"],
+        "values": std * ((h @ p["v/W"])[:, 0] + p["v/b"]) + mean,
     }
 
 

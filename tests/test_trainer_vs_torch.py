@@ -64,6 +64,8 @@ BASE = {
     "optim.max_grad_norm": 3.0,
     "replay.batch_size": 10,
     "replay.min_size": 12,
+    "ppo.value_norm": False,
+    "optim.clip_scope": "global",
 }
 
 

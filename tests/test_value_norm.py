@@ -39,8 +39,12 @@ def test_statistics_follow_the_debiased_moving_averages(rng: np.random.Generator
     batches = [rng.normal(rng.uniform(-50, 50), rng.uniform(0.5, 30), (4, 7)) for _ in range(6)]
     ok, bad = np.array([True]), np.array([False])
     for i, batch in enumerate(batches):
-        norm.update(batch.astype(np.float32), ok)
-        norm.update(np.full((4, 7), np.nan, np.float32), bad)  # a skipped Step changes nothing
+        before = norm.stats.copy()
+        proposed = norm.updated(batch.astype(np.float32))
+        np.testing.assert_array_equal(norm.stats, before)  # a proposal until committed
+        norm.commit(norm.updated(np.full((4, 7), np.nan, np.float32)), bad)  # nothing applied
+        np.testing.assert_array_equal(norm.stats, before)
+        norm.commit(proposed, ok)
         mean, std = reference_moments([b.astype(np.float32) for b in batches[: i + 1]], beta)
         np.testing.assert_allclose(moments(norm.stats), (mean, std), rtol=1e-12)
     values = rng.normal(0, 40, 33).astype(np.float32)
@@ -54,7 +58,7 @@ def test_a_constant_return_is_floored_not_divided_by_zero(rng: np.random.Generat
     norm = ValueNorm(np, np.dtype(np.float64), 0.9, enabled=True)
     constant = float(rng.normal())
     for _ in range(3):
-        norm.update(np.full(50, constant), np.array([True]))
+        norm.commit(norm.updated(np.full(50, constant)), np.array([True]))
     mean, std = moments(norm.stats)
     assert mean == pytest.approx(constant) and std == pytest.approx(np.sqrt(VARIANCE_FLOOR))
 
@@ -62,7 +66,7 @@ def test_a_constant_return_is_floored_not_divided_by_zero(rng: np.random.Generat
 def test_disabled_is_the_identity(rng: np.random.Generator) -> None:
     norm = ValueNorm(np, np.dtype(np.float32), 0.9, enabled=False)
     returns = rng.normal(10, 5, 20).astype(np.float32)
-    norm.update(returns, np.array([True]))
+    norm.commit(norm.updated(returns), np.array([True]))
     assert norm.normalize(returns) is returns and norm.denormalize(returns) is returns
     assert not norm.stats.any()
 

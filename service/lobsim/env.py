@@ -61,9 +61,12 @@ LABEL_DIM = 3  # aux targets: next spread, next L1 imbalance, realised volatilit
 
 
 INVENTORY_SCALE = 4.0  # lots: the inventory features are q / 4, (q / 4)² and q / 4 × time left
+# Weight of the older value in the observation's moving average of signed flow, per step: a
+# memory of ~20 steps, long enough to show a direction informed flow holds for ~50.
+FLOW_EMA_DECAY = 0.95
 # The observation's scalars, after the 4 · visible_levels ladder columns (SPEC.md's table).
 SCALAR_FEATURES = (
-    "spread", "mid_change", "imbalance_l1", "imbalance_l5", "flow", "volatility",
+    "spread", "mid_change", "imbalance_l1", "imbalance_l5", "flow", "flow_ema", "volatility",
     "inventory", "inventory_sq", "inventory_time_left", "pnl", "time_left",
     "bid_quote_distance", "ask_quote_distance", "bid_queue_ahead", "ask_queue_ahead",
 )  # fmt: skip
@@ -108,6 +111,7 @@ class LobSim:
         self.t = xp.zeros(num_envs, dtype=xp.int64)  # steps into the episode
         self.mid2 = xp.zeros(num_envs, dtype=xp.int64)  # 2 · mid, in ticks of the window
         self.variance = xp.zeros(num_envs)  # EMA of squared mid changes per step
+        self.flow_ema = xp.zeros(num_envs)  # EMA of the observation's signed flow per step
         self.limit_w = xp.zeros((num_envs, cfg.visible_levels), dtype=xp.int64)
         self.cancel_w = xp.zeros(num_envs, dtype=xp.int64)
         self.market_w = xp.zeros(num_envs, dtype=xp.int64)
@@ -199,6 +203,8 @@ class LobSim:
             - cfg.inventory_penalty * inventory_before.astype(xp.float64) ** 2
         )
         self.episode_return += reward
+        flow = flow / (cfg.events_per_step * cfg.max_order_lots)
+        self.flow_ema = FLOW_EMA_DECAY * self.flow_ema + (1.0 - FLOW_EMA_DECAY) * flow
         obs = self._observe(change, flow)
         labels = self._labels(change)
         info = {
@@ -298,6 +304,7 @@ class LobSim:
         self.excitation[...] = 0
         self.truncated_lots[...] = 0
         self.variance[...] = 0.0
+        self.flow_ema[...] = 0.0
         self.mid2[...] = self._mid2()
 
     def _random_bits(self, stream: Stream, n: int) -> np.ndarray:
@@ -424,6 +431,7 @@ class LobSim:
         return xp.where(inside, lots, 0), touch
 
     def _observe(self, change: np.ndarray, flow: np.ndarray) -> np.ndarray:
+        """The observation (SPEC.md's table); `flow`: the step's signed flow, normalised."""
         xp = self.xp
         cfg, books = self.cfg, self.books
         L, scale = cfg.visible_levels, 4.0 * cfg.max_order_lots
@@ -451,7 +459,8 @@ class LobSim:
                 change,
                 _imbalance(bid_lots[:, 0], ask_lots[:, 0]),
                 _imbalance(b5, a5),
-                flow / (cfg.events_per_step * cfg.max_order_lots),
+                flow,
+                self.flow_ema,
                 xp.sqrt(self.variance),
                 q,
                 q * q,

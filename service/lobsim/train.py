@@ -55,13 +55,15 @@ def run_train_lobsim(
     resume: str | None = None,
     log_csv: Path = Path("trident_train.csv"),
     curve_png: Path = Path("trident_train.png"),
+    eval_dir: Path = Path("trident_eval"),
 ) -> int:
     """The main job; `resume`: "latest" or a checkpoint name under checkpoint.dir."""
     config = lobsim_model(config)
     backend = select_backend(config.train.backend, model.dims(config))
     config = sized_for(config, backend.name)
+    paths = (log_csv, curve_png, eval_dir)
     with single_blas_thread(backend.name):
-        return _train_lobsim(Trainer(config, backend), write_checkpoint, resume, log_csv, curve_png)
+        return _train_lobsim(Trainer(config, backend), write_checkpoint, resume, *paths)
 
 
 def _train_lobsim(
@@ -70,6 +72,7 @@ def _train_lobsim(
     resume: str | None,
     log_csv: Path,
     curve_png: Path,
+    eval_dir: Path,
 ) -> int:
     config = trainer.config
     if resume is not None:
@@ -148,7 +151,7 @@ def _train_lobsim(
         f"learning curve {curve_png}; evaluating on held-out seeds",
         flush=True,
     )
-    compare_with_baselines(trainer, config)
+    compare_with_baselines(trainer, config, eval_dir)
     if write_checkpoint:
         info = save_checkpoint(trainer, config.checkpoint.dir)
         print(f"checkpoint {info.name} -> {info.path} ({info.size_bytes} bytes)", flush=True)

@@ -309,7 +309,7 @@ class Trainer:
         xp, c51, gamma = self.xp, self.config.c51, self.config.train.gamma
         A = self.config.model.num_actions
         actions = xp.clip(rollout.actions, 0, A - 1).astype(np.int32)  # safe to index with
-        batch, next_obs = self._prepare(rollout, actions, truncated_rows, guard)
+        batch, next_obs, return_stats = self._prepare(rollout, actions, truncated_rows, guard)
         transitions = nstep_transitions(rollout, next_obs, c51.n_step, gamma, self.dtype)
         transitions = replace(transitions, actions=actions.reshape(-1))
         # A host-checked rollout (the zero guard) needs no masked insert: its rows are valid.
@@ -319,6 +319,7 @@ class Trainer:
         order, bounds = self._minibatch_plan(batch.actions.shape[0])
         use_q = len(self.replay) >= self.config.replay.min_size
         totals = self._run_updates(batch, order, bounds, use_q)
+        self.value_norm.commit(return_stats, totals[APPLIED : APPLIED + 1] > 0)
         extra = xp.zeros(0) if report is None else report
         # [statistics, guard, return statistics, the caller's report]
         readback = xp.empty(REPORT + extra.size, dtype=np.float64)
@@ -445,11 +446,12 @@ class Trainer:
         actions: np.ndarray,
         truncated_rows: np.ndarray | None,
         guard: np.ndarray,
-    ) -> tuple[Batch, np.ndarray]:
+    ) -> tuple[Batch, np.ndarray, np.ndarray]:
         """Values of every observation, GAE, and the flat on-policy batch; also s_{t+1} as
-        the dtype's [T, N, D]. Truncated steps bootstrap from V of their final observation:
-        the value pass covers the `truncated_rows` (flat t·N + n) of next_obs, or all of them
-        when the host does not know which (None)."""
+        the dtype's [T, N, D] and the return statistics with this Step's returns folded in.
+        Truncated steps bootstrap from V of their final observation: the value pass covers
+        the `truncated_rows` (flat t·N + n) of next_obs, or all of them when the host does
+        not know which (None)."""
         T, N, D = rollout.horizon, rollout.num_envs, self.config.model.obs_dim
         xp, dtype = self.xp, self.dtype
         obs = rollout.obs.astype(dtype, copy=False).reshape((T + 1) * N, D)
@@ -473,11 +475,10 @@ class Trainer:
             self.hp["train.gamma"],
             self.hp["ppo.gae_lambda"],
         )
-        # The value head learns V in units of the running return statistics (a rollout with
-        # a bad value, guard NaN, leaves them as they were).
-        self.value_norm.update(returns, guard == 0)
-        returns = self.value_norm.normalize(returns)
-        old_values = self.value_norm.normalize(xp.ascontiguousarray(v_obs[:T]))
+        # The value head learns V in units of the return statistics with these returns in.
+        return_stats = self.value_norm.updated(returns)
+        returns = self.value_norm.normalize(returns, return_stats)
+        old_values = self.value_norm.normalize(xp.ascontiguousarray(v_obs[:T]), return_stats)
         K = self.config.model.aux_dim
         bce, aux = rollout.bce_labels, rollout.aux_targets
         batch = Batch(
@@ -491,7 +492,7 @@ class Trainer:
             aux_targets=None if aux is None else aux.astype(dtype, copy=False).reshape(T * N, K),
             guard=guard,
         )
-        return batch, next_obs
+        return batch, next_obs, return_stats
 
     def _device(self, array: np.ndarray) -> np.ndarray:
         """A host array on the backend's device (the same array on NumPy)."""

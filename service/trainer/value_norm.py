@@ -9,7 +9,9 @@ GAE returns' mean and mean square over Steps, debiased like Adam's moments:
 So the value loss and its gradients stay O(1) whatever the reward scale: a return of −100
 does not make the value head's gradient dwarf the policy's. GAE and Act's values use the
 denormalised V = σ v̂ + μ. The statistics are three float64 numbers on the backend's device,
-updated on the device (no host read), saved in checkpoints.
+saved in checkpoints. A Step folds its returns into a proposal (`updated`), normalises its
+targets with it, and `commit`s it on the device only if one of its updates was applied: a Step
+that changes no parameter changes nothing Act reads.
 """
 
 from __future__ import annotations
@@ -34,24 +36,29 @@ class ValueNorm:
         """(μ, σ) as float64 [1] arrays on the device."""
         return _moments(self.xp, self.stats)
 
-    def update(self, returns: np.ndarray, ok: np.ndarray) -> None:
-        """Fold one Step's returns [any shape] into the moving averages, in place, where the
-        bool [1] `ok` holds (on the device: nothing is read back)."""
+    def updated(self, returns: np.ndarray) -> np.ndarray:
+        """The statistics with one Step's returns [any shape] folded in (a new device array;
+        `stats` itself is unchanged until `commit`)."""
         if not self.enabled:
-            return
+            return self.stats
         xp, beta = self.xp, self.decay
         flat = returns.reshape(-1).astype(np.float64)
         step = xp.empty(3, dtype=np.float64)
         step[0:1] = flat.mean(keepdims=True)
         step[1:2] = (flat * flat).mean(keepdims=True)
         step[2:3] = 1.0
-        self.stats[...] = xp.where(ok, beta * self.stats + (1.0 - beta) * step, self.stats)
+        return beta * self.stats + (1.0 - beta) * step
 
-    def normalize(self, values: np.ndarray) -> np.ndarray:
-        """(V − μ) / σ in the trainer's dtype."""
+    def commit(self, proposed: np.ndarray, ok: np.ndarray) -> None:
+        """stats ← proposed where the bool [1] `ok` holds, on the device (nothing read back)."""
+        if self.enabled:
+            self.stats[...] = self.xp.where(ok, proposed, self.stats)
+
+    def normalize(self, values: np.ndarray, stats: np.ndarray | None = None) -> np.ndarray:
+        """(V − μ) / σ in the trainer's dtype, under `stats` (default: the committed ones)."""
         if not self.enabled:
             return values
-        mean, std = self._moments()
+        mean, std = _moments(self.xp, self.stats if stats is None else stats)
         return ((values - mean) / std).astype(self.dtype)
 
     def denormalize(self, outputs: np.ndarray) -> np.ndarray:
