@@ -470,7 +470,7 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
 # one GPU (bench/README.md, "Learning", has the sweeps they come from).
 JOB_SIZES = {
     "numpy": {"num_envs": 256, "steps": 100},
-    "cuda": {"num_envs": 8192, "steps": 50},
+    "cuda": {"num_envs": 8192, "steps": 200},
 }
 
 

@@ -60,6 +60,7 @@ OP_NAMES: tuple[str, ...] = (
     "sample_categorical",
     "act_select",
     "replay_sample_indices",
+    "minibatch_order",
     "replay_gather",
     "gather_rows",
 )

@@ -631,6 +631,14 @@ def replay_sample_indices(size: Array, key: Array, sequence: Array, count: int) 
     return below(bits, int(size[0])).astype(np.int32)
 
 
+def minibatch_order(key: Array, sequence: int, rows: int) -> Array:
+    """A seeded permutation of 0 .. rows-1 (int32): the rows sorted, stably, by word 0 of
+    Philox counter (i, sequence, MINIBATCH). key: uint32 [2]."""
+    words = (int(key[0]), int(key[1]))
+    keys = random_bits(words, Stream.MINIBATCH, int(sequence), int(rows))[:, 0]
+    return np.argsort(keys, kind="stable").astype(np.int32)
+
+
 def gather_rows(arrays: Sequence[Array], rows: Array) -> list[Array]:
     """[a[rows] for each array]: a minibatch's rows of several per-row arrays (one launch on
     CUDA, for arrays of 4-byte elements)."""

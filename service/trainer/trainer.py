@@ -22,7 +22,7 @@ from typing import TypeVar
 import numpy as np
 
 from service.backend import Backend, select_backend
-from service.backend.philox import Stream, random_bits, seed_key
+from service.backend.philox import seed_key
 from service.config import Config, ConfigError, with_overrides
 from service.errors import InvalidInput
 from service.trainer import model
@@ -180,6 +180,10 @@ class Trainer:
         self._always = xp.ones(1, dtype=np.uint8)
         self._no_guard = xp.zeros(1, dtype=self.dtype)  # a host-checked rollout's guard
         self.stream = None if xp is np else xp.cuda.Stream(non_blocking=True)
+        if self.stream is not None:
+            # The state above was written on the null stream, which a non-blocking stream does
+            # not wait for: the trainer's first work must come after it.
+            self.stream.wait_event(xp.cuda.Stream.null.record())
         # Side streams for independent work inside an update (the target network, the
         # on-policy heads, weight gradients), joined back by events: in a captured graph,
         # parallel branches.
@@ -348,18 +352,21 @@ class Trainer:
         return host[REPORT:]
 
     def _minibatch_plan(self, rows: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
-        """The Step's minibatches: each epoch's seeded permutation of the rows, concatenated
-        (int32 [epochs · rows]), and each update's [start, stop) in it."""
+        """The Step's minibatches: each epoch's seeded permutation of the rows (drawn on the
+        backend's device), concatenated (int32 [epochs · rows]), and each update's
+        [start, stop) in it."""
         ppo = self.config.ppo
         first = int(self.counters["updates_attempted"][0])
-        orders, bounds = [], []
+        order = self.xp.empty(ppo.epochs * rows, dtype=np.int32)
+        bounds: list[tuple[int, int]] = []
         for epoch in range(ppo.epochs):
             sequence = first + len(bounds)  # the updates_attempted count at the epoch start
-            keys = random_bits(self.key, Stream.MINIBATCH, sequence, rows)[:, 0]
-            orders.append(np.argsort(keys, kind="stable").astype(np.int32))
+            order[epoch * rows : (epoch + 1) * rows] = self.ops.minibatch_order(
+                self.key_on_device, sequence, rows
+            )
             parts = np.array_split(np.arange(rows), min(ppo.num_minibatches, rows))
             bounds += [(epoch * rows + p[0], epoch * rows + p[-1] + 1) for p in parts]
-        return np.concatenate(orders), [(int(a), int(b)) for a, b in bounds]
+        return order, [(int(a), int(b)) for a, b in bounds]
 
     def _run_updates(
         self, batch: Batch, order: np.ndarray, bounds: list[tuple[int, int]], use_q: bool
@@ -369,17 +376,17 @@ class Trainer:
         self.sequences["updates_attempted"].fill(int(self.counters["updates_attempted"][0]))
         if self.graphs is None:
             totals = xp.empty(STATS_SIZE, dtype=np.float64)
-            self._updates(batch, xp.asarray(order), bounds, use_q, totals)
+            self._updates(batch, order, bounds, use_q, totals)
             return totals
         key = self._step_key(order, bounds, batch, use_q)
         if key not in self._static:  # the buffers this shape's graph reads
             static = Batch(*(None if a is None else xp.empty_like(a) for a in batch_arrays(batch)))
-            self._static[key] = (static, xp.empty_like(xp.asarray(order)), xp.empty(STATS_SIZE))
+            self._static[key] = (static, xp.empty_like(order), xp.empty(STATS_SIZE))
         static, static_order, totals = self._static[key]
         for dst, src in zip(batch_arrays(static), batch_arrays(batch), strict=True):
             if dst is not None:
                 dst[...] = src
-        static_order.set(order, stream=xp.cuda.get_current_stream())  # no wait for the device
+        static_order[...] = order
         self.graphs.run(key, lambda: self._updates(static, static_order, bounds, use_q, totals))
         return totals
 

@@ -126,6 +126,13 @@ def _sequence(name: str, value: object) -> Array:
     )
 
 
+def _sequence_value(name: str, value: object) -> int:
+    """A Philox sequence number given on the host, as an int in [0, 2**63)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 <= value < 2**63:
+        return int(value)
+    raise ValueError(f"{name}: expected an int in [0, 2**63), got {value!r}")
+
+
 def _count(name: str, value: object, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name}: expected an int, got {value!r}")
@@ -606,6 +613,21 @@ class HeadOps:
             (size, _key("key", key), _sequence("sequence", sequence), slots, np.int32(count)),
         )
         return slots
+
+    def minibatch_order(self, key: object, sequence: int, rows: int) -> Array:
+        """A seeded permutation of 0 .. rows-1 (int32 [rows]) as numpy_ops.minibatch_order:
+        minibatch.cu's unique 64-bit keys, sorted on the device."""
+        rows = _count("rows", rows)
+        sequence = int(_sequence_value("sequence", sequence))
+        keys = cupy.empty(rows, dtype=cupy.uint64)
+        self._launch(
+            "minibatch.cu",
+            "minibatch_keys",
+            rows,
+            (_key("key", key), np.uint32(sequence & 0xFFFFFFFF), np.uint32(sequence >> 32),
+             np.int32(rows), keys),
+        )  # fmt: skip
+        return cupy.argsort(keys).astype(cupy.int32)
 
     def replay_gather(self, storage: Mapping[str, Array], slots: Array) -> dict[str, Array]:
         """The ring's rows at `slots` (int32 [count], each in [0, size)), one array per field."""
