@@ -46,7 +46,7 @@ class CapturedUpdate:
             aux_targets=rng.standard_normal((B, K)).astype(np.float32) if K else None,
             guard=np.zeros(1, dtype=np.float32),
         )
-        order = rng.permutation(B).astype(np.int32)
+        order = cupy.asarray(rng.permutation(B).astype(np.int32))  # a Step's order is on the device
         bounds = [(0, B)]
         with trainer.on_device():
             trainer.replay.insert(

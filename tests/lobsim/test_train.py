@@ -9,38 +9,45 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.config import load_config
+from service.backend.blas import single_blas_thread
+from service.config import load_config, sized_for
 from service.lobsim import evaluate
 from service.lobsim.train import HELD_OUT, lobsim_model, make_stepper, run_train_lobsim
 from service.trainer.trainer import ActMode, Trainer
 
-SEED = 3
-STEPS = 12  # Steps of the default job size (256 markets x 32 env steps): 98k env steps
+SEED = 0
 MARKETS = 64  # held-out markets of the verdict
 
 
-def test_a_short_run_with_the_defaults_beats_holding() -> None:
-    """The default trainer and markets, 12 Steps on a fixed seed: the greedy policy's return
-    beats HOLD's on held-out markets, the paired 95 % interval above zero (measured on this
-    seed: +9.9 ± 2.2 after 10 Steps, so the margin is wide)."""
-    config = lobsim_model(
-        load_config(env={}, overrides=["train.backend=numpy", f"train.seed={SEED}",
-                                       "train.num_envs=256"])  # fmt: skip
+@pytest.mark.slow
+def test_the_default_job_beats_holding() -> None:
+    """The README's main job as it trains by default (NumPy: 100 Steps of 256 markets x 32 env
+    steps, the default trainer) on a fixed seed: its greedy policy's return beats HOLD's on
+    held-out markets, the paired 95 % interval above zero. Measured: +14.9 ± 1.0 on 256 markets
+    for this seed, +14.5 and +14.9 for seeds 1 and 2 (bench/README.md), so BLAS rounding on
+    another machine cannot move it below zero; ~100 s here."""
+    config = sized_for(
+        lobsim_model(load_config(env={}, overrides=["train.backend=numpy", f"train.seed={SEED}"])),
+        "numpy",
     )
     trainer = Trainer(config)
-    step = make_stepper(trainer, 256, config.train.rollout_len, config.lobsim, SEED)
-    for _ in range(STEPS):
-        result = step().result
-        assert not result.skipped and np.isfinite(list(result.losses.values())).all()
+    train = config.train
+    step = make_stepper(trainer, train.num_envs, train.rollout_len, config.lobsim, SEED)
+    with single_blas_thread("numpy"):
+        for _ in range(train.steps):
+            result = step().result
+            assert not result.skipped and np.isfinite(list(result.losses.values())).all()
     greedy = lambda obs, mask: trainer.act(obs, ActMode.GREEDY_PI).actions  # noqa: E731
     traces = evaluate.play_all(
         {"trained": lambda env: greedy, "hold": lambda env: evaluate.constant(0)},
-        config.lobsim, SEED + HELD_OUT, MARKETS,
-    )  # fmt: skip
+        config.lobsim,
+        SEED + HELD_OUT,
+        MARKETS,
+    )
     margin = evaluate.paired_difference(
         traces["trained"].episode_return, traces["hold"].episode_return
     )
-    print(f"trained - hold: {margin}")
+    print(f"trained - hold over {MARKETS} markets: {margin}")
     assert margin.mean - margin.half > 0, margin
 
 
