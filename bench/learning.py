@@ -126,8 +126,10 @@ def lobsim_run(seed: int, sets: list[str], workdir: Path, timeout_s: float) -> d
     if done.returncode != 0:
         raise RuntimeError(f"{shlex.join(command)} exited {done.returncode}:\n{done.stderr}")
     report = json.loads((run_dir / EVAL_JSON).read_text())
+    lines = done.stdout.splitlines()
     return {"seed": seed, "settings": sets, "seconds": round(seconds, 1),
-            "stdout_tail": done.stdout.splitlines()[-30:], "evaluation": report}  # fmt: skip
+            "job": lines[0] if lines else "",  # "trident train: backend=... steps=..."
+            "stdout_tail": lines[-30:], "evaluation": report}  # fmt: skip
 
 
 def margin(report: dict[str, Any]) -> float:
