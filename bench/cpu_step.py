@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from service.config import load_config
-from service.trainer.rollout import Rollout, Transitions
 from service.trainer.trainer import APPLIED, STATS_SIZE, Trainer
+from service.types import Rollout, Transitions
 
 D, H, DEPTH, A, Z, K = 40, 256, 2, 9, 51, 3
 ENV_VARS = (

@@ -58,8 +58,8 @@ from service.server.engine import Engine
 from service.server.metrics import Metrics
 from service.server.servicer import TrainerServicer
 from service.server.validation import rollout_from_request
-from service.trainer.rollout import Rollout
-from service.trainer.trainer import ActMode, ActResult, Trainer
+from service.trainer.trainer import Trainer
+from service.types import ActMode, ActResult, Rollout
 
 D, H, DEPTH, A, Z, K = 40, 256, 2, 9, 51, 3
 THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE")

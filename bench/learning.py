@@ -44,7 +44,7 @@ from grpc_step import running_server
 from service.actor import GymnasiumVectorEnv, make_gymnasium_env
 from service.client.client import TridentClient
 from service.trainer.loop import collect_rollout
-from service.trainer.trainer import ActMode
+from service.types import ActMode
 
 CARTPOLE = ("model.obs_dim=4", "model.num_actions=2", "model.aux_dim=0")
 SOLVED = 475.0  # CartPole-v1's reward threshold

@@ -33,8 +33,7 @@ from service.errors import TridentError
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
 from service.lobsim.vector import LobSimVectorEnv
 from service.trainer.loop import EnvStep, VectorEnv, collect_rollout
-from service.trainer.rollout import Rollout
-from service.trainer.trainer import ActMode, ActResult
+from service.types import ActMode, ActResult, Rollout
 
 if TYPE_CHECKING:  # Gymnasium is optional (pip install 'trident[gym]')
     from gymnasium.vector import VectorEnv as GymnasiumVector

@@ -31,7 +31,8 @@ from service.lobsim.train import run_train_lobsim
 from service.synthetic import ContextualBandit
 from service.trainer import model
 from service.trainer.loop import Progress, train
-from service.trainer.trainer import ActMode, Trainer
+from service.trainer.trainer import Trainer
+from service.types import ActMode
 
 # `trident serve` flags and the settings they stand for.
 SERVE_FLAGS = {

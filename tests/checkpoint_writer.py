@@ -13,8 +13,8 @@ import numpy as np
 
 from service.checkpoint import save_checkpoint
 from service.config import Config, load_config
-from service.trainer.rollout import Rollout
 from service.trainer.trainer import Trainer
+from service.types import Rollout
 
 SMALL = [
     "train.backend=numpy",  # the CPU suite tests the NumPy backend, GPU or not

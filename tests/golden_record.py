@@ -21,8 +21,8 @@ import numpy as np
 
 from service.backend.philox import Stream, random_bits, uniform01
 from service.config import load_config
-from service.trainer.rollout import Rollout
-from service.trainer.trainer import ActMode, Trainer
+from service.trainer.trainer import Trainer
+from service.types import ActMode, Rollout
 
 STEPS = 20
 T, N, D, A, K = 6, 8, 7, 9, 3

@@ -25,7 +25,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.config import Config, load_config
-from service.trainer.rollout import Rollout
+from service.types import Rollout
 
 # The tests' small model (see tests/test_trainer.py for the shape conventions).
 SMALL = (

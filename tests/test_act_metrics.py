@@ -12,7 +12,8 @@ from serverproc import small_config
 
 from service.server.engine import Engine
 from service.server.metrics import Metrics
-from service.trainer.trainer import ActMode, Trainer
+from service.trainer.trainer import Trainer
+from service.types import ActMode
 
 HELD_S = 0.5  # how long the test holds the trainer, as a Step in progress would
 

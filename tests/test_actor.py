@@ -20,7 +20,7 @@ from service.client.client import TridentClient
 from service.config import LobsimConfig
 from service.lobsim.env import observation_dim
 from service.trainer.loop import collect_rollout
-from service.trainer.trainer import ActMode
+from service.types import ActMode
 
 CARTPOLE = ("model.obs_dim=4", "model.num_actions=2", "model.aux_dim=0")
 SAME_STEP = {"autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP}

@@ -35,7 +35,8 @@ from service.errors import (
     CheckpointNotFound,
     InvalidInput,
 )
-from service.trainer.trainer import HOT_KEYS, ActMode, Trainer
+from service.trainer.trainer import HOT_KEYS, Trainer
+from service.types import ActMode
 
 WRITER = Path(__file__).with_name("checkpoint_writer.py")
 FILES = [

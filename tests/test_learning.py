@@ -7,7 +7,8 @@ import numpy as np
 from service.config import load_config
 from service.synthetic import ContextualBandit
 from service.trainer.loop import train
-from service.trainer.trainer import ActMode, Trainer
+from service.trainer.trainer import Trainer
+from service.types import ActMode
 
 STEP_BUDGET = 60
 

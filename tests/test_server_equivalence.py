@@ -11,7 +11,8 @@ import pytest
 from serverproc import random_rollout, running_server, small_config
 
 from service.client.client import StepReply, TridentClient
-from service.trainer.trainer import ActMode, StepResult, Trainer
+from service.trainer.trainer import Trainer
+from service.types import ActMode, StepResult
 
 FLOAT32 = {"rtol": 2e-6, "atol": 1e-7}
 

@@ -18,8 +18,7 @@ from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.client.client import TridentClient, step_request
-from service.trainer.rollout import Rollout
-from service.trainer.trainer import ActMode
+from service.types import ActMode, Rollout
 
 Code = grpc.StatusCode
 LAG = 1

@@ -15,8 +15,8 @@ from serverproc import random_rollout, running_server, scrape, small_config, sta
 
 from service.checkpoint import list_checkpoints, read_manifest, restore_checkpoint
 from service.client.client import TridentClient
-from service.trainer.rollout import Rollout
-from service.trainer.trainer import ActMode, Trainer
+from service.trainer.trainer import Trainer
+from service.types import ActMode, Rollout
 
 Code = grpc.StatusCode
 ACT_ROWS = 4

@@ -26,7 +26,7 @@ from serverproc import (
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.client.client import TridentClient, step_request
-from service.trainer.trainer import ActMode
+from service.types import ActMode
 
 Code = grpc.StatusCode
 

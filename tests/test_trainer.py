@@ -7,8 +7,8 @@ import pytest
 
 from service.config import load_config
 from service.errors import InvalidInput
-from service.trainer.rollout import Rollout
-from service.trainer.trainer import ActMode, Trainer
+from service.trainer.trainer import Trainer
+from service.types import ActMode, Rollout
 
 SMALL = [
     "train.backend=numpy",  # the CPU suite tests the NumPy backend, GPU or not

@@ -23,8 +23,8 @@ torch = pytest.importorskip("torch")
 from service.backend.philox import Stream, below, random_bits, seed_key  # noqa: E402
 from service.config import Config, with_overrides  # noqa: E402
 from service.trainer import model  # noqa: E402
-from service.trainer.rollout import Rollout  # noqa: E402
 from service.trainer.trainer import Trainer  # noqa: E402
+from service.types import Rollout  # noqa: E402
 
 F64 = torch.float64
 T, N, D, K = 4, 6, 7, 3

@@ -9,8 +9,9 @@ from test_trainer import SMALL, random_rollout
 
 from service.config import C51Config, load_config
 from service.trainer.support_watch import COOLDOWN, THRESHOLD, WINDOW, SupportWatch
-from service.trainer.trainer import ActMode, Trainer
+from service.trainer.trainer import Trainer
 from service.trainer.value_norm import VARIANCE_FLOOR, ValueNorm, moments
+from service.types import ActMode
 
 
 @pytest.fixture

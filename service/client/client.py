@@ -21,8 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from service.api.tensors import decode, encode
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
-from service.trainer.rollout import Rollout
-from service.trainer.trainer import ActMode, ActResult
+from service.types import ActMode, ActResult, Rollout
 
 Reply = TypeVar("Reply")
 

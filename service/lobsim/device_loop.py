@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.lobsim.env import LABEL_DIM, LobSim
-from service.trainer.rollout import DeviceRollout
-from service.trainer.trainer import ActMode, StepResult, Trainer
+from service.trainer.trainer import Trainer
+from service.types import ActMode, DeviceRollout, StepResult
 
 # The report vector a Step reads back with its statistics.
 REWARD_SUM, EPISODES, RETURN_SUM = range(3)

@@ -29,7 +29,8 @@ from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, LobSim, observation_dim
 from service.lobsim.vector import LobSimVectorEnv
 from service.trainer import model
 from service.trainer.loop import collect_rollout
-from service.trainer.trainer import ActMode, Trainer
+from service.trainer.trainer import Trainer
+from service.types import ActMode
 
 HELD_OUT = 1_000_003  # evaluation seed = train.seed + this: markets training never saw
 CSV_COLUMNS = ("step", "elapsed_s", "env_steps", "reward_per_step", "episodes", "episode_return",

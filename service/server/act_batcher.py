@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.trainer.trainer import ActMode, ActResult
+from service.types import ActMode, ActResult
 
 RunBatch = Callable[[np.ndarray, ActMode, float], ActResult]
 

@@ -32,8 +32,8 @@ from service.errors import InferenceOnly, StalePolicy
 from service.server.act_batcher import ActBatcher
 from service.server.metrics import Metrics
 from service.server.step_queue import StepQueue
-from service.trainer.rollout import Rollout
-from service.trainer.trainer import ActMode, ActResult, StepResult, Trainer
+from service.trainer.trainer import Trainer
+from service.types import ActMode, ActResult, Rollout, StepResult
 
 
 def trident_version() -> str:

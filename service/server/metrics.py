@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.checkpoint import CheckpointInfo
 from service.trainer.model import HEADS
-from service.trainer.trainer import StepResult
+from service.types import StepResult
 
 LOSS_LABELS = (*HEADS, "total")  # `total`: the λ-weighted sum
 METHODS = tuple(m.name for m in pb.DESCRIPTOR.services_by_name["TrainerService"].methods)

@@ -20,7 +20,7 @@ from service.server.engine import Engine
 from service.server.metrics import Metrics
 from service.server.status import status_of
 from service.server.validation import act_inputs, rollout_from_request
-from service.trainer.trainer import StepResult
+from service.types import StepResult
 
 Handler = TypeVar("Handler", bound=Callable[..., Any])
 # Error details travel in trailing metadata; clients drop a stream whose metadata passes 8 KiB.

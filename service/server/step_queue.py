@@ -10,8 +10,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from service.errors import Abandoned, QueueFull, Unavailable
-from service.trainer.rollout import Rollout
-from service.trainer.trainer import StepResult
+from service.types import Rollout, StepResult
 
 
 @dataclass

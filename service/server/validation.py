@@ -8,8 +8,8 @@ from service.api.tensors import decode
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.config import Config
 from service.errors import InvalidInput
-from service.trainer.rollout import Rollout, validate_rollout
-from service.trainer.trainer import ActMode
+from service.trainer.rollout import validate_rollout
+from service.types import ActMode, Rollout
 
 FLOAT = (pb.D_TYPE_FLOAT32,)
 INDEX = (pb.D_TYPE_INT32, pb.D_TYPE_INT64)

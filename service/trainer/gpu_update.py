@@ -14,8 +14,8 @@ import cupy
 import numpy as np
 
 from service.config import Config, with_overrides
-from service.trainer.rollout import Transitions
 from service.trainer.trainer import Batch, Trainer, batch_arrays
+from service.types import Transitions
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

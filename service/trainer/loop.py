@@ -8,8 +8,8 @@ from typing import Protocol
 
 import numpy as np
 
-from service.trainer.rollout import Rollout
-from service.trainer.trainer import ActMode, StepResult, Trainer
+from service.trainer.trainer import Trainer
+from service.types import ActMode, Rollout, StepResult
 
 
 @dataclass(frozen=True)

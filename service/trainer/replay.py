@@ -7,7 +7,7 @@ from types import ModuleType
 import numpy as np
 
 from service.errors import InvalidInput
-from service.trainer.rollout import Transitions
+from service.types import Transitions
 
 FIELDS = ("obs", "actions", "rewards", "dones", "horizons", "next_obs")
 

@@ -2,61 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import ModuleType
 
 import numpy as np
 
 from service.config import Config
 from service.errors import InvalidInput
-
-
-class _TimeMajor:
-    """[T, N] arrays of T steps of N envs: the shape of a rollout's actions."""
-
-    actions: np.ndarray
-
-    @property
-    def horizon(self) -> int:
-        return self.actions.shape[0]
-
-    @property
-    def num_envs(self) -> int:
-        return self.actions.shape[1]
-
-
-@dataclass(frozen=True)
-class Rollout(_TimeMajor):
-    """What N actors saw over T steps, time-major.
-
-    obs[T] is the bootstrap observation. Where `truncated[t, n]`, obs[t + 1, n] already belongs
-    to the next episode; the episode's own final observation is `final_obs[i]` for the flat
-    index `final_obs_index[i] = t * N + n`. Termination and truncation stay apart: a truncated
-    step bootstraps from its final observation, a terminated one does not.
-    """
-
-    obs: np.ndarray  # [T+1, N, D] float
-    actions: np.ndarray  # [T, N] int, in [0, A)
-    rewards: np.ndarray  # [T, N] float
-    terminated: np.ndarray  # [T, N] bool
-    truncated: np.ndarray  # [T, N] bool
-    behavior_log_probs: np.ndarray  # [T, N] float, log π_old(a_t | s_t) of the acting policy
-    final_obs: np.ndarray | None = None  # [M, D] float
-    final_obs_index: np.ndarray | None = None  # [M] int, flat t * N + n of each truncated step
-    bce_labels: np.ndarray | None = None  # [T, N] in {0, 1}
-    aux_targets: np.ndarray | None = None  # [T, N, K] float
-    policy_version: int | None = None  # the version the actor's Act calls returned
-
-    def float_fields(self) -> dict[str, np.ndarray]:
-        """Every floating-point input, for the non-finite guard."""
-        fields = {
-            "obs": self.obs,
-            "rewards": self.rewards,
-            "behavior_log_probs": self.behavior_log_probs,
-            "final_obs": self.final_obs,
-            "aux_targets": self.aux_targets,
-        }
-        return {name: value for name, value in fields.items() if value is not None}
+from service.types import DeviceRollout, Rollout, Transitions
 
 
 def _shape(name: str, array: object, expected: tuple[int, ...], labels: str) -> np.ndarray:
@@ -128,41 +80,6 @@ def _validate_final_obs(rollout: Rollout, T: int, N: int, D: int) -> None:
         )
 
 
-@dataclass(frozen=True)
-class DeviceRollout(_TimeMajor):
-    """A rollout already in the trainer's memory (the in-process GPU loop), time-major like
-    `Rollout`, with the observation after every step given dense: `next_obs[t, n]` is s_{t+1}
-    before any auto-reset (the final observation where the episode ended), since how many
-    episodes ended is a number only the device knows.
-
-    Only shapes and dtypes are checked, on the host: reading values would cost a device sync.
-    A non-finite value or an action outside [0, A) leaves the whole Step unapplied instead,
-    through the updates' guard.
-    """
-
-    obs: np.ndarray  # [T+1, N, D] float
-    next_obs: np.ndarray  # [T, N, D] float
-    actions: np.ndarray  # [T, N] int
-    rewards: np.ndarray  # [T, N] float
-    terminated: np.ndarray  # [T, N] bool
-    truncated: np.ndarray  # [T, N] bool
-    behavior_log_probs: np.ndarray  # [T, N] float
-    bce_labels: np.ndarray | None = None  # [T, N] bool or 0/1 integers
-    aux_targets: np.ndarray | None = None  # [T, N, K] float
-    policy_version: int | None = None
-
-    def float_fields(self) -> dict[str, np.ndarray]:
-        """Every floating-point input, for the non-finite guard."""
-        fields = {
-            "obs": self.obs,
-            "next_obs": self.next_obs,
-            "rewards": self.rewards,
-            "behavior_log_probs": self.behavior_log_probs,
-            "aux_targets": self.aux_targets,
-        }
-        return {name: value for name, value in fields.items() if value is not None}
-
-
 def validate_device_rollout(rollout: DeviceRollout, config: Config) -> None:
     """Raise InvalidInput naming the first field whose shape or dtype is wrong (values unread)."""
     actions = rollout.actions
@@ -194,18 +111,6 @@ def validate_device_rollout(rollout: DeviceRollout, config: Config) -> None:
 def _described(array: object) -> object:
     shape = getattr(array, "shape", None)
     return list(shape) if shape is not None else type(array).__name__
-
-
-@dataclass(frozen=True)
-class Transitions:
-    """Flat n-step transitions for the replay buffer (one per rollout step, t-major order)."""
-
-    obs: np.ndarray  # [B, D]
-    actions: np.ndarray  # [B] int32
-    rewards: np.ndarray  # [B] Σ_{j<k} γ^j r_{t+j}
-    dones: np.ndarray  # [B] uint8: the k-step window ended in termination
-    horizons: np.ndarray  # [B] int32: k, the steps actually summed (<= n)
-    next_obs: np.ndarray  # [B, D] the observation k steps later (final obs at truncation)
 
 
 def next_observations(rollout: Rollout, dtype: np.dtype) -> np.ndarray:

@@ -14,8 +14,7 @@ import hashlib
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields, replace
-from enum import Enum
+from dataclasses import dataclass, fields, replace
 from types import ModuleType
 from typing import TypeVar
 
@@ -29,9 +28,6 @@ from service.trainer import model
 from service.trainer.hyper import HOT_KEYS, ZERO, Hyperparams
 from service.trainer.replay import ReplayBuffer
 from service.trainer.rollout import (
-    DeviceRollout,
-    Rollout,
-    Transitions,
     next_observations,
     nstep_transitions,
     validate_device_rollout,
@@ -39,10 +35,11 @@ from service.trainer.rollout import (
 )
 from service.trainer.support_watch import SupportWatch
 from service.trainer.value_norm import ValueNorm, moments
+from service.types import ActMode, ActResult, DeviceRollout, Rollout, StepResult, Transitions
 
 T = TypeVar("T")
 
-__all__ = ["HOT_KEYS", "ActMode", "ActResult", "StepResult", "Trainer"]
+__all__ = ["HOT_KEYS", "Trainer"]
 
 COUNTERS = ("global_step", "updates_attempted", "act_calls")
 VALUE_NORM = "v/norm"  # the value head's return statistics, saved with the parameters
@@ -64,41 +61,6 @@ STATS_SIZE = BAD + len(LOSS_HEADS)
 # The Step's readback: the statistics, the rollout guard, the value head's return statistics
 # (3), then what the caller asked for.
 GUARD, REPORT = STATS_SIZE, STATS_SIZE + 4
-
-
-class ActMode(Enum):
-    SAMPLE = "sample"  # a ~ π(·|s)
-    GREEDY_PI = "greedy_pi"  # argmax_a π(a|s)
-    GREEDY_Q = "greedy_q"  # argmax_a E[Z(s, a)]
-    EPSILON_GREEDY = "epsilon_greedy"  # uniform action with probability ε, else greedy-Q
-
-
-@dataclass(frozen=True)
-class ActResult:
-    actions: np.ndarray  # [N] int32
-    log_probs: np.ndarray  # [N] log π(a|s) of the returned action, whatever the mode
-    values: np.ndarray  # [N] V(s)
-    policy_version: int
-
-
-@dataclass
-class StepResult:
-    """What one Step did. Losses and statistics are means over the applied updates."""
-
-    losses: dict[str, float] = field(default_factory=dict)  # q, pi, v, bce, aux, total
-    grad_norm: float = 0.0  # before clipping
-    entropy: float = 0.0
-    approx_kl: float = 0.0
-    clip_fraction: float = 0.0
-    c51_support_clip_ratio: float = 0.0  # share of C51 target mass clipped at the support ends
-    updates_applied: int = 0
-    updates_skipped: int = 0
-    skipped: bool = False  # at least one update was left unapplied
-    skip_reason: str = ""
-    global_step: int = 0
-    policy_lag: int = 0
-    timings_ms: dict[str, float] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)  # settings that do not fit the data
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,8 @@ from service.backend.philox import Stream, below, random_bits, seed_key, uniform
 from service.config import load_config  # noqa: E402
 from service.trainer import model  # noqa: E402
 from service.trainer.replay import ReplayBuffer  # noqa: E402
-from service.trainer.rollout import Transitions  # noqa: E402
-from service.trainer.trainer import ActMode, Trainer  # noqa: E402
+from service.trainer.trainer import Trainer  # noqa: E402
+from service.types import ActMode, Transitions  # noqa: E402
 
 from .conftest import assert_close, dev, host, normal, same_bytes  # noqa: E402
 

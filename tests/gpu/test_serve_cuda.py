@@ -8,7 +8,7 @@ import numpy as np
 
 from service.backend.cuda.loader import KERNEL_ABI_VERSION
 from service.client.client import TridentClient
-from service.trainer.trainer import ActMode
+from service.types import ActMode
 from tests.serverproc import random_rollout, running_server
 
 

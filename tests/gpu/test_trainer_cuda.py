@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from service.config import load_config
-from service.trainer.trainer import ActMode, Trainer
+from service.trainer.trainer import Trainer
+from service.types import ActMode
 from tests.test_trainer import random_rollout
 
 SMALL = [

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.trainer.trainer import ActMode, Trainer
+from service.trainer.trainer import Trainer
+from service.types import ActMode
 from tests.gpu.test_trainer_cuda import data_seed, run, trainer  # noqa: F401 (fixture)
 from tests.test_trainer import random_rollout
 

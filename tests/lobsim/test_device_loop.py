@@ -16,8 +16,8 @@ from service.lobsim.train import lobsim_model
 from service.lobsim.vector import LobSimVectorEnv
 from service.trainer.loop import collect_rollout
 from service.trainer.replay import FIELDS
-from service.trainer.rollout import DeviceRollout
-from service.trainer.trainer import ActMode, Trainer
+from service.trainer.trainer import Trainer
+from service.types import ActMode, DeviceRollout
 
 T, N = 5, 6
 

@@ -13,7 +13,8 @@ from service.backend.blas import single_blas_thread
 from service.config import load_config, sized_for
 from service.lobsim import evaluate
 from service.lobsim.train import HELD_OUT, lobsim_model, make_stepper, run_train_lobsim
-from service.trainer.trainer import ActMode, Trainer
+from service.trainer.trainer import Trainer
+from service.types import ActMode
 
 SEED = 0
 MARKETS = 64  # held-out markets of the verdict

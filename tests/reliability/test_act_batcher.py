@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from service.server.act_batcher import ActBatcher
-from service.trainer.trainer import ActMode, ActResult
+from service.types import ActMode, ActResult
 
 
 def test_mixed_kinds_in_the_queue_are_all_answered() -> None:

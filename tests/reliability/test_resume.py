@@ -13,7 +13,7 @@ from serverproc import ServerProcess, random_rollout, start_server
 
 from service.checkpoint import read_manifest
 from service.client.client import TridentClient
-from service.trainer.rollout import Rollout
+from service.types import Rollout
 
 K = 3
 SETTINGS = ("train.seed=1234", "replay.capacity=512")

@@ -1,0 +1,142 @@
+"""The data types the service's parts share: Act modes and results, Step results, rollouts and
+replay transitions. NumPy only, so a client, an actor or a test can use them without loading the
+trainer or a backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+__all__ = ["ActMode", "ActResult", "DeviceRollout", "Rollout", "StepResult", "Transitions"]
+
+
+class ActMode(Enum):
+    SAMPLE = "sample"  # a ~ π(·|s)
+    GREEDY_PI = "greedy_pi"  # argmax_a π(a|s)
+    GREEDY_Q = "greedy_q"  # argmax_a E[Z(s, a)]
+    EPSILON_GREEDY = "epsilon_greedy"  # uniform action with probability ε, else greedy-Q
+
+
+@dataclass(frozen=True)
+class ActResult:
+    actions: np.ndarray  # [N] int32
+    log_probs: np.ndarray  # [N] log π(a|s) of the returned action, whatever the mode
+    values: np.ndarray  # [N] V(s)
+    policy_version: int
+
+
+@dataclass
+class StepResult:
+    """What one Step did. Losses and statistics are means over the applied updates."""
+
+    losses: dict[str, float] = field(default_factory=dict)  # q, pi, v, bce, aux, total
+    grad_norm: float = 0.0  # before clipping
+    entropy: float = 0.0
+    approx_kl: float = 0.0
+    clip_fraction: float = 0.0
+    c51_support_clip_ratio: float = 0.0  # share of C51 target mass clipped at the support ends
+    updates_applied: int = 0
+    updates_skipped: int = 0
+    skipped: bool = False  # at least one update was left unapplied
+    skip_reason: str = ""
+    global_step: int = 0
+    policy_lag: int = 0
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # settings that do not fit the data
+
+
+class _TimeMajor:
+    """[T, N] arrays of T steps of N envs: the shape of a rollout's actions."""
+
+    actions: np.ndarray
+
+    @property
+    def horizon(self) -> int:
+        return self.actions.shape[0]
+
+    @property
+    def num_envs(self) -> int:
+        return self.actions.shape[1]
+
+
+@dataclass(frozen=True)
+class Rollout(_TimeMajor):
+    """What N actors saw over T steps, time-major.
+
+    obs[T] is the bootstrap observation. Where `truncated[t, n]`, obs[t + 1, n] already belongs
+    to the next episode; the episode's own final observation is `final_obs[i]` for the flat
+    index `final_obs_index[i] = t * N + n`. Termination and truncation stay apart: a truncated
+    step bootstraps from its final observation, a terminated one does not.
+    """
+
+    obs: np.ndarray  # [T+1, N, D] float
+    actions: np.ndarray  # [T, N] int, in [0, A)
+    rewards: np.ndarray  # [T, N] float
+    terminated: np.ndarray  # [T, N] bool
+    truncated: np.ndarray  # [T, N] bool
+    behavior_log_probs: np.ndarray  # [T, N] float, log π_old(a_t | s_t) of the acting policy
+    final_obs: np.ndarray | None = None  # [M, D] float
+    final_obs_index: np.ndarray | None = None  # [M] int, flat t * N + n of each truncated step
+    bce_labels: np.ndarray | None = None  # [T, N] in {0, 1}
+    aux_targets: np.ndarray | None = None  # [T, N, K] float
+    policy_version: int | None = None  # the version the actor's Act calls returned
+
+    def float_fields(self) -> dict[str, np.ndarray]:
+        """Every floating-point input, for the non-finite guard."""
+        fields = {
+            "obs": self.obs,
+            "rewards": self.rewards,
+            "behavior_log_probs": self.behavior_log_probs,
+            "final_obs": self.final_obs,
+            "aux_targets": self.aux_targets,
+        }
+        return {name: value for name, value in fields.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class DeviceRollout(_TimeMajor):
+    """A rollout already in the trainer's memory (the in-process GPU loop), time-major like
+    `Rollout`, with the observation after every step given dense: `next_obs[t, n]` is s_{t+1}
+    before any auto-reset (the final observation where the episode ended), since how many
+    episodes ended is a number only the device knows.
+
+    Only shapes and dtypes are checked, on the host: reading values would cost a device sync.
+    A non-finite value or an action outside [0, A) leaves the whole Step unapplied instead,
+    through the updates' guard.
+    """
+
+    obs: np.ndarray  # [T+1, N, D] float
+    next_obs: np.ndarray  # [T, N, D] float
+    actions: np.ndarray  # [T, N] int
+    rewards: np.ndarray  # [T, N] float
+    terminated: np.ndarray  # [T, N] bool
+    truncated: np.ndarray  # [T, N] bool
+    behavior_log_probs: np.ndarray  # [T, N] float
+    bce_labels: np.ndarray | None = None  # [T, N] bool or 0/1 integers
+    aux_targets: np.ndarray | None = None  # [T, N, K] float
+    policy_version: int | None = None
+
+    def float_fields(self) -> dict[str, np.ndarray]:
+        """Every floating-point input, for the non-finite guard."""
+        fields = {
+            "obs": self.obs,
+            "next_obs": self.next_obs,
+            "rewards": self.rewards,
+            "behavior_log_probs": self.behavior_log_probs,
+            "aux_targets": self.aux_targets,
+        }
+        return {name: value for name, value in fields.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class Transitions:
+    """Flat n-step transitions for the replay buffer (one per rollout step, t-major order)."""
+
+    obs: np.ndarray  # [B, D]
+    actions: np.ndarray  # [B] int32
+    rewards: np.ndarray  # [B] Σ_{j<k} γ^j r_{t+j}
+    dones: np.ndarray  # [B] uint8: the k-step window ended in termination
+    horizons: np.ndarray  # [B] int32: k, the steps actually summed (<= n)
+    next_obs: np.ndarray  # [B, D] the observation k steps later (final obs at truncation)
