@@ -33,7 +33,7 @@ def child(variant: str, steps: int) -> dict:
 
     from service.backend.blas import single_blas_thread
     from service.config import load_config, sized_for
-    from service.lobsim.train import lobsim_model, make_stepper
+    from service.jobs.train import lobsim_model, make_stepper
     from service.trainer.trainer import Trainer
 
     config = sized_for(lobsim_model(load_config(env={}, overrides=["train.backend=numpy"])),

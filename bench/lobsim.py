@@ -13,7 +13,7 @@ around them runs in CuPy on the device; actions come from the host each step), w
 The integrated loop (--loop-sizes; 0 to skip): `trident train`'s Act -> market step -> Step
 with the default model and PPO settings, N markets × `train.rollout_len` steps per Step and
 the C51 head training from the first Step (replay.min_size = one rollout). NumPy runs the
-host loop, cuda the device loop (service/lobsim/device_loop.py: markets, Act and Step on the
+host loop, cuda the device loop (service/jobs/device_loop.py: markets, Act and Step on the
 GPU). Per N: 2 warm-up Steps (compile, capture), then --loop-steps timed Steps; env steps/s =
 N · rollout_len · Steps / wall time.
 
@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from service.config import LobsimConfig, load_config
+from service.jobs.train import lobsim_model, make_stepper
 from service.lobsim.env import NUM_ACTIONS, LobSim
-from service.lobsim.train import lobsim_model, make_stepper
 from service.trainer.trainer import Trainer
 
 DEFAULT_SIZES = (256, 1024, 4096, 16384, 65536)

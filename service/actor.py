@@ -29,11 +29,11 @@ import numpy as np
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.client.client import StepReply, TridentClient
 from service.config import LobsimConfig
+from service.envs import LobSimVectorEnv
 from service.errors import TridentError
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
-from service.lobsim.vector import LobSimVectorEnv
-from service.trainer.loop import EnvStep, VectorEnv, collect_rollout
 from service.types import ActMode, ActResult, Rollout
+from service.vector_env import EnvStep, VectorEnv, collect_rollout
 
 if TYPE_CHECKING:  # Gymnasium is optional (pip install 'trident[gym]')
     from gymnasium.vector import VectorEnv as GymnasiumVector

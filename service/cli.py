@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,17 +19,12 @@ import numpy as np
 from google.protobuf.json_format import MessageToDict
 
 from service.actor import run_actor
-from service.backend import select_backend
-from service.backend.blas import single_blas_thread
-from service.checkpoint import save_checkpoint
 from service.client.client import TridentClient, channel_credentials
-from service.config import Config, ConfigError, load_config, sized_for
+from service.config import ConfigError, load_config
 from service.errors import TridentError
-from service.lobsim import evaluate
-from service.lobsim.train import run_train_lobsim
-from service.synthetic import ContextualBandit
-from service.trainer import model
-from service.trainer.loop import Progress, train
+from service.jobs import evaluate
+from service.jobs.bandit import run_train_bandit
+from service.jobs.train import run_train_lobsim
 from service.trainer.trainer import Trainer
 from service.types import ActMode
 
@@ -42,8 +36,6 @@ SERVE_FLAGS = {
     "checkpoint_dir": "checkpoint.dir",
     "backend": "train.backend",
 }
-
-EVAL_CONTEXTS = 2048
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -171,66 +163,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def greedy_accuracy(trainer: Trainer, env: ContextualBandit, mode: ActMode) -> float:
-    """Share of held-out contexts on which the greedy action is the rewarded one."""
-    obs, correct = env.evaluation_set(EVAL_CONTEXTS, seed=trainer.config.train.seed)
-    return float(np.mean(trainer.act(obs, mode).actions == correct))
-
-
-def run_train(config: Config, write_checkpoint: bool) -> int:
-    backend = select_backend(config.train.backend, model.dims(config))
-    config = sized_for(config, backend.name)
-    with single_blas_thread(backend.name):
-        return _train_bandit(Trainer(config, backend), write_checkpoint)
-
-
-def _train_bandit(trainer: Trainer, write_checkpoint: bool) -> int:
-    config = trainer.config
-    train_cfg = config.train
-    env = ContextualBandit(
-        train_cfg.num_envs, config.model.obs_dim, config.model.num_actions, train_cfg.seed
-    )
-    samples_per_step = train_cfg.num_envs * train_cfg.rollout_len
-    print(
-        f"trident train: backend={trainer.backend.name} env=bandit steps={train_cfg.steps} "
-        f"rollout={train_cfg.rollout_len}x{train_cfg.num_envs} seed={train_cfg.seed}",
-        flush=True,
-    )
-    started = time.perf_counter()
-    every = config.checkpoint.every_steps
-
-    def report(progress: Progress) -> None:
-        step, result = progress.step, progress.result
-        if every and step % every == 0:
-            save_checkpoint(trainer, config.checkpoint.dir)
-        if step % train_cfg.log_every and step != train_cfg.steps:
-            return
-        elapsed = time.perf_counter() - started
-        losses = " ".join(f"{k} {v:.3f}" for k, v in result.losses.items())
-        skipped = f" | skipped: {result.skip_reason}" if result.skipped else ""
-        print(
-            f"step {step:>5}/{train_cfg.steps} | {step * samples_per_step / elapsed:8.0f} "
-            f"samples/s | reward {progress.mean_reward:.3f} | {losses}"
-            f" | greedy-π {greedy_accuracy(trainer, env, ActMode.GREEDY_PI):.1%}"
-            f" greedy-Q {greedy_accuracy(trainer, env, ActMode.GREEDY_Q):.1%}{skipped}",
-            flush=True,
-        )
-
-    train(trainer, env, train_cfg.steps, train_cfg.rollout_len, report)
-    elapsed = time.perf_counter() - started
-    print(
-        f"done: {trainer.global_step} steps, {trainer.global_step * samples_per_step} samples "
-        f"in {elapsed:.1f} s | greedy-π {greedy_accuracy(trainer, env, ActMode.GREEDY_PI):.1%} "
-        f"greedy-Q {greedy_accuracy(trainer, env, ActMode.GREEDY_Q):.1%} | "
-        f"param_digest {trainer.param_digest()[:16]}",
-        flush=True,
-    )
-    if write_checkpoint:
-        info = save_checkpoint(trainer, config.checkpoint.dir)
-        print(f"checkpoint {info.name} -> {info.path} ({info.size_bytes} bytes)", flush=True)
-    return 0
-
-
 def run_eval(args: argparse.Namespace) -> int:
     """Play a LobSim checkpoint's greedy-π policy and the baselines on the same held-out
     markets (evaluate.compare); print the tables and the verdict, write the JSON and the PNG."""
@@ -239,7 +171,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from service.checkpoint import check_compatible, load_policy
     from service.config import with_overrides
     from service.errors import InvalidInput
-    from service.lobsim.train import HELD_OUT, lobsim_model
+    from service.jobs.train import HELD_OUT, lobsim_model
 
     if args.episodes < 2:
         raise InvalidInput("--episodes", "an integer >= 2 (an interval needs two markets)",
@@ -384,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     log_csv=Path(args.log_csv),
                     curve_png=Path(args.curve_png),
                 )
-            return run_train(config, write_checkpoint=not args.no_checkpoint)
+            return run_train_bandit(config, write_checkpoint=not args.no_checkpoint)
         if args.command == "eval":
             return run_eval(args)
         if args.command == "serve":

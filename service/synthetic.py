@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.trainer.loop import EnvStep
+from service.vector_env import EnvStep
 
 
 class ContextualBandit:

@@ -19,8 +19,8 @@ from service.actor import (
 from service.client.client import TridentClient
 from service.config import LobsimConfig
 from service.lobsim.env import observation_dim
-from service.trainer.loop import collect_rollout
 from service.types import ActMode
+from service.vector_env import collect_rollout
 
 CARTPOLE = ("model.obs_dim=4", "model.num_actions=2", "model.aux_dim=0")
 SAME_STEP = {"autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP}

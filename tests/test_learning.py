@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from service.config import load_config
+from service.jobs.loop import train
 from service.synthetic import ContextualBandit
-from service.trainer.loop import train
 from service.trainer.trainer import Trainer
 from service.types import ActMode
 

@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 
 from service.config import load_config, with_overrides
-from service.lobsim.device_loop import DeviceLoop, LoopStep
+from service.jobs.device_loop import DeviceLoop, LoopStep
+from service.jobs.train import lobsim_model
 from service.lobsim.env import LobSim
-from service.lobsim.train import lobsim_model
 from service.trainer.trainer import Trainer
 
 T, N = 16, 512

@@ -22,15 +22,15 @@ from service.backend import select_backend
 from service.backend.blas import single_blas_thread
 from service.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
 from service.config import Config, LobsimConfig, sized_for, with_overrides
+from service.envs import LobSimVectorEnv
 from service.errors import InvalidInput
-from service.lobsim import evaluate
-from service.lobsim.device_loop import DeviceLoop, LoopStep
+from service.jobs import evaluate
+from service.jobs.device_loop import DeviceLoop, LoopStep
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, LobSim, observation_dim
-from service.lobsim.vector import LobSimVectorEnv
 from service.trainer import model
-from service.trainer.loop import collect_rollout
 from service.trainer.trainer import Trainer
 from service.types import ActMode
+from service.vector_env import collect_rollout
 
 HELD_OUT = 1_000_003  # evaluation seed = train.seed + this: markets training never saw
 CSV_COLUMNS = ("step", "elapsed_s", "env_steps", "reward_per_step", "episodes", "episode_return",

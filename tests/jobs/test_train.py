@@ -11,8 +11,8 @@ import pytest
 
 from service.backend.blas import single_blas_thread
 from service.config import load_config, sized_for
-from service.lobsim import evaluate
-from service.lobsim.train import HELD_OUT, lobsim_model, make_stepper, run_train_lobsim
+from service.jobs import evaluate
+from service.jobs.train import HELD_OUT, lobsim_model, make_stepper, run_train_lobsim
 from service.trainer.trainer import Trainer
 from service.types import ActMode
 

@@ -1,4 +1,4 @@
-"""The device loop (service/lobsim/device_loop.py) on NumPy: the same Steps as the host loop,
+"""The device loop (service/jobs/device_loop.py) on NumPy: the same Steps as the host loop,
 and the device rollout's guard. The GPU run is tests/gpu/test_device_loop.py."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 from service.config import Config, load_config
+from service.envs import LobSimVectorEnv
 from service.errors import InvalidInput
-from service.lobsim.device_loop import DeviceLoop
+from service.jobs.device_loop import DeviceLoop
+from service.jobs.train import lobsim_model
 from service.lobsim.env import LobSim
-from service.lobsim.train import lobsim_model
-from service.lobsim.vector import LobSimVectorEnv
-from service.trainer.loop import collect_rollout
 from service.trainer.replay import FIELDS
 from service.trainer.trainer import Trainer
 from service.types import ActMode, DeviceRollout
+from service.vector_env import collect_rollout
 
 T, N = 5, 6
 

@@ -1,4 +1,4 @@
-"""Evaluation on held-out LobSim markets (service/lobsim/evaluate.py) and `trident eval`."""
+"""Evaluation on held-out LobSim markets (service/jobs/evaluate.py) and `trident eval`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from service.checkpoint import list_checkpoints
 from service.config import LobsimConfig
-from service.lobsim import evaluate
+from service.jobs import evaluate
 from service.lobsim.env import LobSim
 from tests.test_cli import trident
 

@@ -1,4 +1,6 @@
-"""The in-process training loop: Act -> environment step -> Step, one rollout at a time."""
+"""The vector-environment protocol the loops and the actor share: N environments stepping
+together with auto-reset, and the collection of a time-major rollout from them under a policy.
+NumPy and the shared types only."""
 
 from __future__ import annotations
 
@@ -8,8 +10,7 @@ from typing import Protocol
 
 import numpy as np
 
-from service.trainer.trainer import Trainer
-from service.types import ActMode, Rollout, StepResult
+from service.types import Rollout
 
 
 @dataclass(frozen=True)
@@ -33,13 +34,6 @@ class VectorEnv(Protocol):
     obs: np.ndarray  # [N, D] current observations
 
     def step(self, actions: np.ndarray) -> EnvStep: ...
-
-
-@dataclass(frozen=True)
-class Progress:
-    step: int
-    result: StepResult
-    mean_reward: float  # mean reward per env step over the rollout
 
 
 class Acted(Protocol):
@@ -83,17 +77,3 @@ def collect_rollout(act: Callable[[np.ndarray], Acted], env: VectorEnv, horizon:
         bce_labels=None if bce_labels[0] is None else np.stack(bce_labels),
         aux_targets=None if aux_targets[0] is None else np.stack(aux_targets),
     )
-
-
-def train(
-    trainer: Trainer,
-    env: VectorEnv,
-    steps: int,
-    horizon: int,
-    on_step: Callable[[Progress], None] = lambda progress: None,
-) -> None:
-    """Run `steps` Steps, calling `on_step` after each."""
-    for _ in range(steps):
-        rollout = collect_rollout(lambda obs: trainer.act(obs, ActMode.SAMPLE), env, horizon)
-        result = trainer.step(rollout)
-        on_step(Progress(trainer.global_step, result, float(rollout.rewards.mean())))

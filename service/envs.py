@@ -1,4 +1,4 @@
-"""LobSim as the training loop's vector environment (service/trainer/loop.py's VectorEnv)."""
+"""LobSim as the loops' vector environment (`service/vector_env.py`'s VectorEnv)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 
 from service.config import LobsimConfig
 from service.lobsim.env import LobSim
-from service.trainer.loop import EnvStep
+from service.vector_env import EnvStep
 
 
 class LobSimVectorEnv:

@@ -1,0 +1,80 @@
+"""`trident train --env bandit`: the trainer on the synthetic contextual bandit, in-process."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from service.backend import select_backend
+from service.backend.blas import single_blas_thread
+from service.checkpoint import save_checkpoint
+from service.config import Config, sized_for
+from service.jobs.loop import Progress, train
+from service.synthetic import ContextualBandit
+from service.trainer import model
+from service.trainer.trainer import Trainer
+from service.types import ActMode
+
+EVAL_CONTEXTS = 2048  # held-out contexts of the greedy accuracy
+
+
+def greedy_accuracy(trainer: Trainer, env: ContextualBandit, mode: ActMode) -> float:
+    """Share of held-out contexts on which the greedy action is the rewarded one."""
+    obs, correct = env.evaluation_set(EVAL_CONTEXTS, seed=trainer.config.train.seed)
+    return float(np.mean(trainer.act(obs, mode).actions == correct))
+
+
+def run_train_bandit(config: Config, write_checkpoint: bool) -> int:
+    """`trident train --env bandit`: the contextual bandit, greedy accuracy per log line."""
+    backend = select_backend(config.train.backend, model.dims(config))
+    config = sized_for(config, backend.name)
+    with single_blas_thread(backend.name):
+        return _train_bandit(Trainer(config, backend), write_checkpoint)
+
+
+def _train_bandit(trainer: Trainer, write_checkpoint: bool) -> int:
+    config = trainer.config
+    train_cfg = config.train
+    env = ContextualBandit(
+        train_cfg.num_envs, config.model.obs_dim, config.model.num_actions, train_cfg.seed
+    )
+    samples_per_step = train_cfg.num_envs * train_cfg.rollout_len
+    print(
+        f"trident train: backend={trainer.backend.name} env=bandit steps={train_cfg.steps} "
+        f"rollout={train_cfg.rollout_len}x{train_cfg.num_envs} seed={train_cfg.seed}",
+        flush=True,
+    )
+    started = time.perf_counter()
+    every = config.checkpoint.every_steps
+
+    def report(progress: Progress) -> None:
+        step, result = progress.step, progress.result
+        if every and step % every == 0:
+            save_checkpoint(trainer, config.checkpoint.dir)
+        if step % train_cfg.log_every and step != train_cfg.steps:
+            return
+        elapsed = time.perf_counter() - started
+        losses = " ".join(f"{k} {v:.3f}" for k, v in result.losses.items())
+        skipped = f" | skipped: {result.skip_reason}" if result.skipped else ""
+        print(
+            f"step {step:>5}/{train_cfg.steps} | {step * samples_per_step / elapsed:8.0f} "
+            f"samples/s | reward {progress.mean_reward:.3f} | {losses}"
+            f" | greedy-π {greedy_accuracy(trainer, env, ActMode.GREEDY_PI):.1%}"
+            f" greedy-Q {greedy_accuracy(trainer, env, ActMode.GREEDY_Q):.1%}{skipped}",
+            flush=True,
+        )
+
+    train(trainer, env, train_cfg.steps, train_cfg.rollout_len, report)
+    elapsed = time.perf_counter() - started
+    print(
+        f"done: {trainer.global_step} steps, {trainer.global_step * samples_per_step} samples "
+        f"in {elapsed:.1f} s | greedy-π {greedy_accuracy(trainer, env, ActMode.GREEDY_PI):.1%} "
+        f"greedy-Q {greedy_accuracy(trainer, env, ActMode.GREEDY_Q):.1%} | "
+        f"param_digest {trainer.param_digest()[:16]}",
+        flush=True,
+    )
+    if write_checkpoint:
+        info = save_checkpoint(trainer, config.checkpoint.dir)
+        print(f"checkpoint {info.name} -> {info.path} ({info.size_bytes} bytes)", flush=True)
+    return 0

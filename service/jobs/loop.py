@@ -1,0 +1,31 @@
+"""The in-process training loop: Act -> environment step -> Step, one rollout at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from service.trainer.trainer import Trainer
+from service.types import ActMode, StepResult
+from service.vector_env import VectorEnv, collect_rollout
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int
+    result: StepResult
+    mean_reward: float  # mean reward per env step over the rollout
+
+
+def train(
+    trainer: Trainer,
+    env: VectorEnv,
+    steps: int,
+    horizon: int,
+    on_step: Callable[[Progress], None] = lambda progress: None,
+) -> None:
+    """Run `steps` Steps, calling `on_step` after each."""
+    for _ in range(steps):
+        rollout = collect_rollout(lambda obs: trainer.act(obs, ActMode.SAMPLE), env, horizon)
+        result = trainer.step(rollout)
+        on_step(Progress(trainer.global_step, result, float(rollout.rewards.mean())))
