@@ -39,7 +39,8 @@ from service.errors import (
 )
 from service.trainer.trainer import HOT_KEYS, Trainer
 
-FORMAT_VERSION = 1
+# 2: the params group holds the value head's return statistics (params/v/norm).
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 CONFIG = "config.json"
 TEMP_PREFIX = ".tmp-"
@@ -47,7 +48,10 @@ NAME_RULE = "1-128 characters from [A-Za-z0-9._-], starting with a letter or dig
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _FILE = re.compile(r"[a-z][a-z0-9_]*\.(safetensors|json)")
 # Settings a checkpoint's tensors are shaped by (or that give them their meaning).
-COMPATIBLE_KEYS = ("c51.num_atoms", "c51.v_min", "c51.v_max", "c51.n_step", "replay.capacity")
+COMPATIBLE_KEYS = (
+    "c51.num_atoms", "c51.v_min", "c51.v_max", "c51.n_step", "replay.capacity",
+    "ppo.value_norm",  # whether the value head's outputs are in normalised units
+)  # fmt: skip
 
 PathLike = str | os.PathLike[str]
 

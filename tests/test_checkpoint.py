@@ -378,13 +378,14 @@ def test_load_policy_is_verified(tmp_path: Path, config: Config) -> None:
 # ------------------------------------------------------------------------------ compatibility
 def test_incompatible_config_names_each_key(tmp_path: Path, config: Config) -> None:
     info = save_checkpoint(trained(config, 1), tmp_path)
-    other = Trainer(small_config("model.hidden_dim=32", "c51.num_atoms=21"))
+    other = Trainer(small_config("model.hidden_dim=32", "c51.num_atoms=21", "ppo.value_norm=false"))
     snapshot = Snapshot(other)
     with pytest.raises(CheckpointIncompatible) as error:
         restore_checkpoint(other, tmp_path, info.name)
     message = str(error.value)
     assert "model.hidden_dim: checkpoint 16, trainer 32" in message
     assert "c51.num_atoms: checkpoint 51, trainer 21" in message
+    assert "ppo.value_norm: checkpoint True, trainer False" in message
     snapshot.assert_unchanged()
     # Settings that do not shape the state may differ; the checkpoint's hot ones win.
     relaxed = Trainer(small_config("ppo.epochs=3", "optim.lr=0.01"))
@@ -394,10 +395,11 @@ def test_incompatible_config_names_each_key(tmp_path: Path, config: Config) -> N
 
 def test_other_format_version_is_incompatible(tmp_path: Path, config: Config) -> None:
     info = save_checkpoint(trained(config, 1), tmp_path)
-    reseal(info.path, lambda body: body.update(format_version=2))
+    reseal(info.path, lambda body: body.update(format_version=1))  # before params/v/norm
     victim = Trainer(config)
     snapshot = Snapshot(victim)
-    with pytest.raises(CheckpointIncompatible, match="format_version 2"):
+    expected = "format_version 1; this build reads format_version 2"
+    with pytest.raises(CheckpointIncompatible, match=expected):
         restore_checkpoint(victim, tmp_path, info.name)
     snapshot.assert_unchanged()
 
