@@ -50,4 +50,3 @@ class SupportWatch:
             f"c51: {100 * mean:.0f} % of the target distribution's mass fell outside the support "
             f"[{self.v_min:g}, {self.v_max:g}] over the last {WINDOW} Steps; {advice}"
         )
-

@@ -32,10 +32,6 @@ class ValueNorm:
         # c = 0 means no Step yet: μ = 0, σ = 1 until the first update.
         self.stats = xp.zeros(3, dtype=np.float64)
 
-    def _moments(self) -> tuple[np.ndarray, np.ndarray]:
-        """(μ, σ) as float64 [1] arrays on the device."""
-        return _moments(self.xp, self.stats)
-
     def updated(self, returns: np.ndarray) -> np.ndarray:
         """The statistics with one Step's returns [any shape] folded in (a new device array;
         `stats` itself is unchanged until `commit`)."""
@@ -65,9 +61,8 @@ class ValueNorm:
         """σ v̂ + μ in the trainer's dtype."""
         if not self.enabled:
             return outputs
-        mean, std = self._moments()
+        mean, std = _moments(self.xp, self.stats)
         return (outputs * std + mean).astype(self.dtype)
-
 
 
 def moments(stats: np.ndarray) -> tuple[float, float]:
