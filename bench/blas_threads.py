@@ -14,6 +14,7 @@ busy-looping processes running meanwhile: another job sharing the machine's core
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import subprocess
@@ -41,8 +42,8 @@ def child(variant: str, steps: int) -> dict:
     trainer = Trainer(config)
     train = config.train
     step = make_stepper(trainer, train.num_envs, train.rollout_len, config.lobsim, train.seed)
-    backend = "numpy" if variant == "pinned" else "none"  # "none": leave the pool as it is
-    with single_blas_thread(backend):
+    pool = single_blas_thread("numpy") if variant == "pinned" else contextlib.nullcontext()
+    with pool:
         threads = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
         step()
         started = time.perf_counter()
