@@ -26,6 +26,7 @@ import platform
 import random
 import secrets
 import shlex
+import statistics
 import sys
 import threading
 import time
@@ -45,8 +46,11 @@ Code = grpc.StatusCode
 TRIALS = int(os.environ.get("TRIDENT_CRASH_TRIALS") or 16)
 RESULTS = os.environ.get("TRIDENT_CRASH_RESULTS")  # where the run's figures go as JSON, if set
 SETTINGS = ("checkpoint.keep_last=3", "replay.capacity=512")
-# The kill comes 0 to KILL_WINDOW_S (uniform) after the 1st to 3rd Checkpoint RPC is sent: a
-# save takes ~10 ms on an idle 2-core machine, so kills fall before, in and after saves.
+# The kill comes 0 to a window (uniform) after the 1st to 3rd Checkpoint RPC is sent. Every
+# other trial the window is KILL_WINDOW_S, so kills fall before, in and after saves; in the
+# others it is 1.5 times the median Checkpoint round trip measured so far, so most of those
+# kills land inside a save whatever the machine's speed and however long a Step takes next
+# to a save (a save takes ~10 ms on an idle 2-core machine).
 KILL_WINDOW_S = 0.04
 FLIPS_PER_FILE = 3
 
@@ -72,6 +76,7 @@ class Life:
     pid: int
     attempted: list[str] = field(default_factory=list)  # Checkpoint RPCs sent, in order
     answered: list[str] = field(default_factory=list)  # ... and answered OK
+    round_trips: list[float] = field(default_factory=list)  # seconds of the answered ones
     ended_by: str = ""  # the status code that ended the traffic
 
     @property
@@ -93,7 +98,9 @@ def traffic(server: ServerProcess, trial: int, saved: dict[str, Saved], life: Li
                 name = f"t{trial:04d}-c{index:04d}"
                 saved[name] = Saved(status.global_step, status.param_digest)
                 life.attempted.append(name)
+                sent = time.perf_counter()
                 client.checkpoint(name)
+                life.round_trips.append(time.perf_counter() - sent)
                 life.answered.append(name)
         except grpc.RpcError as error:
             life.ended_by = error.code().name
@@ -196,6 +203,7 @@ def test_sigkill_at_random_moments_of_checkpoint_saves(
     committed: set[str] = set()  # answered OK, or found committed after the kill
     tally = Tally()
     life: Life | None = None
+    round_trips: list[float] = []  # of every answered Checkpoint so far
     temporaries: list[str] = []
     load_before = os.getloadavg()
     started = time.perf_counter()
@@ -216,7 +224,10 @@ def test_sigkill_at_random_moments_of_checkpoint_saves(
             while len(life.attempted) < sent_before_kill and worker.is_alive():
                 assert time.monotonic() < deadline, life
                 time.sleep(0.0005)
-            time.sleep(chooser.uniform(0, KILL_WINDOW_S))
+            window = KILL_WINDOW_S
+            if trial % 2 and round_trips:
+                window = 1.5 * statistics.median(round_trips)
+            time.sleep(chooser.uniform(0, window))
             server.proc.kill()
             assert server.proc.wait(10) == -9
             worker.join(30)
@@ -224,6 +235,7 @@ def test_sigkill_at_random_moments_of_checkpoint_saves(
             server.terminate()
         assert not worker.is_alive() and life.ended_by == "UNAVAILABLE", life
         committed.update(life.answered)
+        round_trips += life.round_trips
         temporaries = classify(root, life, saved, tally)
     seconds = time.perf_counter() - started
 
@@ -255,7 +267,8 @@ def test_sigkill_at_random_moments_of_checkpoint_saves(
             "machine": machine(),
             "load_average_1_5_15_min": {"start": load_before, "end": os.getloadavg()},
             "settings": [*SMALL, *SETTINGS],
-            "kill_window_s": KILL_WINDOW_S,
+            "kill_window_s": KILL_WINDOW_S,  # on even trials; odd: 1.5 x median round trip
+            "checkpoint_round_trip_median_s": statistics.median(round_trips),
             **figures,
         }
         Path(RESULTS).write_text(json.dumps(record, indent=1) + "\n")
