@@ -118,6 +118,9 @@ class TrainConfig(_Section):
     num_envs: int = _f(0, ge=0)
     rollout_len: int = _f(32, ge=1)  # env steps per environment per rollout
     steps: int = _f(0, ge=0)  # training steps run by the `trident train` job; 0: JOB_SIZES
+    # `trident train`: optim.lr falls linearly over the job, lr x (1 - done / steps) before
+    # each Step (CleanRL's anneal_lr), so the last updates are small
+    lr_anneal: bool = False
     log_every: int = _f(20, ge=1)  # training steps between log lines
 
 

@@ -35,7 +35,7 @@ from service.vector_env import collect_rollout
 HELD_OUT = 1_000_003  # evaluation seed = train.seed + this: markets training never saw
 CSV_COLUMNS = ("step", "elapsed_s", "env_steps", "reward_per_step", "episodes", "episode_return",
                "loss_total", "loss_q", "loss_pi", "loss_v", "loss_bce", "loss_aux", "grad_norm",
-               "entropy", "skipped")  # fmt: skip
+               "entropy", "lr", "skipped")  # fmt: skip
 
 
 def lobsim_model(config: Config) -> Config:
@@ -87,7 +87,7 @@ def _train_lobsim(
         print(f"resumed from {info.name} at step {trainer.global_step}", flush=True)
     train_cfg, lob = config.train, config.lobsim
     seed = train_cfg.seed + trainer.global_step
-    next_step = make_stepper(trainer, train_cfg.num_envs, train_cfg.rollout_len, lob, seed)
+    next_step = job_stepper(trainer, config, seed)
     samples_per_step = train_cfg.num_envs * train_cfg.rollout_len
     remaining = max(0, train_cfg.steps - trainer.global_step)
     print(
@@ -124,7 +124,8 @@ def _train_lobsim(
                  progress.episodes, f"{mean_return:.4f}" if progress.episodes else "",
                  *(f"{losses[k]:.6f}" if k in losses else ""
                    for k in ("total", "q", "pi", "v", "bce", "aux")),
-                 f"{result.grad_norm:.6f}", f"{result.entropy:.6f}", int(result.skipped)]
+                 f"{result.grad_norm:.6f}", f"{result.entropy:.6f}",
+                 f"{trainer.config.optim.lr:.6g}", int(result.skipped)]
             )  # fmt: skip
             episode = (
                 f"{returns[1] / returns[0]:8.2f} ({returns[0]})" if returns[0] else "     n/a"
@@ -157,6 +158,23 @@ def _train_lobsim(
         info = save_checkpoint(trainer, config.checkpoint.dir)
         print(f"checkpoint {info.name} -> {info.path} ({info.size_bytes} bytes)", flush=True)
     return 0
+
+
+def job_stepper(trainer: Trainer, config: Config, seed: int) -> Callable[[], LoopStep]:
+    """The main job's Step: `make_stepper` with `config.train`'s sizes, and with train.lr_anneal
+    the learning rate set before each Step from `config.optim.lr` (the job's, not the trainer's,
+    so a resumed job continues the same schedule)."""
+    train = config.train
+    step = make_stepper(trainer, train.num_envs, train.rollout_len, config.lobsim, seed)
+    if not train.lr_anneal:
+        return step
+    lr, steps = config.optim.lr, train.steps
+
+    def annealed() -> LoopStep:
+        trainer.update_hyperparams({"optim.lr": lr * (1 - trainer.global_step / steps)})
+        return step()
+
+    return annealed
 
 
 def make_stepper(

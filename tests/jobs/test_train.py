@@ -12,7 +12,7 @@ import pytest
 from service.backend.blas import single_blas_thread
 from service.config import load_config, sized_for
 from service.jobs import evaluate
-from service.jobs.train import HELD_OUT, lobsim_model, make_stepper, run_train_lobsim
+from service.jobs.train import HELD_OUT, job_stepper, lobsim_model, run_train_lobsim
 from service.trainer.trainer import Trainer
 from service.types import ActMode
 
@@ -32,10 +32,9 @@ def test_the_default_job_beats_holding() -> None:
         "numpy",
     )
     trainer = Trainer(config)
-    train = config.train
-    step = make_stepper(trainer, train.num_envs, train.rollout_len, config.lobsim, SEED)
+    step = job_stepper(trainer, config, SEED)
     with single_blas_thread("numpy"):
-        for _ in range(train.steps):
+        for _ in range(config.train.steps):
             result = step().result
             assert not result.skipped and np.isfinite(list(result.losses.values())).all()
     greedy = lambda obs, mask: trainer.act(obs, ActMode.GREEDY_PI).actions  # noqa: E731
@@ -75,6 +74,7 @@ def test_the_job_writes_its_log_curve_and_evaluation(
     out = capsys.readouterr().out
     rows = list(csv.DictReader(paths["log_csv"].open()))
     assert [int(r["step"]) for r in rows] == [1, 2, 3, 4]
+    assert {float(r["lr"]) for r in rows} == {config.optim.lr}  # train.lr_anneal is off
     assert all(np.isfinite(float(r["loss_pi"])) for r in rows)
     assert paths["curve_png"].stat().st_size > 0
     report = json.loads((paths["eval_dir"] / evaluate.JSON_NAME).read_text())
@@ -83,3 +83,27 @@ def test_the_job_writes_its_log_curve_and_evaluation(
     assert (paths["eval_dir"] / evaluate.PNG_NAME).stat().st_size > 0
     assert f"seed {5 + HELD_OUT}" in out and "verdict:" in out
     assert list((tmp_path / "ckpt").iterdir())  # the final checkpoint
+
+
+SMALL_JOB = ["train.backend=numpy", "train.seed=3", "train.steps=4", "train.num_envs=8",
+             "train.rollout_len=8", "replay.min_size=32", "lobsim.horizon=20"]  # fmt: skip
+
+
+def test_lr_anneal_sets_each_steps_rate_from_the_jobs_schedule() -> None:
+    """With train.lr_anneal the k-th of `steps` Steps (k from 0) runs at lr x (1 - k / steps),
+    and the rate reaches the update: the first Step matches a constant-rate job's to the byte,
+    the second does not."""
+    runs = {}
+    for anneal in (False, True):
+        overrides = [*SMALL_JOB, "optim.lr=3e-3", f"train.lr_anneal={anneal}"]
+        config = lobsim_model(load_config(env={}, overrides=overrides))
+        trainer = Trainer(config)
+        step = job_stepper(trainer, config, 3)
+        runs[anneal] = []
+        for _ in range(config.train.steps):
+            step()
+            runs[anneal].append((trainer.config.optim.lr, trainer.param_digest()))
+    assert [lr for lr, _ in runs[True]] == pytest.approx([3e-3, 2.25e-3, 1.5e-3, 0.75e-3])
+    assert [lr for lr, _ in runs[False]] == [3e-3] * 4
+    assert runs[True][0][1] == runs[False][0][1]
+    assert runs[True][1][1] != runs[False][1][1]
