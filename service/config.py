@@ -92,7 +92,7 @@ class ModelConfig(_Section):
     """Network shape and numeric precision."""
 
     obs_dim: int = _f(40, ge=1)  # observation features D per env step
-    hidden_dim: int = _f(128, ge=1)  # encoder/head hidden width (units)
+    hidden_dim: int = _f(0, ge=0)  # encoder/head hidden width (units); 0: BACKEND_DEFAULTS
     depth: int = _f(2, ge=1)  # encoder layers
     num_actions: int = _f(9, ge=1)  # discrete actions
     aux_dim: int = _f(3, ge=0)  # K auxiliary regression targets; 0 disables the aux head
@@ -114,13 +114,13 @@ class TrainConfig(_Section):
     lambda_aux: float = _f(0.1, ge=0)  # encoder-gradient weight of the aux regression head
     max_policy_lag: int = _f(4, ge=0)  # max policy versions a rollout may lag the learner
     # parallel environments per rollout of the `trident train` job; 0: the backend's size
-    # (JOB_SIZES: a few hundred on NumPy, thousands on CUDA)
+    # (BACKEND_DEFAULTS: a few hundred on NumPy, thousands on CUDA)
     num_envs: int = _f(0, ge=0)
     rollout_len: int = _f(32, ge=1)  # env steps per environment per rollout
-    steps: int = _f(0, ge=0)  # training steps run by the `trident train` job; 0: JOB_SIZES
-    # `trident train`: optim.lr falls linearly over the job, lr x (1 - done / steps) before
-    # each Step (CleanRL's anneal_lr), so the last updates are small
-    lr_anneal: bool = False
+    steps: int = _f(0, ge=0)  # training steps run by the `trident train` job; 0: BACKEND_DEFAULTS
+    # `trident train`'s learning rate over the job: 'constant' (optim.lr), or 'linear', optim.lr
+    # x (1 - done / steps) before each Step (CleanRL's anneal_lr); 'auto': BACKEND_DEFAULTS
+    lr_schedule: str = _f("auto", choices=("auto", "constant", "linear"))
     log_every: int = _f(20, ge=1)  # training steps between log lines
 
 
@@ -468,19 +468,27 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
     return _build(raw)
 
 
-# What `train.num_envs = 0` and `train.steps = 0` stand for on each backend: sized so that the
+# What a setting left at its "pick for me" value (0, or 'auto') stands for on each backend: the
 # main job trains in a few minutes on a 2-core CPU, or takes tens of millions of env steps on
-# one GPU (bench/README.md, "Learning", has the sweeps they come from).
-JOB_SIZES = {
-    "numpy": {"num_envs": 256, "steps": 100},
-    "cuda": {"num_envs": 8192, "steps": 200},
-}
+# one GPU, where a wider network costs little time (bench/README.md, "learning.py", has the
+# sweeps they come from).
+BACKEND_DEFAULTS: dict[str, dict[str, int | str]] = {
+    "numpy": {"train.num_envs": 256, "train.steps": 100, "train.lr_schedule": "constant",
+              "model.hidden_dim": 128},
+    "cuda": {"train.num_envs": 8192, "train.steps": 200, "train.lr_schedule": "linear",
+             "model.hidden_dim": 256},
+}  # fmt: skip
+_LEFT_TO_BACKEND = (0, "auto")
 
 
 def sized_for(cfg: Config, backend: str) -> Config:
-    """`cfg` with train.num_envs / train.steps of 0 replaced by `backend`'s JOB_SIZES."""
-    auto = {key: size for key, size in JOB_SIZES[backend].items() if getattr(cfg.train, key) == 0}
-    return with_overrides(cfg, [f"train.{key}={size}" for key, size in auto.items()])
+    """`cfg` with each BACKEND_DEFAULTS setting still at 0 / 'auto' set to `backend`'s value."""
+    picks = []
+    for key, value in BACKEND_DEFAULTS[backend].items():
+        section, name = key.split(".")
+        if getattr(getattr(cfg, section), name) in _LEFT_TO_BACKEND:
+            picks.append(f"{key}={value}")
+    return with_overrides(cfg, picks) if picks else cfg
 
 
 def with_overrides(cfg: Config, overrides: Sequence[str]) -> Config:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from service.config import (
-    JOB_SIZES,
+    BACKEND_DEFAULTS,
     Config,
     ConfigError,
     ModelConfig,
@@ -40,10 +40,11 @@ def test_defaults() -> None:
     cfg = load_config(env={})
     assert cfg == Config()
     assert [f.name for f in dataclasses.fields(cfg)] == SECTIONS
-    assert cfg.model.obs_dim == 40 and cfg.model.hidden_dim == 128 and cfg.model.depth == 2
+    assert cfg.model.obs_dim == 40 and cfg.model.hidden_dim == 0 and cfg.model.depth == 2
     assert cfg.model.num_actions == 9 and cfg.model.aux_dim == 3 and cfg.model.dtype == "float32"
     assert cfg.train.backend == "auto" and cfg.train.gamma == 0.99
-    assert cfg.train.steps == 0 and cfg.train.num_envs == 0  # the backend's JOB_SIZES
+    assert cfg.train.steps == 0 and cfg.train.num_envs == 0  # the backend's BACKEND_DEFAULTS
+    assert cfg.train.lr_schedule == "auto"
     assert cfg.ppo.norm_adv is True and cfg.ppo.clip_value_loss is False
     assert cfg.c51.num_atoms == 51 and (cfg.c51.v_min, cfg.c51.v_max) == (-10.0, 10.0)
     assert cfg.c51.target_update_period == 100 and cfg.c51.target_tau == 0.0
@@ -224,7 +225,7 @@ def test_dict_round_trip() -> None:
 
 def test_from_dict_partial_uses_defaults() -> None:
     cfg = Config.from_dict({"model": {"depth": 4}})
-    assert cfg.model.depth == 4 and cfg.model.hidden_dim == 128 and cfg.train == Config().train
+    assert cfg.model.depth == 4 and cfg.model.hidden_dim == 0 and cfg.train == Config().train
 
 
 def test_from_dict_validates() -> None:
@@ -383,14 +384,21 @@ def test_lobsim_settings_that_cannot_fit_are_refused(overrides: list[str], messa
         load_config(env={}, overrides=overrides)
 
 
-def test_job_sizes_fill_only_what_was_left_to_the_backend() -> None:
+def test_backend_defaults_fill_only_what_was_left_to_the_backend() -> None:
     rng = np.random.default_rng()
-    envs, steps = (int(v) for v in rng.integers(1, 10_000, 2))
-    for backend, sizes in JOB_SIZES.items():
+    envs, steps, hidden = (int(v) for v in rng.integers(1, 10_000, 3))
+    for backend, picks in BACKEND_DEFAULTS.items():
         auto = sized_for(load_config(env={}), backend)
-        assert (auto.train.num_envs, auto.train.steps) == (sizes["num_envs"], sizes["steps"])
+        for key, value in picks.items():
+            section, name = key.split(".")
+            assert getattr(getattr(auto, section), name) == value, key
         mine = sized_for(load_config(env={}, overrides=[f"train.num_envs={envs}"]), backend)
-        assert (mine.train.num_envs, mine.train.steps) == (envs, sizes["steps"])
+        assert (mine.train.num_envs, mine.train.steps) == (envs, picks["train.steps"])
         mine = sized_for(load_config(env={}, overrides=[f"train.steps={steps}"]), backend)
-        assert (mine.train.num_envs, mine.train.steps) == (sizes["num_envs"], steps)
-    assert JOB_SIZES["cuda"]["num_envs"] >= 10 * JOB_SIZES["numpy"]["num_envs"]
+        assert (mine.train.num_envs, mine.train.steps) == (picks["train.num_envs"], steps)
+        mine_sets = [f"model.hidden_dim={hidden}", "train.lr_schedule=constant"]
+        mine = sized_for(load_config(env={}, overrides=mine_sets), backend)
+        assert (mine.model.hidden_dim, mine.train.lr_schedule) == (hidden, "constant")
+        assert sized_for(mine, backend) == mine  # idempotent
+    envs_of = {backend: picks["train.num_envs"] for backend, picks in BACKEND_DEFAULTS.items()}
+    assert int(envs_of["cuda"]) >= 10 * int(envs_of["numpy"])

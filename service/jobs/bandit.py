@@ -6,13 +6,12 @@ import time
 
 import numpy as np
 
-from service.backend import select_backend
 from service.backend.blas import single_blas_thread
 from service.checkpoint import save_checkpoint
-from service.config import Config, sized_for
+from service.config import Config
 from service.jobs.loop import Progress, train
 from service.synthetic import ContextualBandit
-from service.trainer import model
+from service.trainer.sizing import sized_backend
 from service.trainer.trainer import Trainer
 from service.types import ActMode
 
@@ -27,8 +26,7 @@ def greedy_accuracy(trainer: Trainer, env: ContextualBandit, mode: ActMode) -> f
 
 def run_train_bandit(config: Config, write_checkpoint: bool) -> int:
     """`trident train --env bandit`: the contextual bandit, greedy accuracy per log line."""
-    backend = select_backend(config.train.backend, model.dims(config))
-    config = sized_for(config, backend.name)
+    config, backend = sized_backend(config)
     with single_blas_thread(backend.name):
         return _train_bandit(Trainer(config, backend), write_checkpoint)
 

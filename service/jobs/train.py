@@ -18,16 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
-from service.backend import select_backend
 from service.backend.blas import single_blas_thread
 from service.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
-from service.config import Config, LobsimConfig, sized_for, with_overrides
+from service.config import Config, LobsimConfig, with_overrides
 from service.envs import LobSimVectorEnv
 from service.errors import InvalidInput
 from service.jobs import evaluate
 from service.jobs.device_loop import DeviceLoop, LoopStep
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, LobSim, observation_dim
-from service.trainer import model
+from service.trainer.sizing import sized_backend
 from service.trainer.trainer import Trainer
 from service.types import ActMode
 from service.vector_env import collect_rollout
@@ -59,9 +58,7 @@ def run_train_lobsim(
     eval_dir: Path = Path("trident_eval"),
 ) -> int:
     """The main job; `resume`: "latest" or a checkpoint name under checkpoint.dir."""
-    config = lobsim_model(config)
-    backend = select_backend(config.train.backend, model.dims(config))
-    config = sized_for(config, backend.name)
+    config, backend = sized_backend(lobsim_model(config))
     paths = (log_csv, curve_png, eval_dir)
     with single_blas_thread(backend.name):
         return _train_lobsim(Trainer(config, backend), write_checkpoint, resume, *paths)
@@ -161,12 +158,12 @@ def _train_lobsim(
 
 
 def job_stepper(trainer: Trainer, config: Config, seed: int) -> Callable[[], LoopStep]:
-    """The main job's Step: `make_stepper` with `config.train`'s sizes, and with train.lr_anneal
-    the learning rate set before each Step from `config.optim.lr` (the job's, not the trainer's,
-    so a resumed job continues the same schedule)."""
+    """The main job's Step: `make_stepper` with `config.train`'s sizes, and with a 'linear'
+    train.lr_schedule the learning rate set before each Step from `config.optim.lr` (the job's,
+    not the trainer's, so a resumed job continues the same schedule)."""
     train = config.train
     step = make_stepper(trainer, train.num_envs, train.rollout_len, config.lobsim, seed)
-    if not train.lr_anneal:
+    if train.lr_schedule == "constant":
         return step
     lr, steps = config.optim.lr, train.steps
 

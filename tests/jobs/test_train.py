@@ -74,7 +74,7 @@ def test_the_job_writes_its_log_curve_and_evaluation(
     out = capsys.readouterr().out
     rows = list(csv.DictReader(paths["log_csv"].open()))
     assert [int(r["step"]) for r in rows] == [1, 2, 3, 4]
-    assert {float(r["lr"]) for r in rows} == {config.optim.lr}  # train.lr_anneal is off
+    assert {float(r["lr"]) for r in rows} == {config.optim.lr}  # NumPy's lr_schedule: constant
     assert all(np.isfinite(float(r["loss_pi"])) for r in rows)
     assert paths["curve_png"].stat().st_size > 0
     report = json.loads((paths["eval_dir"] / evaluate.JSON_NAME).read_text())
@@ -89,13 +89,14 @@ SMALL_JOB = ["train.backend=numpy", "train.seed=3", "train.steps=4", "train.num_
              "train.rollout_len=8", "replay.min_size=32", "lobsim.horizon=20"]  # fmt: skip
 
 
-def test_lr_anneal_sets_each_steps_rate_from_the_jobs_schedule() -> None:
-    """With train.lr_anneal the k-th of `steps` Steps (k from 0) runs at lr x (1 - k / steps),
-    and the rate reaches the update: the first Step matches a constant-rate job's to the byte,
-    the second does not."""
+def test_a_linear_lr_schedule_sets_each_steps_rate() -> None:
+    """With train.lr_schedule = 'linear' the k-th of `steps` Steps (k from 0) runs at
+    lr x (1 - k / steps), and the rate reaches the update: the first Step matches a
+    constant-rate job's to the byte, the second does not."""
     runs = {}
     for anneal in (False, True):
-        overrides = [*SMALL_JOB, "optim.lr=3e-3", f"train.lr_anneal={anneal}"]
+        schedule = "linear" if anneal else "constant"
+        overrides = [*SMALL_JOB, "optim.lr=3e-3", f"train.lr_schedule={schedule}"]
         config = lobsim_model(load_config(env={}, overrides=overrides))
         trainer = Trainer(config)
         step = job_stepper(trainer, config, 3)
