@@ -337,8 +337,8 @@ def profile_numpy(B: int, args: argparse.Namespace) -> str:
 
         return wrapper
 
-    from service.backend import OP_NAMES
     from service.backend import numpy_ops as ops_module
+    from service.backend.opset import OP_NAMES
 
     ops = types.ModuleType("timed_ops")
     for name in OP_NAMES:

@@ -1,4 +1,4 @@
-"""The update's GEMMs at one batch size: cuBLAS SGEMM against kernels/gemm_tf32x3.cu.
+"""The update's GEMMs at one batch size: cuBLAS SGEMM against bench/kernels/gemm_tf32x3.cu.
 
 Each row is one GEMM of the captured update at B (rollout rows + replay rows through the
 encoder, the target network on the replay rows), D=40, H=256, A·Z=459: the NN products of the
@@ -72,9 +72,11 @@ def time_launches(fn: Callable[[], object], repeats: int, blocks: int) -> float:
 
 def measure(row: dict, repeats: int, blocks: int, seed: int) -> dict:
     import cupy
+    from tensor_core_gemm import tensor_core_gemm
 
-    from service.backend.cuda.core_ops import CoreOps, CudaDims
-    from service.backend.cuda.gemm import gemm, tensor_core_gemm
+    from service.backend.cuda.encoder import EncoderOps
+    from service.backend.cuda.gemm import gemm
+    from service.backend.cuda.loader import CudaDims
 
     rng = np.random.default_rng(seed)
     M, K, N, nt = row["M"], row["K"], row["N"], row["nt"]
@@ -85,7 +87,7 @@ def measure(row: dict, repeats: int, blocks: int, seed: int) -> dict:
         if row["fused"] == "bias_relu"
         else np.maximum(rng.standard_normal((M, N), dtype=np.float32), 0)
     )
-    ops = CoreOps(CudaDims(D=D, H=N, A=9, Z=51, K=3))
+    ops = EncoderOps(CudaDims(D=D, H=N, A=9, Z=51, K=3))
     def timed(fn: Callable[[], object]) -> float:
         return time_launches(fn, repeats, blocks)
 

@@ -3,7 +3,7 @@
 //
 // Twin (service/backend/numpy_ops.py): sample_categorical (inverse-CDF sampling from given
 // uniforms). act_select has no single twin: it is Trainer.act's action choice after the
-// forward passes. Wrapped by service/backend/cuda/head_ops.py (HeadOps); 256-thread blocks.
+// forward passes. Wrapped by service/backend/cuda/act.py (ActOps); 256-thread blocks.
 //
 // Layouts: logits [N, A] float32 (policy head), q_values [N, A] float32 (E[Z(s, a)], read only
 // by the Q modes), actions [N] int32, log_probs [N] float32 (log π(a|s) of the returned action,

@@ -2,13 +2,13 @@
 // mass clipped at the ends of the support.
 //
 // Twins (service/backend/numpy_ops.py): categorical_projection, c51_support_clip_ratio.
-// Wrapped by service/backend/cuda/head_ops.py (HeadOps): 256-thread blocks; the *_mean entry
+// Wrapped by service/backend/cuda/c51.py (C51Ops): 256-thread blocks; the *_mean entry
 // needs exactly one block of PROJ_REDUCE_THREADS.
 //
 // Inputs: next_probs p [B, Z] float32 (the target network's distribution at a*), rewards r [B]
 // float32, dones [B] uint8 (0/1), horizons k [B] int32 (n-step lengths). γ, v_min and v_max are
 // float64 device scalars (`gamma`, `v_min`, `v_max`: one double each, e.g. slices of the device
-// hyper-parameter vector, as every hyper-parameter in core_ops), read at run time, so a captured
+// hyper-parameter vector, as every hyper-parameter of the ops), read at run time, so a captured
 // graph picks up UpdateHyperparams without re-capture.
 //
 //   z_j  = v_min + j Δz,   Δz = (v_max - v_min) / (Z - 1)

@@ -2,7 +2,7 @@
 // head's forward and backward on replayed transitions for each row's taken action only.
 //
 // Twins (service/backend/numpy_ops.py): c51_softmax, c51_q_values, c51_greedy,
-// c51_taken_loss_bwd. Wrapped by service/backend/cuda/head_ops.py (HeadOps); the *_mean entry
+// c51_taken_loss_bwd. Wrapped by service/backend/cuda/c51.py (C51Ops); the *_mean entry
 // needs exactly one block of C51_REDUCE_THREADS, the c51_taken_* entries their own grids (below),
 // the rest 256-thread blocks.
 //
@@ -241,7 +241,7 @@ extern "C" __global__ void c51_sort_actions(const int* __restrict__ actions,
 //   grad_h[r, i] = Σ_z grad_taken[r, z] W[i, a·Z + z]            (z in index order)
 // The softmax and loss of a row run in one warp with c51_softmax's lane layout and butterflies.
 // Rows of key A (no valid action): NaN loss, zero grad_taken and grad_h. Shared memory:
-// C51_TILE_ROWS · (H + (C51_KSPLIT + 1) · Z) floats, at most C51_SHARED_FLOATS (HeadOps checks).
+// C51_TILE_ROWS · (H + (C51_KSPLIT + 1) · Z) floats, at most C51_SHARED_FLOATS (C51Ops checks).
 #define C51_TAKEN_THREADS 256
 #define C51_Z_LANES (((TRIDENT_Z + 31) / 32) * 32 < 256 ? ((TRIDENT_Z + 31) / 32) * 32 : 256)
 #define C51_KSPLIT (C51_TAKEN_THREADS / C51_Z_LANES)

@@ -3,7 +3,7 @@
 // Twin: numpy_ops.minibatch_order (argsort, stable, of word 0 of Philox counter
 // (i, seq_lo, MINIBATCH = 1, seq_hi)). Here each row gets the unique 64-bit sort key
 // (word0 << 32) | i, so any sort of them gives the stable argsort's order, ties included.
-// Wrapped by service/backend/cuda/head_ops.py; 256-thread blocks, one thread per row.
+// Wrapped by service/backend/cuda/replay.py; 256-thread blocks, one thread per row.
 #include "common.cuh"
 
 static constexpr unsigned int kMinibatchStream = 1u;  // philox.Stream.MINIBATCH

@@ -1,7 +1,7 @@
 // Perception heads: binary cross-entropy with logits and the K-target auxiliary MSE.
 //
 // Twins (service/backend/numpy_ops.py): bce_fwd_bwd, aux_mse_fwd_bwd. Wrapped by
-// service/backend/cuda/head_ops.py (HeadOps): 256-thread blocks for the row kernels, exactly one
+// service/backend/cuda/perception.py (PerceptionOps): 256-thread blocks for the row kernels, one
 // block of PERCEPTION_REDUCE_THREADS for perception_loss_mean.
 //
 // bce_fwd_bwd, u (logits) and y (labels in {0, 1}) [B] float32, one thread per row:

@@ -2,7 +2,7 @@
 // and dL/dlogits in one pass), and advantage normalisation.
 //
 // Twins (service/backend/numpy_ops.py): log_softmax, ppo_surrogate_fwd_bwd, normalize_advantages.
-// Wrapped by service/backend/cuda/head_ops.py (HeadOps): 256-thread blocks; ppo_stats_mean and
+// Wrapped by service/backend/cuda/ppo.py (PpoOps): 256-thread blocks; ppo_stats_mean and
 // normalize_advantages_stats need exactly one block of PPO_REDUCE_THREADS.
 //
 // Not here, by design:
@@ -14,7 +14,7 @@
 //
 // Layouts: logits / grad_logits [B, A] float32, actions [B] int32, behavior_log_probs and
 // advantages [B] float32. clip_eps (ε) and ent_coef (c_ent) are float64 device scalars (one
-// double each, e.g. slices of the device hyper-parameter vector, as in core_ops), used as the
+// double each, e.g. slices of the device hyper-parameter vector, as in every op), used as the
 // twin uses its Python floats: float32(ε) in compares and clips, float32(1 ± ε), float32(c_ent
 // / B). row_stats [B, PPO_ROW_STATS]:
 //   0 pg_loss_row  = -min(ratio Â, clip(ratio, 1-ε, 1+ε) Â)

@@ -1,23 +1,16 @@
-// Device-resident replay ring: insert a batch at the ring position, sample slots with Philox,
-// gather the sampled rows. Same semantics and draws as service/trainer/replay.py (ReplayBuffer).
+// The device-resident replay ring's uniform draw and gather, and a minibatch's rows of several
+// arrays. The ring is written by service/trainer/replay.py (ReplayBuffer.insert).
 //
-// Wrapped by service/backend/cuda/head_ops.py (HeadOps.replay_*); 256-thread blocks except
-// replay_advance (one thread).
+// Wrapped by service/backend/cuda/replay.py (ReplayOps); 256-thread blocks.
 //
 // Storage (capacity C rows): obs [C, D] float32, actions [C] int32, rewards [C] float32,
 // dones [C] uint8, horizons [C] int32, next_obs [C, D] float32 (D = TRIDENT_D).
-// position and size: int64 [1] each, in device memory (ReplayBuffer.position / .size).
+// size: int64 [1] in device memory (ReplayBuffer.size_on_device).
 //
-// Insert is two launches so no thread reads `position` while another writes it:
-//   1. replay_insert: one thread per (kept row r, feature d), kept = min(count, C) rows of the
-//      batch: batch row skip + r (skip = count - kept: only the newest C rows survive a batch
-//      larger than the ring) goes to slot (position + r) mod C. The feature-0 thread of a row
-//      also writes its scalar fields. Reads position, writes only storage.
-//   2. replay_advance (one thread, after): position = (position + kept) mod C,
-//      size = min(C, size + kept).
 // Sample: slot_i = below(word 0 of Philox counter (i, seq_lo, REPLAY = 2, seq_hi), size) =
-// ⌊word0 · size / 2^32⌋, as ReplayBuffer.sample (size < 2^32; the wrapper checks C < 2^31).
-// key: uint32 [2] = (seed low, seed high); sequence: int64 [1] = the updates_attempted counter.
+// ⌊word0 · size / 2^32⌋, as numpy_ops.replay_sample_indices (size < 2^32; the wrapper checks
+// C < 2^31). key: uint32 [2] = (seed low, seed high); sequence: int64 [1] = the
+// updates_attempted counter.
 // Gather: one thread per (sample i, feature d) copies storage row slots[i].
 //
 // Determinism: no atomics; every output element has exactly one writing thread.
@@ -29,49 +22,6 @@ static constexpr unsigned int kReplayStream = 2u;  // philox.Stream.REPLAY
 static __device__ __forceinline__ long long replay_thread_index()
 {
     return (long long)blockIdx.x * blockDim.x + threadIdx.x;
-}
-
-// kept·D threads; batch arrays have `count` rows, of which rows skip .. skip + kept - 1 are kept.
-extern "C" __global__ void replay_insert(const float* __restrict__ batch_obs,
-                                         const int* __restrict__ batch_actions,
-                                         const float* __restrict__ batch_rewards,
-                                         const unsigned char* __restrict__ batch_dones,
-                                         const int* __restrict__ batch_horizons,
-                                         const float* __restrict__ batch_next_obs,
-                                         long long skip, long long kept,
-                                         float* __restrict__ obs, int* __restrict__ actions,
-                                         float* __restrict__ rewards,
-                                         unsigned char* __restrict__ dones,
-                                         int* __restrict__ horizons,
-                                         float* __restrict__ next_obs,
-                                         const long long* __restrict__ position,
-                                         long long capacity)
-{
-    const long long idx = replay_thread_index();
-    if (idx >= kept * TRIDENT_D) return;
-    const long long r = idx / TRIDENT_D;
-    const int d = (int)(idx % TRIDENT_D);
-    const long long src = skip + r;
-    const long long slot = (position[0] + r) % capacity;
-    obs[slot * TRIDENT_D + d] = batch_obs[src * TRIDENT_D + d];
-    next_obs[slot * TRIDENT_D + d] = batch_next_obs[src * TRIDENT_D + d];
-    if (d == 0) {
-        actions[slot] = batch_actions[src];
-        rewards[slot] = batch_rewards[src];
-        dones[slot] = batch_dones[src];
-        horizons[slot] = batch_horizons[src];
-    }
-}
-
-// One thread, launched after replay_insert on the same stream.
-extern "C" __global__ void replay_advance(long long* __restrict__ position,
-                                          long long* __restrict__ size, long long kept,
-                                          long long capacity)
-{
-    if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    position[0] = (position[0] + kept) % capacity;
-    const long long grown = size[0] + kept;
-    size[0] = grown < capacity ? grown : capacity;
 }
 
 // count threads: slots[i] = below(philox(i, seq_lo, 2, seq_hi).word0, size).

@@ -1,5 +1,5 @@
 // A Step's statistics, accumulated on the device so a Step reads back one small vector.
-// Twin: numpy_ops.step_stats_accumulate. Wrapped by service/backend/cuda/core_ops.py.
+// Twin: numpy_ops.step_stats_accumulate. Wrapped by service/backend/cuda/step_stats.py.
 //
 // totals (float64 [STEP_STATS + 2 + STEP_HEADS]) after an update with flag ok:
 //   totals[i]  += ok ? value_i : 0        i < STEP_STATS, value_i = *values[i] (0 when absent)

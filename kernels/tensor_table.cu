@@ -1,7 +1,7 @@
 // Device tables of tensor addresses for the multi-tensor kernels (common.cuh): the addresses
 // arrive as kernel arguments, so a table of arrays that are allocated inside a captured CUDA
 // graph (gradients) is written by the graph itself, with no host upload.
-// Twin: none (addresses are a device matter); wrapped by service/backend/cuda/core_ops.py.
+// Twin: none (addresses are a device matter); wrapped by service/backend/cuda/tensor_table.py.
 // One thread; slots >= count are left unwritten.
 #include "common.cuh"
 

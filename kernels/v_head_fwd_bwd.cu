@@ -1,12 +1,12 @@
 // Value head loss 0.5 (v - R)², optionally with PPO-style value clipping, and its gradient.
 //
 // Twin (service/backend/numpy_ops.py): value_fwd_bwd. Wrapped by service/backend/cuda/
-// head_ops.py (HeadOps): value_fwd_bwd with 256-thread blocks, value_loss_mean with exactly one
+// value.py (ValueOps): value_fwd_bwd with 256-thread blocks, value_loss_mean with exactly one
 // block of VALUE_REDUCE_THREADS.
 //
 // Inputs: values v, returns R, old_values v_old [B] float32. `use_clip` (0/1, a run-time flag
 // from ppo.clip_value_loss) turns clipping on; the clip range ε is a float64 device scalar
-// (`clip_eps`, one double, e.g. a slice of the device hyper-parameter vector, as in core_ops),
+// (`clip_eps`, one double, e.g. a slice of the device hyper-parameter vector, as in every op),
 // used as float32(ε) like the twin's Python float; not read when use_clip = 0.
 //
 //   err = v - R

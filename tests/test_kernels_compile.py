@@ -8,7 +8,7 @@ TRIDENT_TEST_SEED=<seed>.
 
 from __future__ import annotations
 
-import inspect
+import importlib.util
 import os
 import re
 import shutil
@@ -20,13 +20,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.backend import OP_NAMES, numpy_ops
 from service.backend.cuda import loader
 from service.backend.philox import below, philox4x32, uniform01
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
+BENCH = Path(__file__).resolve().parents[1] / "bench"
 CU_FILES = sorted(p.name for p in KERNELS.glob("*.cu"))
-SOURCES = sorted([*KERNELS.glob("*.cu"), *KERNELS.glob("*.cuh")])
+CU_PATHS = sorted([*KERNELS.glob("*.cu"), *(BENCH / "kernels").glob("*.cu")])  # bench's too
+SOURCES = sorted([*CU_PATHS, *KERNELS.glob("*.cuh")])
 
 
 @pytest.fixture
@@ -52,13 +53,13 @@ def test_kernel_files_present() -> None:
     assert CU_FILES, "no kernels/*.cu"
 
 
-@pytest.mark.parametrize("file", CU_FILES)
-def test_kernel_compiles_with_nvcc(nvcc: str, file: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("path", CU_PATHS, ids=lambda p: p.name)
+def test_kernel_compiles_with_nvcc(nvcc: str, path: Path, tmp_path: Path) -> None:
     """nvcc -arch=sm_90 -std=c++17 -I kernels -cubin, plus the loader's NVRTC options: the
     device code compiled to sm_90 machine code (what NVRTC does at run time), no host pass."""
     extra = [opt for opt in loader.COMPILE_OPTIONS if opt != "-std=c++17"]
     cmd = [nvcc, "-arch=sm_90", "-std=c++17", *extra, "-I", str(KERNELS), "-cubin"]
-    cmd += [str(KERNELS / file), "-o", str(tmp_path / "out.cubin")]
+    cmd += [str(path), "-o", str(tmp_path / "out.cubin")]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stdout}\n{result.stderr}"
 
@@ -333,70 +334,59 @@ def test_cache_dir_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # --------------------------------------------------------------------------- wrappers
-def kernel_define(file: str, name: str) -> int:
-    match = re.search(rf"#define {name} (\d+)", (KERNELS / file).read_text())
+def kernel_define(file: str, name: str, root: Path = KERNELS) -> int:
+    match = re.search(rf"#define {name} (\d+)", (root / file).read_text())
     assert match, f"{file} lacks #define {name}"
     return int(match.group(1))
 
 
-CORE_OPS = (
-    "matmul",
-    "linear_fwd",
-    "linear_bwd",
-    "linear_bwd_input",
-    "linear_bwd_params",
-    "linear_heads_fwd",
-    "linear_heads_bwd_input",
-    "linear_heads_bwd_params",
-    "bias_relu_fwd",
-    "bias_relu_bwd",
-    "reduce_axis0",
-    "gae",
-    "grad_h_stack",
-    "all_finite",
-    "global_norm",
-    "group_norms",
-    "clip_coefficient",
-    "advance_counter",
-    "advance_counters",
-    "adamw_step",
-    "adamw_steps",
-    "target_refresh",
-    "step_stats_accumulate",
-)
-
-
-def test_core_ops_match_numpy_signatures_and_kernel_constants() -> None:
+def test_wrapper_constants_match_the_kernels() -> None:
     pytest.importorskip("cupy", reason="cupy is not installed")
-    from service.backend.cuda import core_ops
+    from service.backend.cuda import (
+        act,
+        c51,
+        grad_norm_clip,
+        launch,
+        linear_heads,
+        ppo,
+        replay,
+        step_stats,
+        tensor_table,
+    )
 
-    ops = core_ops.CoreOps(loader.CudaDims(D=16, H=256, A=9, Z=51, K=4))
-    names = sorted(n for n in dir(core_ops.CoreOps) if not n.startswith("_"))
-    assert names == sorted(CORE_OPS)
-    assert set(CORE_OPS) <= set(OP_NAMES)
-    for name in names:
-        want = list(inspect.signature(getattr(numpy_ops, name)).parameters)
-        assert list(inspect.signature(getattr(ops, name)).parameters) == want, name
     threads = kernel_define("grad_norm_clip.cu", "TRIDENT_REDUCE_THREADS")
     items = kernel_define("grad_norm_clip.cu", "TRIDENT_REDUCE_ITEMS")
-    assert (threads, threads * items) == (core_ops.REDUCE_THREADS, core_ops.REDUCE_CHUNK)
-    assert kernel_define("common.cuh", "TRIDENT_BLOCK") == core_ops.BLOCK
-    assert kernel_define("linear_heads.cu", "LINEAR_HEADS_MAX") == core_ops.LINEAR_HEADS_MAX
-    assert kernel_define("grad_norm_clip.cu", "TRIDENT_FINITE_SMALL") == core_ops.FINITE_SMALL
+    assert (threads, threads * items) == (launch.REDUCE_THREADS, grad_norm_clip.REDUCE_CHUNK)
+    assert kernel_define("common.cuh", "TRIDENT_BLOCK") == launch.BLOCK
+    assert kernel_define("common.cuh", "TRIDENT_MAX_TENSORS") == tensor_table.MAX_TENSORS
+    assert kernel_define("linear_heads.cu", "LINEAR_HEADS_MAX") == linear_heads.LINEAR_HEADS_MAX
+    assert kernel_define("linear_heads.cu", "LINEAR_HEADS_TILE") == linear_heads.LINEAR_HEADS_TILE
+    assert kernel_define("grad_norm_clip.cu", "TRIDENT_FINITE_SMALL") == grad_norm_clip.FINITE_SMALL
     small_max = kernel_define("grad_norm_clip.cu", "TRIDENT_FINITE_SMALL_MAX")
-    assert small_max == core_ops.FINITE_SMALL_MAX
-    assert kernel_define("linear_heads.cu", "LINEAR_HEADS_TILE") == core_ops.LINEAR_HEADS_TILE
+    assert small_max == grad_norm_clip.FINITE_SMALL_MAX
+    assert kernel_define("replay.cu", "GATHER_MAX") == replay.GATHER_MAX
+    assert kernel_define("ppo_clipped_surrogate.cu", "PPO_ROW_STATS") == ppo.PPO_ROW_STATS
+    assert kernel_define("ppo_clipped_surrogate.cu", "PPO_STATS") == len(ppo.PPO_STATS)
+    assert kernel_define("step_stats.cu", "STEP_STATS") == step_stats.STEP_STATS
+    assert kernel_define("step_stats.cu", "STEP_NORM") == step_stats.STEP_NORM
+    for mode, value in act.ACT_MODES.items():
+        assert kernel_define("act.cu", f"ACT_MODE_{mode.upper()}") == value, mode
+    assert kernel_define("categorical_projection.cu", "PROJ_THREADS") == c51.PROJ_THREADS
 
 
-def test_gemm_tile_constants_match_the_wrapper() -> None:
+def test_gemm_tile_constants_match_the_bench_wrapper() -> None:
     pytest.importorskip("cupy", reason="cupy is not installed")
-    from service.backend.cuda import gemm
+    spec = importlib.util.spec_from_file_location("tensor_core_gemm", BENCH / "tensor_core_gemm.py")
+    assert spec is not None and spec.loader is not None
+    gemm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gemm)
 
-    assert kernel_define("gemm_tf32x3.cu", "GEMM_BN") == gemm.TILE_N
-    assert kernel_define("gemm_tf32x3.cu", "GEMM_BK") == gemm.TILE_K
-    assert kernel_define("gemm_tf32x3.cu", "GEMM_STAGES") == gemm.STAGES
-    assert kernel_define("gemm_tf32x3.cu", "GEMM_THREADS") == 256
-    source = (KERNELS / "gemm_tf32x3.cu").read_text()
+    root = BENCH / "kernels"
+    assert kernel_define("gemm_tf32x3.cu", "GEMM_BN", root) == gemm.TILE_N
+    assert kernel_define("gemm_tf32x3.cu", "GEMM_BK", root) == gemm.TILE_K
+    assert kernel_define("gemm_tf32x3.cu", "GEMM_STAGES", root) == gemm.STAGES
+    assert kernel_define("gemm_tf32x3.cu", "GEMM_THREADS", root) == 256
+    source = gemm.KERNEL.read_text()
     assert "#define GEMM_KROW (GEMM_BK + 4)" in source and gemm.K_ROW == gemm.TILE_K + 4
     assert "#define GEMM_NROW (GEMM_BN + 8)" in source and gemm.N_ROW == gemm.TILE_N + 8
     entries = set(re.findall(r"^GEMM_ENTRY\((\w+), (\d+),", source, re.M))
@@ -412,17 +402,15 @@ def test_gemm_tile_constants_match_the_wrapper() -> None:
 
 def test_c51_taken_kernel_constants_match_the_wrapper() -> None:
     pytest.importorskip("cupy", reason="cupy is not installed")
-    from service.backend.cuda import head_ops
-
-    assert kernel_define("categorical_projection.cu", "PROJ_THREADS") == head_ops.PROJ_THREADS
+    from service.backend.cuda import c51
 
     for name in ("C51_SORT_THREADS", "C51_TAKEN_THREADS", "C51_GRAD_THREADS",
                  "C51_SHARED_FLOATS"):  # fmt: skip
-        assert kernel_define("dqn_distributional_q.cu", name) == getattr(head_ops, name), name
+        assert kernel_define("dqn_distributional_q.cu", name) == getattr(c51, name), name
     warps = kernel_define("dqn_distributional_q.cu", "C51_GRAD_THREADS") // 32
     per_warp = kernel_define("dqn_distributional_q.cu", "C51_I_PER_WARP")
-    assert warps * per_warp == head_ops.C51_I_TILE
-    assert head_ops.c51_tile_rows(256, 51) == 16  # 256 + 5 · 51 floats a row: 20 fit
-    assert head_ops.c51_tile_rows(1024, 101) == 7  # 1024 + 3 · 101: 7 fit
+    assert warps * per_warp == c51.C51_I_TILE
+    assert c51.c51_tile_rows(256, 51) == 16  # 256 + 5 · 51 floats a row: 20 fit
+    assert c51.c51_tile_rows(1024, 101) == 7  # 1024 + 3 · 101: 7 fit
     with pytest.raises(ValueError, match=r"model\.hidden_dim"):
-        head_ops.c51_tile_rows(10_000, 51)
+        c51.c51_tile_rows(10_000, 51)

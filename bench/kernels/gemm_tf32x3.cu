@@ -1,8 +1,10 @@
 // Row-major float32 GEMMs on the tensor cores at float32 accuracy (3xTF32), with the encoder's
 // epilogues fused. Twins: numpy_ops.matmul; bias_relu_fwd(matmul(x, W), b) for the bias_relu
 // epilogue; bias_relu_bwd(h, linear_bwd_input(W, g)) for the relu_gate epilogue.
-// Not yet used by the update: bench/gemm.py (bench/README.md) measured it slower than cuBLAS
-// SGEMM at the update's K = 256 products, and the update on it slower than on cuBLAS.
+// A bench experiment, not shipped: bench/gemm.py (bench/README.md) measured it slower than
+// cuBLAS SGEMM at the update's K = 256 products, and the update on it slower than on cuBLAS.
+// Compiled by bench/tensor_core_gemm.py with the product's NVRTC options and kernels/ on the
+// include path.
 //
 //   C = A B       A [M, K], B [K, N]  (gemm_tf32x3_nn_*)
 //   C = A Bᵀ      A [M, K], B [N, K]  (gemm_tf32x3_nt_*)
@@ -22,7 +24,7 @@
 // zero-filled by cp.async and never stored. Rows are copied 16 bytes at a time when the row
 // length is a multiple of 4 floats and the array starts on 16 bytes, 4 bytes at a time
 // otherwise. Launch: grid (ceil(N / 128), ceil(M / BM)), block 256, dynamic shared memory
-// gemm.shared_bytes(BM, layout) (service/backend/cuda/gemm.py; above 48 KB for BM = 128, so the
+// shared_bytes(BM, layout) (bench/tensor_core_gemm.py; above 48 KB for BM = 128, so the
 // caller opts in).
 #include "common.cuh"
 

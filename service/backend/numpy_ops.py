@@ -32,13 +32,8 @@ def linear_fwd(x: Array, W: Array, b: Array) -> Array:
     return x @ W + b
 
 
-def linear_bwd(x: Array, W: Array, grad_y: Array) -> tuple[Array, Array, Array]:
-    """Gradients of y = x W + b: (grad_x = g Wᵀ, grad_W = xᵀ g, grad_b = Σ_b g)."""
-    return (linear_bwd_input(W, grad_y), *linear_bwd_params(x, grad_y))
-
-
 def linear_bwd_input(W: Array, grad_y: Array) -> Array:
-    """grad_x = g Wᵀ: the input half of `linear_bwd`.
+    """grad_x = g Wᵀ: the input half of y = x W + b's backward.
 
     With one output column g Wᵀ is an outer product: one multiply per element either way, but
     broadcasting is several times faster than OpenBLAS's GEMM at K = 1.
@@ -47,8 +42,8 @@ def linear_bwd_input(W: Array, grad_y: Array) -> Array:
 
 
 def linear_bwd_params(x: Array, grad_y: Array) -> tuple[Array, Array]:
-    """(grad_W = xᵀ g, grad_b = Σ_b g): the parameter half of `linear_bwd`, for a first layer
-    whose input needs no gradient."""
+    """(grad_W = xᵀ g, grad_b = Σ_b g): the parameter half of y = x W + b's backward (all of
+    it for a first layer, whose input needs no gradient)."""
     return x.T @ grad_y, reduce_axis0(grad_y)
 
 

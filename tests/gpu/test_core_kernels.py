@@ -19,8 +19,8 @@ cupy = pytest.importorskip("cupy", reason="no CUDA device visible to CuPy (cupy 
 
 from service.backend import numpy_ops as npo  # noqa: E402
 from service.backend.cuda import loader  # noqa: E402
-from service.backend.cuda.core_ops import CoreOps  # noqa: E402
 from service.backend.cuda.loader import CudaDims, load_kernel  # noqa: E402
+from service.backend.cuda.ops import CudaOps  # noqa: E402
 from service.backend.philox import philox4x32  # noqa: E402
 
 from .conftest import assert_close, dev, host, normal, same_bytes  # noqa: E402
@@ -33,13 +33,13 @@ HP = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0
 # --------------------------------------------------------------------------- helpers
 # rng (fixture), normal, dev, host, assert_close, same_bytes and TOL: tests/gpu/conftest.py.
 @pytest.fixture(scope="module", params=WIDTHS, ids=lambda h: f"H{h}")
-def ops(request: pytest.FixtureRequest) -> CoreOps:
-    return CoreOps(CudaDims(D=16, H=request.param, A=9, Z=51, K=4))
+def ops(request: pytest.FixtureRequest) -> CudaOps:
+    return CudaOps(CudaDims(D=16, H=request.param, A=9, Z=51, K=4))
 
 
 @pytest.fixture(scope="module")
-def core() -> CoreOps:
-    return CoreOps(CudaDims(D=16, H=256, A=9, Z=51, K=4))
+def core() -> CudaOps:
+    return CudaOps(CudaDims(D=16, H=256, A=9, Z=51, K=4))
 
 
 def flag(value: int) -> np.ndarray:
@@ -63,7 +63,7 @@ def test_philox_kernel_matches_python(rng: np.random.Generator) -> None:
 
 # --------------------------------------------------------------------------- encoder
 @pytest.mark.parametrize("B", SIZES)
-def test_bias_relu_fwd(ops: CoreOps, rng: np.random.Generator, B: int) -> None:
+def test_bias_relu_fwd(ops: CudaOps, rng: np.random.Generator, B: int) -> None:
     H = ops.dims.H
     z, b = normal(rng, B, H), normal(rng, H)
     z[0, : H // 2] = -b[: H // 2]  # z + b == 0 exactly: ReLU'(0) edge
@@ -71,14 +71,14 @@ def test_bias_relu_fwd(ops: CoreOps, rng: np.random.Generator, B: int) -> None:
 
 
 @pytest.mark.parametrize("B", SIZES)
-def test_bias_relu_bwd(ops: CoreOps, rng: np.random.Generator, B: int) -> None:
+def test_bias_relu_bwd(ops: CudaOps, rng: np.random.Generator, B: int) -> None:
     H = ops.dims.H
     h = np.maximum(normal(rng, B, H), 0)
     grad_h = normal(rng, B, H)
     assert_close(ops.bias_relu_bwd(dev(h), dev(grad_h)), npo.bias_relu_bwd(h, grad_h))
 
 
-def test_bias_relu_non_finite_as_numpy(ops: CoreOps, rng: np.random.Generator) -> None:
+def test_bias_relu_non_finite_as_numpy(ops: CudaOps, rng: np.random.Generator) -> None:
     """NaN passes through the forward; a non-finite grad_h stays non-finite where h = 0."""
     H = ops.dims.H
     z, b = normal(rng, 3, H), normal(rng, H)
@@ -101,7 +101,7 @@ def assert_sum_close(got: cupy.ndarray, x: np.ndarray) -> None:
 
 @pytest.mark.parametrize("B", (*SIZES, 1025, 20000, 300_001))
 @pytest.mark.parametrize("cols", (256, 37, 1))
-def test_reduce_axis0(core: CoreOps, rng: np.random.Generator, B: int, cols: int) -> None:
+def test_reduce_axis0(core: CudaOps, rng: np.random.Generator, B: int, cols: int) -> None:
     if B * cols > 20_000_000:
         cols = 3
     x = normal(rng, B, cols)
@@ -109,7 +109,7 @@ def test_reduce_axis0(core: CoreOps, rng: np.random.Generator, B: int, cols: int
 
 
 @pytest.mark.parametrize("shape", [(1,), (4099,), (255, 9, 51), (4099, 0)])
-def test_reduce_axis0_shapes(core: CoreOps, rng: np.random.Generator, shape: tuple) -> None:
+def test_reduce_axis0_shapes(core: CudaOps, rng: np.random.Generator, shape: tuple) -> None:
     x = rng.standard_normal(shape).astype(np.float32)
     assert_sum_close(core.reduce_axis0(dev(x)), x)
 
@@ -117,7 +117,7 @@ def test_reduce_axis0_shapes(core: CoreOps, rng: np.random.Generator, shape: tup
 @pytest.mark.parametrize("B", (1, 7, 255, 1000, 1024))
 @pytest.mark.parametrize("cols", (256, 37))
 def test_reduce_axis0_is_numpys_order(
-    core: CoreOps, rng: np.random.Generator, B: int, cols: int
+    core: CudaOps, rng: np.random.Generator, B: int, cols: int
 ) -> None:
     """Up to 1024 rows the sum runs row after row, as np.add.reduce(axis=0) does for >= 2
     columns: the same float32 roundings, so the same bits."""
@@ -127,7 +127,7 @@ def test_reduce_axis0_is_numpys_order(
 
 # --------------------------------------------------------------------------- linear layers
 @pytest.mark.parametrize("B", SIZES)
-def test_linear(core: CoreOps, rng: np.random.Generator, B: int) -> None:
+def test_linear(core: CudaOps, rng: np.random.Generator, B: int) -> None:
     x, W, b, g = normal(rng, B, 37), normal(rng, 37, 29), normal(rng, 29), normal(rng, B, 29)
     ax, aW, ag = np.abs(x), np.abs(W), np.abs(g)
     assert_close(
@@ -135,17 +135,16 @@ def test_linear(core: CoreOps, rng: np.random.Generator, B: int) -> None:
         npo.linear_fwd(x, W, b),
         scale=float(np.max(ax @ aW + np.abs(b))),
     )
-    grad_x, grad_W, grad_b = core.linear_bwd(dev(x), dev(W), dev(g))
-    want_x, want_W, want_b = npo.linear_bwd(x, W, g)
-    assert_close(grad_x, want_x, scale=float(np.max(ag @ aW.T)))
+    grad_x = core.linear_bwd_input(dev(W), dev(g))
+    grad_W, grad_b = core.linear_bwd_params(dev(x), dev(g))
+    want_W, want_b = npo.linear_bwd_params(x, g)
+    assert_close(grad_x, npo.linear_bwd_input(W, g), scale=float(np.max(ag @ aW.T)))
     assert_close(grad_W, want_W, scale=float(np.max(ax.T @ ag)))
     assert_close(grad_b, want_b, scale=float(np.max(ag.sum(axis=0))))
-    only_W, only_b = core.linear_bwd_params(dev(x), dev(g))
-    assert same_bytes(only_W, grad_W) and same_bytes(only_b, grad_b)
 
 
 @pytest.mark.parametrize("B", SIZES)
-def test_matmul_and_its_capture(core: CoreOps, rng: np.random.Generator, B: int) -> None:
+def test_matmul_and_its_capture(core: CudaOps, rng: np.random.Generator, B: int) -> None:
     """The ctypes SGEMM (gemm.py) against NumPy, with either operand transposed; the same
     call captured in a CUDA graph and replayed writes the eager bytes."""
     import cupy
@@ -176,7 +175,7 @@ def test_matmul_and_its_capture(core: CoreOps, rng: np.random.Generator, B: int)
 # --------------------------------------------------------------------------- grad_h
 @pytest.mark.parametrize("top", (0, 1, 255, 4099))
 @pytest.mark.parametrize("bottom", (0, 7, 4096))
-def test_grad_h_stack(ops: CoreOps, rng: np.random.Generator, top: int, bottom: int) -> None:
+def test_grad_h_stack(ops: CudaOps, rng: np.random.Generator, top: int, bottom: int) -> None:
     """[top; λ bottom] equals the twin bit for bit (a copy and one float32 multiply)."""
     H = ops.dims.H
     a, b = normal(rng, top, H), normal(rng, bottom, H)
@@ -196,10 +195,10 @@ HEAD_WIDTHS = [(9, 1, 1, 3), (9, 1), (1,), (40, 1, 17, 2), (300, 200, 5, 7)]
 @pytest.mark.parametrize("B", (0, *SIZES, 20000))
 @pytest.mark.parametrize("widths", HEAD_WIDTHS, ids=lambda w: "w" + "-".join(map(str, w)))
 def test_linear_heads(
-    ops: CoreOps, rng: np.random.Generator, B: int, widths: tuple[int, ...]
+    ops: CudaOps, rng: np.random.Generator, B: int, widths: tuple[int, ...]
 ) -> None:
-    """The fused narrow heads against per-head linear_fwd / linear_bwd + grad_h_accumulate
-    (the NumPy twins)."""
+    """The fused narrow heads against per-head linear_fwd / linear_bwd_input /
+    linear_bwd_params + grad_h_accumulate (the NumPy twins)."""
     H = ops.dims.H
     h = np.maximum(normal(rng, B, H), 0)
     Ws = [normal(rng, H, w) for w in widths]
@@ -226,7 +225,7 @@ def test_linear_heads(
     assert all(same_bytes(a, b) for a, b in repeated)
 
 
-def test_linear_heads_bad_input(core: CoreOps, rng: np.random.Generator) -> None:
+def test_linear_heads_bad_input(core: CudaOps, rng: np.random.Generator) -> None:
     h = dev(normal(rng, 5, 256))
     Ws = [dev(normal(rng, 256, 9)), dev(normal(rng, 256, 1))]
     bs = [dev(normal(rng, 9)), dev(normal(rng, 1))]
@@ -251,7 +250,7 @@ def test_linear_heads_bad_input(core: CoreOps, rng: np.random.Generator) -> None
 
 # --------------------------------------------------------------------------- AdamW
 @pytest.mark.parametrize("n", (*SIZES, 256 * 256))
-def test_adamw_three_steps(core: CoreOps, rng: np.random.Generator, n: int) -> None:
+def test_adamw_three_steps(core: CudaOps, rng: np.random.Generator, n: int) -> None:
     shape = (n // 256, 256) if n % 256 == 0 else (n,)
     param = normal(rng, *shape)
     m, v = np.zeros_like(param), np.zeros_like(param)
@@ -270,7 +269,7 @@ def test_adamw_three_steps(core: CoreOps, rng: np.random.Generator, n: int) -> N
         assert_close(d_param, param)
 
 
-def test_adamw_device_hyperparameters(core: CoreOps, rng: np.random.Generator) -> None:
+def test_adamw_device_hyperparameters(core: CudaOps, rng: np.random.Generator) -> None:
     """Hyper-parameters as float64 device scalars (graph-safe) give the same bits as numbers."""
     grad, scale = dev(normal(rng, 999)), dev(np.array([0.5]))
     step, ok = dev(np.array([2])), dev(flag(1))
@@ -286,7 +285,7 @@ def test_adamw_device_hyperparameters(core: CoreOps, rng: np.random.Generator) -
 
 @pytest.mark.parametrize("count", (1, 14, 21))  # 21: two launches of at most 16 tensors
 def test_adamw_steps_equal_one_launch_per_tensor(
-    core: CoreOps, rng: np.random.Generator, count: int
+    core: CudaOps, rng: np.random.Generator, count: int
 ) -> None:
     """adamw_steps / advance_counters (one launch per 16 tensors, per-tensor step counters,
     weight decays and gradient scales) write the bytes of adamw_step / advance_counter tensor by
@@ -331,7 +330,7 @@ def test_adamw_steps_equal_one_launch_per_tensor(
     assert calls.captures == 1
 
 
-def test_ok_zero_leaves_every_byte(core: CoreOps, rng: np.random.Generator) -> None:
+def test_ok_zero_leaves_every_byte(core: CudaOps, rng: np.random.Generator) -> None:
     """The non-finite guard as data: ok = 0 changes nothing, whatever the inputs."""
     param, m, v = normal(rng, 4099), normal(rng, 4099), np.abs(normal(rng, 4099))
     before = [param.copy(), m.copy(), v.copy()]
@@ -356,7 +355,7 @@ def test_ok_zero_leaves_every_byte(core: CoreOps, rng: np.random.Generator) -> N
 NORM_SIZES = (1, 7, 2047, 2048, 2049, 4099 * 37, 256 * 256, 4099)
 
 
-def test_global_norm(core: CoreOps, rng: np.random.Generator) -> None:
+def test_global_norm(core: CudaOps, rng: np.random.Generator) -> None:
     grads = [normal(rng, n) * np.float32(rng.uniform(0.01, 10)) for n in NORM_SIZES]
     norm = core.global_norm([dev(g) for g in grads])
     assert_close(norm, npo.global_norm(grads))
@@ -367,7 +366,7 @@ def test_global_norm(core: CoreOps, rng: np.random.Generator) -> None:
 
 
 @pytest.mark.parametrize("layout", ((3, 2, 3), (1,), (8, 0, 16), (1, 1, 1, 1, 1, 1, 1, 1)))
-def test_group_norms(core: CoreOps, rng: np.random.Generator, layout: tuple[int, ...]) -> None:
+def test_group_norms(core: CudaOps, rng: np.random.Generator, layout: tuple[int, ...]) -> None:
     """Each group's norm as the NumPy twin's; the last entry has global_norm's very bits, eagerly
     and replayed from a captured graph."""
     from service.backend.cuda.capture import CapturedCalls
@@ -389,7 +388,7 @@ def test_group_norms(core: CoreOps, rng: np.random.Generator, layout: tuple[int,
 
 
 @pytest.mark.parametrize("max_norm", (0.5, 1.0, 40.0))
-def test_clip_coefficient(core: CoreOps, max_norm: float) -> None:
+def test_clip_coefficient(core: CudaOps, max_norm: float) -> None:
     norms = np.array([0.0, 1e-9, 0.5, 1.0, 3.0, 1e6, np.inf, np.nan])
     for value in norms:
         norm = np.array([value])
@@ -402,7 +401,7 @@ def test_clip_coefficient(core: CoreOps, max_norm: float) -> None:
 
 
 @pytest.mark.parametrize("bad", (np.nan, np.inf, -np.inf))
-def test_all_finite(core: CoreOps, rng: np.random.Generator, bad: float) -> None:
+def test_all_finite(core: CudaOps, rng: np.random.Generator, bad: float) -> None:
     arrays = [normal(rng, n) for n in NORM_SIZES] + [np.array([1.5]), np.zeros(0, np.float32)]
     assert same_bytes(core.all_finite([dev(a) for a in arrays]), flag(1))
     for which in range(len(arrays) - 1):
@@ -415,7 +414,7 @@ def test_all_finite(core: CoreOps, rng: np.random.Generator, bad: float) -> None
 
 
 @pytest.mark.parametrize("bad", (np.nan, np.inf))
-def test_all_finite_many_small_arrays(core: CoreOps, rng: np.random.Generator, bad: float) -> None:
+def test_all_finite_many_small_arrays(core: CudaOps, rng: np.random.Generator, bad: float) -> None:
     """More small arrays (scalars, float32 and float64; up to 1,024 elements) than the final
     kernel checks itself: the rest go through the chunk pass; a bad value anywhere is seen."""
     arrays = [normal(rng, 1) if i % 3 else np.array([rng.normal()]) for i in range(10)]
@@ -429,7 +428,7 @@ def test_all_finite_many_small_arrays(core: CoreOps, rng: np.random.Generator, b
 
 # --------------------------------------------------------------------------- target refresh
 @pytest.mark.parametrize(("tau", "updates"), [(0.005, 3), (0.0, 8), (0.0, 9)])
-def test_target_refresh(core: CoreOps, rng: np.random.Generator, tau: float, updates: int) -> None:
+def test_target_refresh(core: CudaOps, rng: np.random.Generator, tau: float, updates: int) -> None:
     sizes = (1, 4099, 256 * 37, *rng.integers(0, 3000, 17))  # 20 tensors: two launches
     target = [normal(rng, n) for n in sizes]
     online = [normal(rng, n) for n in sizes]
@@ -442,7 +441,7 @@ def test_target_refresh(core: CoreOps, rng: np.random.Generator, tau: float, upd
 
 
 # --------------------------------------------------------------------------- Step statistics
-def test_step_stats_accumulate(core: CoreOps, rng: np.random.Generator) -> None:
+def test_step_stats_accumulate(core: CudaOps, rng: np.random.Generator) -> None:
     """The device totals equal the twin's, bit for bit, over applied and skipped updates with
     absent statistics and non-finite losses; the first update resets what was there."""
     totals, want = cupy.full(17, np.nan), np.full(17, np.nan)
@@ -465,7 +464,7 @@ def test_step_stats_accumulate(core: CoreOps, rng: np.random.Generator) -> None:
 @pytest.mark.parametrize("T", (1, 7, 33))
 @pytest.mark.parametrize("N", SIZES)
 @pytest.mark.parametrize("flag_dtype", (np.uint8, np.bool_))
-def test_gae(core: CoreOps, rng: np.random.Generator, T: int, N: int, flag_dtype: type) -> None:
+def test_gae(core: CudaOps, rng: np.random.Generator, T: int, N: int, flag_dtype: type) -> None:
     rewards, values, next_values = normal(rng, T, N), normal(rng, T, N), normal(rng, T, N)
     terminated = (rng.random((T, N)) < 0.1).astype(flag_dtype)
     truncated = (rng.random((T, N)) < 0.05).astype(flag_dtype)
@@ -477,7 +476,7 @@ def test_gae(core: CoreOps, rng: np.random.Generator, T: int, N: int, flag_dtype
 
 
 # --------------------------------------------------------------------------- determinism
-def test_same_inputs_same_bits(core: CoreOps, rng: np.random.Generator) -> None:
+def test_same_inputs_same_bits(core: CudaOps, rng: np.random.Generator) -> None:
     x = dev(normal(rng, 300_001, 3))
     h = dev(normal(rng, 4099, 256))
     grads = [dev(normal(rng, n)) for n in NORM_SIZES]
@@ -507,7 +506,7 @@ def test_same_inputs_same_bits(core: CoreOps, rng: np.random.Generator) -> None:
 
 
 # --------------------------------------------------------------------------- validation
-def bad_calls(core: CoreOps) -> list[tuple[str, Callable[[], object]]]:
+def bad_calls(core: CudaOps) -> list[tuple[str, Callable[[], object]]]:
     f32 = cupy.zeros((7, 256), dtype=cupy.float32)
     f64 = cupy.zeros((7, 256), dtype=cupy.float64)
     b = cupy.zeros(256, dtype=cupy.float32)
@@ -568,7 +567,7 @@ def bad_calls(core: CoreOps) -> list[tuple[str, Callable[[], object]]]:
     ]
 
 
-def test_bad_arguments_name_the_argument(core: CoreOps) -> None:
+def test_bad_arguments_name_the_argument(core: CudaOps) -> None:
     for name, call in bad_calls(core):
         with pytest.raises(ValueError, match=f"^{re.escape(name)}:"):
             call()

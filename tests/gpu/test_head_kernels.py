@@ -1,4 +1,4 @@
-"""The head CUDA kernels (through HeadOps) against their NumPy twins, Trainer.act, ReplayBuffer.
+"""The head CUDA kernels (through CudaOps) against their NumPy twins, Trainer.act, ReplayBuffer.
 
 Error measure: max |gpu - numpy| / scale per tensor, below 1e-5, where scale is max |numpy|, or
 for a batch mean the mean of |row terms| (a bound that cancellation cannot shrink to zero).
@@ -15,7 +15,6 @@ TRIDENT_TEST_SEED=<seed>.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 
 import numpy as np
@@ -24,8 +23,10 @@ import pytest
 cupy = pytest.importorskip("cupy", reason="no CUDA device visible to CuPy (cupy is not installed)")
 
 from service.backend import numpy_ops as npo  # noqa: E402
-from service.backend.cuda.head_ops import ACT_MODES, REPLAY_FIELDS, HeadOps  # noqa: E402
+from service.backend.cuda.act import ACT_MODES  # noqa: E402
 from service.backend.cuda.loader import CudaDims  # noqa: E402
+from service.backend.cuda.ops import CudaOps  # noqa: E402
+from service.backend.cuda.replay import REPLAY_FIELDS  # noqa: E402
 from service.backend.philox import Stream, below, random_bits, seed_key, uniform01  # noqa: E402
 from service.config import load_config  # noqa: E402
 from service.trainer import model  # noqa: E402
@@ -46,8 +47,8 @@ V_MIN, V_MAX = -10.0, 10.0
 # --------------------------------------------------------------------------- helpers
 # rng (fixture), normal, dev, host, assert_close, same_bytes and TOL: tests/gpu/conftest.py.
 @pytest.fixture(scope="module", params=DIMS, ids=lambda d: f"A{d.A}Z{d.Z}H{d.H}")
-def ops(request: pytest.FixtureRequest) -> HeadOps:
-    return HeadOps(request.param)
+def ops(request: pytest.FixtureRequest) -> CudaOps:
+    return CudaOps(request.param)
 
 
 def assert_mean_close(got: cupy.ndarray, want: np.ndarray, terms: np.ndarray) -> None:
@@ -67,7 +68,7 @@ def distributions(rng: np.random.Generator, *shape: int) -> np.ndarray:
     return npo.c51_softmax(normal(rng, *shape, scale=2.0))
 
 
-def projection_inputs(ops: HeadOps, rng: np.random.Generator, B: int) -> tuple[np.ndarray, ...]:
+def projection_inputs(ops: CudaOps, rng: np.random.Generator, B: int) -> tuple[np.ndarray, ...]:
     p = distributions(rng, B, ops.dims.Z)
     r = normal(rng, B, scale=4.0)  # some Tz beyond the ends of [-10, 10]
     done = (rng.random(B) < 0.2).astype(np.uint8)
@@ -75,34 +76,8 @@ def projection_inputs(ops: HeadOps, rng: np.random.Generator, B: int) -> tuple[n
     return p, r, done, k
 
 
-# --------------------------------------------------------------------------- the op set
-def test_signatures_match_the_numpy_twins(ops: HeadOps) -> None:
-    """Each head op has its twin's parameter names in order (what check_op_set compares)."""
-    twins = [
-        "c51_support",
-        "c51_softmax",
-        "c51_q_values",
-        "c51_greedy",
-        "categorical_projection",
-        "c51_support_clip_ratio",
-        "c51_taken_loss_bwd",
-        "c51_taken_grad_params",
-        "log_softmax",
-        "ppo_surrogate_fwd_bwd",
-        "normalize_advantages",
-        "value_fwd_bwd",
-        "bce_fwd_bwd",
-        "aux_mse_fwd_bwd",
-        "sample_categorical",
-        "gather_rows",
-    ]
-    for name in twins:
-        want = list(inspect.signature(getattr(npo, name)).parameters)
-        assert list(inspect.signature(getattr(ops, name)).parameters) == want, name
-
-
 # --------------------------------------------------------------------------- C51 head
-def test_c51_support(ops: HeadOps) -> None:
+def test_c51_support(ops: CudaOps) -> None:
     Z = ops.dims.Z
     assert_exact(
         ops.c51_support(V_MIN, V_MAX, Z, np.float32),
@@ -111,7 +86,7 @@ def test_c51_support(ops: HeadOps) -> None:
 
 
 @pytest.mark.parametrize("B", SIZES)
-def test_c51_softmax_and_q_values(ops: HeadOps, rng: np.random.Generator, B: int) -> None:
+def test_c51_softmax_and_q_values(ops: CudaOps, rng: np.random.Generator, B: int) -> None:
     A, Z = ops.dims.A, ops.dims.Z
     logits = normal(rng, B, A, Z, scale=3.0)
     logits[0, 0, :] = 7.0  # a uniform row: ties for the max
@@ -123,7 +98,7 @@ def test_c51_softmax_and_q_values(ops: HeadOps, rng: np.random.Generator, B: int
 
 
 @pytest.mark.parametrize("B", SIZES)
-def test_c51_greedy(ops: HeadOps, rng: np.random.Generator, B: int) -> None:
+def test_c51_greedy(ops: CudaOps, rng: np.random.Generator, B: int) -> None:
     A, Z = ops.dims.A, ops.dims.Z
     logits = normal(rng, B, A, Z, scale=3.0)
     logits[0, 2] = logits[0, 1]  # a tie for the best: the first wins
@@ -150,7 +125,7 @@ def test_c51_greedy(ops: HeadOps, rng: np.random.Generator, B: int) -> None:
     assert_close(probs[dev(np.flatnonzero(finite))], want_probs[finite])
 
 
-def taken_inputs(ops: HeadOps, rng: np.random.Generator, B: int) -> tuple[np.ndarray, ...]:
+def taken_inputs(ops: CudaOps, rng: np.random.Generator, B: int) -> tuple[np.ndarray, ...]:
     H, A, Z = ops.dims.H, ops.dims.A, ops.dims.Z
     h = np.maximum(normal(rng, B, H), 0)
     W, b = normal(rng, H, A * Z, scale=0.1), normal(rng, A * Z, scale=0.5)
@@ -160,7 +135,7 @@ def taken_inputs(ops: HeadOps, rng: np.random.Generator, B: int) -> tuple[np.nda
 @pytest.mark.parametrize("actions_drawn", ["uniform", "skewed"])
 @pytest.mark.parametrize("B", SIZES)
 def test_c51_taken_loss_bwd(
-    ops: HeadOps, rng: np.random.Generator, B: int, actions_drawn: str
+    ops: CudaOps, rng: np.random.Generator, B: int, actions_drawn: str
 ) -> None:
     A, Z = ops.dims.A, ops.dims.Z
     h, W, b, target = taken_inputs(ops, rng, B)
@@ -187,7 +162,7 @@ def test_c51_taken_loss_bwd(
 
 
 def test_c51_taken_bad_action_is_nan_without_gradient(
-    ops: HeadOps, rng: np.random.Generator
+    ops: CudaOps, rng: np.random.Generator
 ) -> None:
     """An action outside [0, A) gives a NaN loss (the guard skips the update), a zero grad_h
     row, and no weight column sees the row."""
@@ -211,7 +186,7 @@ def test_c51_taken_bad_action_is_nan_without_gradient(
 
 # --------------------------------------------------------------------------- projection
 @pytest.mark.parametrize("B", SIZES)
-def test_categorical_projection(ops: HeadOps, rng: np.random.Generator, B: int) -> None:
+def test_categorical_projection(ops: CudaOps, rng: np.random.Generator, B: int) -> None:
     p, r, done, k = projection_inputs(ops, rng, B)
     args = (p, r, done, k)
     got = ops.categorical_projection(*map(dev, args), 0.99, V_MIN, V_MAX)
@@ -223,7 +198,7 @@ def test_categorical_projection(ops: HeadOps, rng: np.random.Generator, B: int) 
 
 @pytest.mark.parametrize("B", (1, 255, 4099))
 def test_categorical_projection_bit_exact_when_gamma_power_is(
-    ops: HeadOps, rng: np.random.Generator, B: int
+    ops: CudaOps, rng: np.random.Generator, B: int
 ) -> None:
     """k = 1: γ^k = γ on both sides, and every other operation is the twin's: equal bits."""
     p, r, done, _ = projection_inputs(ops, rng, B)
@@ -246,7 +221,7 @@ def test_categorical_projection_bit_exact_when_gamma_power_is(
     ],
 )
 def test_categorical_projection_edges(
-    ops: HeadOps, rng: np.random.Generator, case: str, gamma: float
+    ops: CudaOps, rng: np.random.Generator, case: str, gamma: float
 ) -> None:
     """Tz on an atom (all mass to it), beyond both ends, done = 1, γ = 0, γ = 1: the twin's bits."""
     B, Z = 33, ops.dims.Z
@@ -285,7 +260,7 @@ def test_categorical_projection_edges(
     assert_close(ratio, np.float32(want_ratio), scale=max(float(want_ratio), 1.0 / B))
 
 
-def test_projection_reads_gamma_from_device_memory(ops: HeadOps, rng: np.random.Generator) -> None:
+def test_projection_reads_gamma_from_device_memory(ops: CudaOps, rng: np.random.Generator) -> None:
     """γ, v_min, v_max as float64 device scalars: changing the scalar changes the result."""
     p, r, done, k = map(dev, projection_inputs(ops, rng, 255))
     gamma = cupy.asarray(np.array([0.9]))
@@ -299,7 +274,7 @@ def test_projection_reads_gamma_from_device_memory(ops: HeadOps, rng: np.random.
 
 
 # --------------------------------------------------------------------------- PPO head
-def ppo_inputs(ops: HeadOps, rng: np.random.Generator, B: int, clip_eps: float):
+def ppo_inputs(ops: CudaOps, rng: np.random.Generator, B: int, clip_eps: float):
     A = ops.dims.A
     logits = normal(rng, B, A)
     actions = rng.integers(0, A, B).astype(np.int32)
@@ -314,7 +289,7 @@ def ppo_inputs(ops: HeadOps, rng: np.random.Generator, B: int, clip_eps: float):
 
 
 @pytest.mark.parametrize("B", SIZES)
-def test_log_softmax(ops: HeadOps, rng: np.random.Generator, B: int) -> None:
+def test_log_softmax(ops: CudaOps, rng: np.random.Generator, B: int) -> None:
     logits = normal(rng, B, ops.dims.A, scale=3.0)
     assert_close(ops.log_softmax(dev(logits)), npo.log_softmax(logits))
     stacked = normal(rng, 2, B, ops.dims.A)
@@ -322,7 +297,7 @@ def test_log_softmax(ops: HeadOps, rng: np.random.Generator, B: int) -> None:
 
 
 @pytest.mark.parametrize("B", SIZES)
-def test_ppo_surrogate_fwd_bwd(ops: HeadOps, rng: np.random.Generator, B: int) -> None:
+def test_ppo_surrogate_fwd_bwd(ops: CudaOps, rng: np.random.Generator, B: int) -> None:
     clip_eps, ent_coef = 0.2, 0.01
     logits, actions, behavior, advantages = ppo_inputs(ops, rng, B, clip_eps)
     args = (logits, actions, behavior, advantages)
@@ -350,7 +325,7 @@ def test_ppo_surrogate_fwd_bwd(ops: HeadOps, rng: np.random.Generator, B: int) -
 
 
 @pytest.mark.parametrize("B", SIZES)
-def test_normalize_advantages(ops: HeadOps, rng: np.random.Generator, B: int) -> None:
+def test_normalize_advantages(ops: CudaOps, rng: np.random.Generator, B: int) -> None:
     advantages = normal(rng, B, scale=3.0) + np.float32(1.5)
     got = ops.normalize_advantages(dev(advantages))
     want = npo.normalize_advantages(advantages)
@@ -363,7 +338,7 @@ def test_normalize_advantages(ops: HeadOps, rng: np.random.Generator, B: int) ->
 # --------------------------------------------------------------------------- value head
 @pytest.mark.parametrize("clip", [None, 0.2])
 @pytest.mark.parametrize("B", SIZES)
-def test_value_fwd_bwd(ops: HeadOps, rng: np.random.Generator, B: int, clip: float | None) -> None:
+def test_value_fwd_bwd(ops: CudaOps, rng: np.random.Generator, B: int, clip: float | None) -> None:
     returns = normal(rng, B)
     old_values = returns + normal(rng, B, scale=0.5)
     values = old_values + normal(rng, B, scale=0.3)
@@ -385,7 +360,7 @@ def test_value_fwd_bwd(ops: HeadOps, rng: np.random.Generator, B: int, clip: flo
 
 # --------------------------------------------------------------------------- perception heads
 @pytest.mark.parametrize("B", SIZES)
-def test_bce_fwd_bwd(ops: HeadOps, rng: np.random.Generator, B: int) -> None:
+def test_bce_fwd_bwd(ops: CudaOps, rng: np.random.Generator, B: int) -> None:
     u = normal(rng, B, scale=4.0)
     u[0] = 200.0  # softplus must not overflow
     if B > 1:
@@ -398,7 +373,7 @@ def test_bce_fwd_bwd(ops: HeadOps, rng: np.random.Generator, B: int) -> None:
 
 
 @pytest.mark.parametrize("B", SIZES)
-def test_aux_mse_fwd_bwd(ops: HeadOps, rng: np.random.Generator, B: int) -> None:
+def test_aux_mse_fwd_bwd(ops: CudaOps, rng: np.random.Generator, B: int) -> None:
     K = ops.dims.K
     pred, target = normal(rng, B, K), normal(rng, B, K)
     loss, grad = ops.aux_mse_fwd_bwd(dev(pred), dev(target))
@@ -423,7 +398,7 @@ def assert_same_samples(got: np.ndarray, want: np.ndarray, near: np.ndarray) -> 
 
 
 @pytest.mark.parametrize("B", SIZES)
-def test_sample_categorical(ops: HeadOps, rng: np.random.Generator, B: int) -> None:
+def test_sample_categorical(ops: CudaOps, rng: np.random.Generator, B: int) -> None:
     logits = normal(rng, B, ops.dims.A, scale=2.0)
     uniforms = uniform01(rng.integers(0, 2**32, B, dtype=np.uint64).astype(np.uint32))
     uniforms[0] = 0.0
@@ -449,7 +424,7 @@ def trainer_for(dims: CudaDims, seed: int) -> Trainer:
 @pytest.mark.parametrize("mode", list(ActMode), ids=lambda m: m.value)
 @pytest.mark.parametrize("N", SIZES)
 def test_act_select_matches_trainer_act(
-    ops: HeadOps, rng: np.random.Generator, mode: ActMode, N: int
+    ops: CudaOps, rng: np.random.Generator, mode: ActMode, N: int
 ) -> None:
     """act_select on the trainer's own logits and Q-values, key and act_calls sequence gives
     Trainer.act's actions and log-probs."""
@@ -479,7 +454,7 @@ def test_act_select_matches_trainer_act(
             assert_close(log_probs, want.log_probs)
 
 
-def test_act_select_ties_and_device_scalars(ops: HeadOps, rng: np.random.Generator) -> None:
+def test_act_select_ties_and_device_scalars(ops: CudaOps, rng: np.random.Generator) -> None:
     """Greedy picks the first maximum (np.argmax); key, sequence and ε may live on the device."""
     A, N = ops.dims.A, 300
     logits = np.round(normal(rng, N, A), 1)  # many exact ties
@@ -500,7 +475,7 @@ def test_act_select_ties_and_device_scalars(ops: HeadOps, rng: np.random.Generat
 
 
 def test_epsilon_coin_is_exact_for_unrepresentable_epsilon(
-    ops: HeadOps, rng: np.random.Generator
+    ops: CudaOps, rng: np.random.Generator
 ) -> None:
     """ε just above a draw u (not a float32; float32(ε) = u) explores that row, as on the host;
     ε = u does not. A float32 compare against float32(ε) would get the first case wrong."""
@@ -522,7 +497,7 @@ def test_epsilon_coin_is_exact_for_unrepresentable_epsilon(
 
 # --------------------------------------------------------------------------- minibatch rows
 @pytest.mark.parametrize("B", SIZES)
-def test_gather_rows(ops: HeadOps, rng: np.random.Generator, B: int) -> None:
+def test_gather_rows(ops: CudaOps, rng: np.random.Generator, B: int) -> None:
     """One launch gathers every per-row field: the twin's arrays, bit for bit."""
     arrays = [
         normal(rng, B, 40),
@@ -556,40 +531,36 @@ def transitions(rng: np.random.Generator, count: int, D: int, A: int) -> Transit
     )
 
 
-def test_replay_insert_and_sample_match_replay_buffer(
-    ops: HeadOps, rng: np.random.Generator
-) -> None:
+def test_replay_sample_and_gather_match_numpy(ops: CudaOps, rng: np.random.Generator) -> None:
+    """The device ring (a ReplayBuffer on CuPy, as the trainer keeps it), drawn from and read
+    by the ops, gives the NumPy ring's slots and rows exactly."""
     D, A, capacity = ops.dims.D, ops.dims.A, 37
     reference = ReplayBuffer(capacity, D, np.dtype(np.float32))
-    storage = {name: dev(array) for name, array in reference.storage.items()}
-    position, size = dev(reference.position.copy()), dev(reference.size.copy())
+    ring = ReplayBuffer(capacity, D, np.dtype(np.float32), xp=cupy)
     key = seed_key(int(rng.integers(2**63)))
     for step, count in enumerate((5, 30, 1, 50, 74, 7)):  # wraps; 50 and 74 exceed capacity
         batch = transitions(rng, count, D, A)
         reference.insert(batch)
-        ops.replay_insert(storage, position, size, *(dev(getattr(batch, n)) for n in REPLAY_FIELDS))
-        for name in REPLAY_FIELDS:
-            assert_exact(storage[name], reference.storage[name])
-        assert_exact(position, reference.position)
-        assert_exact(size, reference.size)
+        ring.insert(batch)
         for count_out in SIZES:
             sequence = step * 2**31 + count_out  # past 2**32 for the later steps
-            slots = ops.replay_sample_indices(size, key, sequence, count_out)
+            slots = ops.replay_sample_indices(ring.size_on_device, key, sequence, count_out)
             want_slots = below(
                 random_bits(key, Stream.REPLAY, sequence, count_out)[:, 0], reference.size[0]
-            )
-            assert_exact(slots, want_slots.astype(np.int32))
-            got = ops.replay_sample(storage, size, key, sequence, count_out)
-            want_rows = npo.replay_sample_indices(
+            ).astype(np.int32)
+            assert_exact(slots, want_slots)
+            twin = npo.replay_sample_indices(
                 reference.size, np.array(key, np.uint32), np.array([sequence]), count_out
             )
-            want = npo.replay_gather(reference.storage, want_rows)
+            np.testing.assert_array_equal(twin, want_slots)
+            got = ops.replay_gather(ring.storage, slots)
+            want = npo.replay_gather(reference.storage, want_slots)
             for name in REPLAY_FIELDS:
                 assert_exact(got[name], want[name])
 
 
 # --------------------------------------------------------------------------- determinism
-def test_every_op_twice_gives_the_same_bytes(ops: HeadOps, rng: np.random.Generator) -> None:
+def test_every_op_twice_gives_the_same_bytes(ops: CudaOps, rng: np.random.Generator) -> None:
     H, A, Z, K, B = ops.dims.H, ops.dims.A, ops.dims.Z, ops.dims.K, 4099
     logits_q = dev(normal(rng, B, A, Z))
     actions = dev(rng.integers(0, A, B).astype(np.int32))
@@ -628,7 +599,7 @@ def test_every_op_twice_gives_the_same_bytes(ops: HeadOps, rng: np.random.Genera
 
 
 # --------------------------------------------------------------------------- validation
-def test_launches_are_validated(ops: HeadOps, rng: np.random.Generator) -> None:
+def test_launches_are_validated(ops: CudaOps, rng: np.random.Generator) -> None:
     """Wrong type, dtype, shape or layout raises ValueError naming the argument."""
     H, A, Z, B = ops.dims.H, ops.dims.A, ops.dims.Z, 8
     logits = dev(normal(rng, B, A, Z))
@@ -697,7 +668,7 @@ def test_launches_are_validated(ops: HeadOps, rng: np.random.Generator) -> None:
 
 
 @pytest.mark.parametrize("rows", (1, 7, 300, 262_147))
-def test_minibatch_order_matches_numpy(ops: HeadOps, rng: np.random.Generator, rows: int) -> None:
+def test_minibatch_order_matches_numpy(ops: CudaOps, rng: np.random.Generator, rows: int) -> None:
     """The device permutation equals the twin's stable argsort of the Philox keys element for
     element (ties, ~8 per 262k keys, broken by index on both), for sequences past 2**32."""
     key = tuple(int(w) for w in rng.integers(0, 2**32, 2))

@@ -1,6 +1,7 @@
-"""kernels/gemm_tf32x3.cu (3xTF32 tensor-core GEMMs and their fused epilogues) against float64
-NumPy (the twins matmul, bias_relu_fwd after matmul, bias_relu_bwd after linear_bwd_input), on
-both tile heights, both layouts and the edges of every tile.
+"""bench/kernels/gemm_tf32x3.cu (3xTF32 tensor-core GEMMs and their fused epilogues, the
+experiment of bench/gemm.py) against float64 NumPy (the twins matmul, bias_relu_fwd after
+matmul, bias_relu_bwd after linear_bwd_input), on both tile heights, both layouts and the edges
+of every tile.
 
 Error measure: max |gpu - float64| / max Σ_k |a_ik||b_kj| (a bound cancellation cannot shrink),
 below 1e-5 as every kernel's; plain TF32 would miss it by an order of magnitude. Inputs are
@@ -9,6 +10,9 @@ fresh random draws; the seed is printed and can be pinned with TRIDENT_TEST_SEED
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -16,9 +20,16 @@ cupy = pytest.importorskip("cupy", reason="no CUDA device visible to CuPy (cupy 
 
 from service.backend import numpy_ops as npo  # noqa: E402
 from service.backend.cuda.capture import CapturedCalls  # noqa: E402
-from service.backend.cuda.gemm import gemm, tensor_core_gemm  # noqa: E402
+from service.backend.cuda.gemm import gemm  # noqa: E402
 
 from .conftest import TOL, dev, host, normal, same_bytes  # noqa: E402
+
+_BENCH = Path(__file__).resolve().parents[2] / "bench" / "tensor_core_gemm.py"
+_spec = importlib.util.spec_from_file_location("tensor_core_gemm", _BENCH)
+assert _spec is not None and _spec.loader is not None
+_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_module)
+tensor_core_gemm = _module.tensor_core_gemm
 
 # (M, K, N): one row; primes off every tile edge; K below one k-step, one not a multiple of 4;
 # the trainer's shapes (D = 40, H = 256, A·Z = 459) at B = 4096.

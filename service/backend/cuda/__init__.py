@@ -1,8 +1,10 @@
 """The CUDA backend: `kernels/*.cu` compiled by NVRTC through CuPy and wrapped as ops.
 
-`loader` finds, compiles, caches and loads kernels and needs CuPy only when it loads one;
-`core_ops.CoreOps` (and `head_ops.HeadOps`) import CuPy and hold the ops; `validate` holds
-the argument checks they share.
+`loader` finds, compiles, caches and loads kernels and needs CuPy only when it loads one. The
+ops import CuPy: one module per kernel concern (`linear`, `linear_heads`, `encoder`, `c51`,
+`ppo`, `value`, `perception`, `gae`, `grad_norm_clip`, `optim`, `tensor_table`, `step_stats`,
+`act`, `replay`), each a mixin of `launch.KernelOps`, composed by `ops.CudaOps`; `launch`
+sizes grids and launches, `validate` checks arguments, `gemm` calls cuBLAS.
 """
 
 from service.backend.cuda.loader import (
