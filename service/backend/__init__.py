@@ -15,6 +15,7 @@ import numpy as np
 
 from service.backend import numpy_ops
 from service.backend.cuda.loader import KERNEL_ABI_VERSION, CudaDims
+from service.backend.executor import Executor, HostScalars, NumpyExecutor, Scalars
 from service.backend.host_memory import retain_freed_memory
 from service.errors import BackendUnavailable
 
@@ -30,6 +31,8 @@ class Backend:
     ops: Any  # numpy_ops, or an object with the same op names and signatures
     xp: ModuleType  # numpy or cupy: arrays the ops take and return
     to_host: Callable[[Any], np.ndarray]
+    executor: Callable[[bool], Executor]  # a new executor for one trainer (graphs on or off)
+    scalars: Callable[[np.ndarray], Scalars]  # a settings vector, read as the ops take it
     kernel_abi_version: int = 0  # of the loaded CUDA kernels; 0 for NumPy
 
 
@@ -47,12 +50,21 @@ def cuda_available() -> bool:
 
 def _numpy_backend() -> Backend:
     retain_freed_memory()
-    return Backend(name="numpy", device="cpu", ops=numpy_ops, xp=np, to_host=np.asarray)
+    return Backend(
+        name="numpy",
+        device="cpu",
+        ops=numpy_ops,
+        xp=np,
+        to_host=np.asarray,
+        executor=lambda graphs: NumpyExecutor(),
+        scalars=HostScalars,
+    )
 
 
 def _cuda_backend(dims: Mapping[str, int]) -> Backend:
     import cupy
 
+    from service.backend.cuda.executor import CudaExecutor, DeviceScalars
     from service.backend.cuda.ops import CudaOps
 
     ops = CudaOps(CudaDims(**dims))
@@ -63,6 +75,8 @@ def _cuda_backend(dims: Mapping[str, int]) -> Backend:
         ops=ops,
         xp=cupy,
         to_host=cupy.asnumpy,
+        executor=CudaExecutor,
+        scalars=DeviceScalars,
         kernel_abi_version=KERNEL_ABI_VERSION,
     )
 

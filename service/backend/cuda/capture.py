@@ -22,7 +22,7 @@ import cupy
 
 
 class CapturedCalls:
-    """Graphs keyed by shape, on one non-blocking stream owned by the trainer."""
+    """Graphs keyed by shape, on one non-blocking stream (a `CudaExecutor`'s)."""
 
     def __init__(self, stream: cupy.cuda.Stream) -> None:
         self.stream = stream
@@ -44,7 +44,7 @@ class CapturedCalls:
         return outputs
 
     def launch(self, key: Hashable, stream: cupy.cuda.Stream) -> Any:
-        """Replay the captured graph of `key` on `stream` (bench/gpu_step.py's timing hook)."""
+        """Replay the captured graph of `key` on `stream` (`CudaExecutor.replay`)."""
         graph, outputs = self._graphs[key]
         graph.launch(stream)
         return outputs
