@@ -2,9 +2,9 @@
 // Twins: numpy_ops.global_norm, group_norms, clip_coefficient, all_finite.
 //
 // ‖g‖² over many tensors: each tensor is cut into fixed chunks of TRIDENT_REDUCE_CHUNK elements;
-// sumsq_partials writes one float64 partial per chunk (fixed per-thread order, then a fixed-shape
-// shared-memory tree), the wrapper places every tensor's partials one after another in one buffer,
-// and sumsq_finalize reduces that buffer with a fixed shape too. The result depends only on the
+// sumsq_partials_multi writes one float64 partial per chunk (fixed per-thread order, then a
+// fixed-shape shared-memory tree), every tensor's partials one after another in one buffer, and
+// sumsq_finalize reduces that buffer with a fixed shape too. The result depends only on the
 // tensors' sizes and order, never on scheduling: the same gradients give the same bits.
 // Launch every kernel here with exactly TRIDENT_REDUCE_THREADS threads per block.
 #include "common.cuh"
@@ -38,18 +38,8 @@ static __device__ __forceinline__ double sumsq_chunk(const float* __restrict__ x
     return trident_block_tree_sum<TRIDENT_REDUCE_THREADS>(acc, s);
 }
 
-// partials[k] = Σ_{i in chunk k} (double)x[i]²; grid = ceil(n / TRIDENT_REDUCE_CHUNK) exactly.
-extern "C" __global__ void sumsq_partials(const float* __restrict__ x, long long n,
-                                          double* __restrict__ partials) {
-    __shared__ double s[TRIDENT_REDUCE_THREADS];
-    const double total = sumsq_chunk(x, n, blockIdx.x, s);
-    if (threadIdx.x == 0) {
-        partials[blockIdx.x] = total;
-    }
-}
-
-// sumsq_partials for `count` tensors in one launch (address table, uint64 [count]): block b
-// writes partials[b], tensor after tensor — the layout of per-tensor launches, so the same bits.
+// partials[b] = Σ (double)x[i]² over block b's chunk of one of `count` tensors (address table,
+// uint64 [count]), tensor after tensor: a tensor's partials depend on its size alone.
 // Grid = block_offsets[count] (common.cuh's layout; chunk must be TRIDENT_REDUCE_CHUNK).
 extern "C" __global__ void sumsq_partials_multi(const unsigned long long* __restrict__ tensors,
                                                 const long long* __restrict__ block_offsets,
