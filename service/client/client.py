@@ -135,6 +135,13 @@ class TridentClient:
     def close(self) -> None:
         self._channel.close()
 
+    @property
+    def stub(self) -> pb_grpc.TrainerServiceStub:
+        """The generated TrainerService stub on this client's channel, for what the typed
+        methods do not offer (call futures, hand-built requests, metadata of your own). Its
+        calls carry none of this client's token, deadline or retries."""
+        return self._stub
+
     def _metadata(self) -> list[tuple[str, str]]:
         metadata = [("x-request-id", uuid.uuid4().hex)]
         if self._token:

@@ -15,9 +15,9 @@ from service.types import ActMode, ActResult
 RunBatch = Callable[[np.ndarray, ActMode, float], ActResult]
 
 
-# eq=False: requests compare by identity. A generated __eq__ compared `obs` arrays, so
-# `_pending.remove(request)` raised ValueError ("truth value of an array is ambiguous") when a
-# request of another (mode, ε) stood before it; the worker thread died and every later Act hung.
+# eq=False: requests compare by identity. A generated __eq__ would compare `obs` arrays, and
+# `_pending.remove(request)` would raise ValueError ("truth value of an array is ambiguous") when
+# a request of another (mode, ε) stands before it, killing the worker and hanging every later Act.
 @dataclass(eq=False)
 class _Request:
     obs: np.ndarray
@@ -49,6 +49,11 @@ class ActBatcher:
             self._pending.append(request)
             self._wake.notify()
         return request.future.result()
+
+    def pending(self) -> int:
+        """Requests waiting to join a batch (not those in the batch being run)."""
+        with self._wake:
+            return len(self._pending)
 
     def close(self) -> None:
         """Answer what is pending, then stop the worker."""

@@ -58,12 +58,23 @@ class Status:
 
 
 class Engine:
-    """Owns the trainer for the server's lifetime."""
+    """Owns the trainer for the server's lifetime.
 
-    def __init__(self, trainer: Trainer, metrics: Metrics, inference_only: bool = False) -> None:
+    `clock` is the monotonic clock (seconds) behind the Step and Act duration metrics; a
+    simulation or a test can pass its own.
+    """
+
+    def __init__(
+        self,
+        trainer: Trainer,
+        metrics: Metrics,
+        inference_only: bool = False,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.trainer = trainer
         self.metrics = metrics
         self.inference_only = inference_only
+        self.clock = clock
         self.root = Path(trainer.config.checkpoint.dir)
         self._lock = threading.Lock()
         server = trainer.config.server
@@ -100,7 +111,7 @@ class Engine:
         return future
 
     def _apply_step(self, rollout: Rollout, queued_ms: float) -> StepResult:
-        started = time.perf_counter()
+        started = self.clock()
         with self._lock:
             self._check_lag(rollout.policy_version)
             result = self.trainer.step(rollout)
@@ -109,7 +120,7 @@ class Engine:
                 self._periodic_checkpoint()
         result.timings_ms["queue"] = queued_ms
         samples = rollout.horizon * rollout.num_envs
-        self.metrics.observe_step(result, samples, time.perf_counter() - started)
+        self.metrics.observe_step(result, samples, self.clock() - started)
         self.metrics.step_queue_depth.set(self._steps.depth)
         logs.event(
             logging.INFO,
@@ -150,11 +161,16 @@ class Engine:
     def act(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> ActResult:
         return self._acts.act(obs, mode, epsilon)
 
+    @property
+    def act_queue_depth(self) -> int:
+        """Act requests waiting to join a batch: a load signal beside the Step queue's depth."""
+        return self._acts.pending()
+
     def _act_batch(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> ActResult:
         with self._lock:  # the timer starts once a Step in progress has let go of the trainer
-            started = time.perf_counter()
+            started = self.clock()
             result = self.trainer.act(obs, mode, epsilon)
-            seconds = time.perf_counter() - started
+            seconds = self.clock() - started
         self.metrics.observe_act(obs.shape[0], seconds)
         return result
 

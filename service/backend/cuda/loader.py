@@ -257,6 +257,15 @@ def _module(file: str, defines: Mapping[str, int]) -> cupy.RawModule:
     return module
 
 
+def clear_loaded() -> None:
+    """Forget the modules and kernels loaded in this process; the disk cache stays, so the next
+    `load_kernel` reads it, or compiles (e.g. after TRIDENT_KERNEL_CACHE or the sources change
+    under a running process)."""
+    with _lock:
+        _modules.clear()
+        _kernels.clear()
+
+
 def load_kernel(file: str, name: str, defines: Mapping[str, int] | None = None) -> cupy.RawKernel:
     """The `extern "C"` kernel `name` of `kernels/<file>` compiled with `defines`, for the
     current device: from the in-process cache, else the disk cache, else NVRTC."""
