@@ -32,22 +32,21 @@ import json
 import logging
 import os
 import shlex
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
-from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import host_report
 import numpy as np
 from prometheus_client import CollectorRegistry
+
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' server harness
+from serverproc import ServerProcess
+from serverproc import scrape as scrape_samples
 
 from service import logs
 from service.api.tensors import decode, encode
@@ -161,86 +160,16 @@ def latency(values_ms: np.ndarray) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------- server
-@dataclass
-class Server:
-    """A `trident serve` subprocess; its stderr JSON lines are drained by a thread."""
-
-    process: subprocess.Popen[str]
-    port: int = 0
-    metrics_port: int = 0
-    serving: threading.Event = field(default_factory=threading.Event)
-    tail: deque[str] = field(default_factory=lambda: deque(maxlen=40))
-    events: dict[str, int] = field(default_factory=dict)
-    first_event: dict[str, Any] = field(default_factory=dict)
-
-    def drain(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.tail.append(line.rstrip())
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            name = record.get("event", "") if isinstance(record, dict) else ""
-            self.events[name] = self.events.get(name, 0) + 1
-            if name == "serving" and not self.serving.is_set():
-                self.first_event = record
-                self.port = int(record["port"])
-                self.metrics_port = int(record["metrics_port"])
-                self.serving.set()
-        self.serving.set()  # the process ended: wake a waiter
-
-
-@contextlib.contextmanager
-def running_server(sets: list[str], workdir: Path, timeout_s: float = 120.0) -> Iterator[Server]:
-    checkpoints = Path(tempfile.mkdtemp(prefix="ckpt-", dir=workdir))
-    command = [
-        sys.executable, "-m", "service.cli", "serve",
-        "--port", "0", "--metrics-port", "0", "--checkpoint-dir", str(checkpoints),
-    ]
-    for setting in sets:
-        command += ["--set", setting]
-    # TRIDENT_* variables would configure the server but not the in-process trainer: drop them.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIDENT_")}
-    process = subprocess.Popen(
-        command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        text=True, env=env,
-    )
-    server = Server(process)
-    drainer = threading.Thread(target=server.drain, name="server-stderr", daemon=True)
-    drainer.start()
-    try:
-        if not server.serving.wait(timeout_s) or not server.port:
-            raise RuntimeError(
-                f"server did not report serving in {timeout_s:.0f} s (exit {process.poll()}):\n"
-                + "\n".join(server.tail)
-            )
-        yield server
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)  # drains, writes a final checkpoint, exits 0
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        drainer.join(5)
-
-
-def scrape(server: Server) -> dict[str, float]:
+def scrape(server: ServerProcess) -> dict[str, float]:
     """The server's unlabelled Prometheus samples (sums and counts of its histograms)."""
-    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    samples = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name.startswith("trident_") and "{" not in name:
-            samples[name] = float(value)
-    return samples
+    return {
+        name: value
+        for (name, labels), value in scrape_samples(server).items()
+        if name.startswith("trident_") and not labels
+    }
 
 
-def connect(server: Server, args: argparse.Namespace) -> TridentClient:
+def connect(server: ServerProcess, args: argparse.Namespace) -> TridentClient:
     client = TridentClient(
         f"127.0.0.1:{server.port}", timeout_s=600.0, max_message_mb=message_mb(args)
     )
@@ -322,7 +251,7 @@ class HistogramDelta:
     """What server histograms observed during the timed parts of the gRPC blocks (sums and
     counts accumulated between scrapes of the metrics endpoint)."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: ServerProcess) -> None:
         self.server = server
         self.totals: dict[str, float] = {}
         self._before: dict[str, float] = {}
@@ -379,7 +308,7 @@ def bench_steps(
     trainer: Trainer,
     direct: Direct,
     client: TridentClient,
-    server: Server,
+    server: ServerProcess,
     args: argparse.Namespace,
 ) -> dict[str, Any]:
     rollout = make_rollout(B, args.horizon, np.random.default_rng([args.seed, B]))
@@ -516,7 +445,7 @@ def bench_act(
     trainer: Trainer,
     direct: Direct,
     client: TridentClient,
-    server: Server,
+    server: ServerProcess,
     args: argparse.Namespace,
 ) -> list[dict[str, Any]]:
     rows = []
@@ -572,8 +501,8 @@ class ForeignCpu:
     between `__init__` and `share()`: 0 on a quiet machine; above ~0.05 the timings are
     contended."""
 
-    def __init__(self, server: Server) -> None:
-        self.pid = server.process.pid
+    def __init__(self, server: ServerProcess) -> None:
+        self.pid = server.proc.pid
         self.start = (time.perf_counter(), host_report.cpu_busy_s(), self._own())
 
     def _own(self) -> float:
@@ -729,8 +658,14 @@ def main(argv: list[str] | None = None) -> int:
             sets = server_overrides(args, None if wait == default_wait else wait)
             direct_config = with_overrides(config, [f"server.act_max_wait_ms={wait}"])
             direct = Direct(direct_config, Path(tempfile.mkdtemp(prefix="direct-", dir=tmp)))
-            with running_server(sets, Path(tmp)) as server, connect(server, args) as client:
-                servers[label] = {"set": sets, "serving": server.first_event}
+            checkpoints = Path(tempfile.mkdtemp(prefix="ckpt-", dir=tmp))
+            with (
+                ServerProcess.start(
+                    Path(tmp), sets, checkpoint_dir=checkpoints, startup_timeout_s=120.0
+                ) as server,
+                connect(server, args) as client,
+            ):
+                servers[label] = {"set": sets, "serving": server.events("serving")[0]}
                 if index == 0:  # Steps, transport and the null RPC once, on the first server
                     for B in args.sizes:
                         log(f"step B={B} ...")
@@ -750,7 +685,9 @@ def main(argv: list[str] | None = None) -> int:
                     results["null_rpc"] = null_rpc(client, args.act_repeats)
                 log(f"act {label} ...")
                 results["act"][label] = bench_act(trainer, direct, client, server, args)
-                servers[label]["events"] = dict(server.events)
+                servers[label]["events"] = dict(
+                    Counter(record.get("event", "") for record in server.events())
+                )
             direct.close()
 
     busy_after, own = host_report.cpu_busy_s(), host_report.own_cpu_s() - own_before

@@ -38,8 +38,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' server harness
 import host_report
-from grpc_step import running_server
+from serverproc import ServerProcess
 
 from service.actor import GymnasiumVectorEnv, make_gymnasium_env
 from service.client.client import TridentClient
@@ -56,8 +57,11 @@ EVAL_JSON = Path("trident_eval", "eval.json")  # what the main job writes into i
 def cartpole_run(seed: int, sets: list[str], args: argparse.Namespace, workdir: Path) -> dict:
     """One seed: env steps and seconds until the last WINDOW episodes average SOLVED."""
     server_sets = [*CARTPOLE, f"train.seed={seed}", "train.backend=numpy", *sets]
-    with running_server(server_sets, workdir) as server:
-        client = TridentClient(f"127.0.0.1:{server.port}", timeout_s=600.0)
+    checkpoints = Path(tempfile.mkdtemp(prefix="ckpt-", dir=workdir))
+    with ServerProcess.start(
+        workdir, server_sets, checkpoint_dir=checkpoints, startup_timeout_s=120.0
+    ) as server:
+        client = TridentClient(server.target, timeout_s=600.0)
         env: GymnasiumVectorEnv = make_gymnasium_env("CartPole-v1", args.num_envs, seed)
         try:
             recent: deque[float] = deque(maxlen=WINDOW)

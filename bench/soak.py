@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import datetime as dt
 import json
 import math
@@ -42,11 +41,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
-from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -54,7 +50,9 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # host_report, also as bench.soak
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' server harness
 import host_report
+from serverproc import ServerProcess, clean_env, die_with_parent
 
 from service.config import LobsimConfig
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
@@ -117,26 +115,19 @@ class Settings:
 
 
 # ------------------------------------------------------------------------------- processes
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the soak dies, even by SIGKILL (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 def spawn(
     command: list[str], cwd: Path, stdout: IO[str] | int, stderr: IO[str] | int
 ) -> subprocess.Popen[str]:
-    """Start `command` with no TRIDENT_* variables (they would change the server's config)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIDENT_")}
+    """Start `command` with no TRIDENT_* variables; it gets SIGTERM if the soak dies."""
     return subprocess.Popen(
         command,
         cwd=cwd,
-        env=env,
+        env=clean_env(),
         stdin=subprocess.DEVNULL,
         stdout=stdout,
         stderr=stderr,
         text=True,
-        preexec_fn=_die_with_parent,
+        preexec_fn=die_with_parent,
     )
 
 
@@ -152,67 +143,26 @@ def stop(process: subprocess.Popen[str], timeout_s: float) -> int:
     return process.returncode
 
 
-@dataclass
-class Server:
-    """`trident serve` with its stderr (JSON lines) drained by a thread."""
-
-    process: subprocess.Popen[str]
-    port: int = 0
-    metrics_port: int = 0
-    serving: threading.Event = field(default_factory=threading.Event)
-    steps_logged: int = 0
-    problems: list[str] = field(default_factory=list)  # WARNING / ERROR lines, non-JSON lines
-    tail: deque[str] = field(default_factory=lambda: deque(maxlen=40))
-    drainer: threading.Thread | None = None
-
-    def drain(self) -> None:
-        assert self.process.stderr is not None
-        for raw in self.process.stderr:
-            line = raw.rstrip()
-            self.tail.append(line)
-            try:
-                record = json.loads(line)
-            except ValueError:
-                record = None
-            if not isinstance(record, dict):
-                self.problems.append(line)
-                continue
-            if record.get("level") in ("WARNING", "ERROR"):
-                self.problems.append(line)
-            if record.get("event") == "step":
-                self.steps_logged += 1
-            elif record.get("event") == "serving" and not self.serving.is_set():
-                self.port, self.metrics_port = int(record["port"]), int(record["metrics_port"])
-                self.serving.set()
-        self.serving.set()  # the process ended: wake the waiter
-
-    def metrics_text(self) -> str:
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return response.read().decode()
-
-    def rss_bytes(self) -> int | None:
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-        return None
+def problems(server: ServerProcess) -> list[str]:
+    """The server's log lines at WARNING or ERROR, and those that are not JSON objects."""
+    found = []
+    for line in server.lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict) or record.get("level") in ("WARNING", "ERROR"):
+            found.append(line)
+    return found
 
 
-def start_server(settings: Settings, workdir: Path, token: str) -> Server:
-    command = [
-        sys.executable, "-m", "service.cli", "serve", "--port", "0", "--metrics-port", "0",
-        "--checkpoint-dir", str(workdir / "checkpoints"),
-    ]  # fmt: skip
-    for setting in settings.server_sets(token):
-        command += ["--set", setting]
-    server = Server(spawn(command, workdir, subprocess.DEVNULL, subprocess.PIPE))
-    server.drainer = threading.Thread(target=server.drain, name="server-stderr", daemon=True)
-    server.drainer.start()
-    if not server.serving.wait(STARTUP_TIMEOUT_S) or not server.port:
-        stop(server.process, STOP_TIMEOUT_S)
-        raise RuntimeError("server did not start:\n" + "\n".join(server.tail))
-    return server
+def rss_bytes(pid: int) -> int | None:
+    """A running process's VmRSS."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return None
 
 
 def actor_command(settings: Settings, target: str, index: int, token: str) -> list[str]:
@@ -333,7 +283,12 @@ def throughput(series: list[tuple[float, int, float]], duration_s: float) -> lis
 def run_soak(settings: Settings, workdir: Path, promtool: str | None) -> dict[str, Any]:
     """Run the soak in `workdir` and return its figures (see `failures` for the verdict)."""
     token = secrets.token_urlsafe(24)
-    server = start_server(settings, workdir, token)
+    server = ServerProcess.start(
+        workdir,
+        settings.server_sets(token),
+        startup_timeout_s=STARTUP_TIMEOUT_S,
+        dies_with_parent=True,
+    )
     actors: list[subprocess.Popen[str]] = []
     logs: list[tuple[Path, Path]] = []
     series: list[tuple[float, int, float]] = []
@@ -341,7 +296,7 @@ def run_soak(settings: Settings, workdir: Path, promtool: str | None) -> dict[st
     scrape_failures = 0
     server_exit: int | None = None
     try:
-        target = f"127.0.0.1:{server.port}"
+        target = server.target
         started = time.monotonic()
         for index in range(settings.actors):
             out, err = workdir / f"actor{index}.out", workdir / f"actor{index}.err"
@@ -354,7 +309,7 @@ def run_soak(settings: Settings, workdir: Path, promtool: str | None) -> dict[st
         deadline = started + settings.duration_s + STARTUP_TIMEOUT_S + STOP_TIMEOUT_S
 
         def busy() -> bool:
-            return server.process.poll() is None and any(a.poll() is None for a in actors)
+            return server.proc.poll() is None and any(a.poll() is None for a in actors)
 
         while busy() and time.monotonic() < deadline:
             try:
@@ -362,7 +317,7 @@ def run_soak(settings: Settings, workdir: Path, promtool: str | None) -> dict[st
             except OSError:
                 scrape_failures += 1
             else:
-                rss = server.rss_bytes()
+                rss = rss_bytes(server.proc.pid)
                 if rss is not None:
                     filled = total(samples, "trident_samples_total")
                     series.append((time.monotonic() - started, rss, filled))
@@ -379,10 +334,9 @@ def run_soak(settings: Settings, workdir: Path, promtool: str | None) -> dict[st
     finally:
         for actor in actors:
             stop(actor, STOP_TIMEOUT_S)
-        server_exit = stop(server.process, STOP_TIMEOUT_S)
-        if server.drainer is not None:
-            server.drainer.join(STOP_TIMEOUT_S)  # its last lines are read before counting
+        server_exit = server.terminate(STOP_TIMEOUT_S)  # its last lines read before counting
     samples = parse_metrics(text)
+    server_problems = problems(server)
     return {
         "elapsed_s": round(elapsed, 1),
         "actors": [
@@ -391,10 +345,10 @@ def run_soak(settings: Settings, workdir: Path, promtool: str | None) -> dict[st
         ],
         "server": {
             "exit": server_exit,
-            "problem_lines": server.problems[:20],
-            "problem_line_count": len(server.problems),
-            "steps_logged": server.steps_logged,
-            "tail": list(server.tail) if server_exit != 0 else [],
+            "problem_lines": server_problems[:20],
+            "problem_line_count": len(server_problems),
+            "steps_logged": len(server.events("step")),
+            "tail": server.lines[-40:] if server_exit != 0 else [],
         },
         "metrics": metric_figures(samples) if text else None,
         "max_policy_lag_sampled": max_lag,

@@ -1,12 +1,16 @@
-"""A real `trident serve` process on loopback, for the server tests.
+"""A real `trident serve` process on loopback: the one harness of the server tests and the benches.
 
-`running_server(tmp_path, *overrides)` starts `python -m service.cli serve` on ports picked by the
-OS, waits for its `"event": "serving"` log line, keeps draining its stderr (so the pipe never
-fills) and, on exit, sends SIGTERM and waits for it (SIGKILL after a timeout).
+`ServerProcess.start(workdir, settings)` runs `python -m service.cli serve` (each setting as a
+`--set`) on ports picked by the OS, waits for its `"event": "serving"` log line and keeps reading
+its stderr, so the pipe never fills; as a context manager it is stopped on exit (SIGTERM, then
+SIGKILL after a timeout). Tests start it through `conftest.running_server`, which adds the tests'
+small model; the benches put `tests/` on `sys.path` and call `ServerProcess.start` themselves.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -15,32 +19,18 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
-import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.config import Config, load_config
-from service.types import Rollout
-
-# The tests' small model (see tests/test_trainer.py for the shape conventions).
-SMALL = (
-    "train.backend=numpy",  # the CPU suite tests the NumPy backend, GPU or not
-    "model.obs_dim=6",
-    "model.hidden_dim=16",
-    "replay.min_size=16",
-    "replay.batch_size=8",
-    "ppo.num_minibatches=2",
-)
-# Test-process settings that do not touch the math: a short drain, so shutdown is quick.
-SERVING = ("server.shutdown_grace_s=5",)
 STARTUP_TIMEOUT_S = 60.0
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 STOP_TIMEOUT_S = 30.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def clean_env() -> dict[str, str]:
@@ -48,9 +38,11 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("TRIDENT_")}
 
 
-def small_config(*overrides: str) -> Config:
-    """The config an in-process Trainer needs to match a server started with `overrides`."""
-    return load_config(env={}, overrides=[*SMALL, *overrides])
+def die_with_parent() -> None:
+    """A `preexec_fn`: the child gets SIGTERM when the thread that started it ends, even by
+    SIGKILL (Linux; a no-op elsewhere), so a killed bench leaves no server behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def trident_cli(
@@ -82,6 +74,17 @@ class TlsFiles:
         return settings
 
 
+def serve_command(
+    checkpoint_dir: Path, settings: Sequence[str], extra_args: Sequence[str] = ()
+) -> list[str]:
+    """`trident serve` on OS-picked ports with each of `settings` as a `--set`."""
+    command = [sys.executable, "-m", "service.cli", "serve", "--port", "0", "--metrics-port", "0",
+               "--checkpoint-dir", str(checkpoint_dir)]  # fmt: skip
+    for setting in settings:
+        command += ["--set", setting]
+    return [*command, *extra_args]
+
+
 @dataclass
 class ServerProcess:
     """A started server: its process, ports and every stderr line it has written so far."""
@@ -94,6 +97,55 @@ class ServerProcess:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _serving: threading.Event = field(default_factory=threading.Event)
     _eof: threading.Event = field(default_factory=threading.Event)
+
+    @classmethod
+    def start(
+        cls,
+        workdir: Path,
+        settings: Sequence[str],
+        *,
+        checkpoint_dir: Path | None = None,
+        extra_args: Sequence[str] = (),
+        startup_timeout_s: float = STARTUP_TIMEOUT_S,
+        dies_with_parent: bool = False,
+    ) -> ServerProcess:
+        """Start a server in `workdir` (checkpoints in `workdir/checkpoints` unless given) and
+        wait until it logs "serving"; stop it with `terminate()` or a `with` block.
+
+        `dies_with_parent`: the server gets SIGTERM when the calling thread ends, so start it
+        from a thread that outlives it (Linux's PR_SET_PDEATHSIG)."""
+        workdir.mkdir(parents=True, exist_ok=True)
+        checkpoint_dir = checkpoint_dir or workdir / "checkpoints"
+        proc = subprocess.Popen(
+            serve_command(checkpoint_dir, settings, extra_args),
+            cwd=workdir,
+            env=clean_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+            preexec_fn=die_with_parent if dies_with_parent else None,
+        )
+        server = cls(proc, checkpoint_dir)
+        threading.Thread(target=server._read_stderr, name="server-stderr", daemon=True).start()
+        try:
+            server._wait_serving(startup_timeout_s)
+        except BaseException:
+            server.terminate()
+            raise
+        return server
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.terminate()
 
     @property
     def target(self) -> str:
@@ -121,7 +173,26 @@ class ServerProcess:
         with self._lock:
             return "\n".join(self.lines)
 
-    def _drain(self) -> None:
+    def metrics_text(self) -> str:
+        """The /metrics page as the server serves it now."""
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as response:
+            assert response.status == 200
+            return response.read().decode()
+
+    def terminate(self, timeout: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM (if still running), wait, SIGKILL after `timeout`; the exit status, once
+        every line the server wrote has been read."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._eof.wait(10)
+        return self.proc.returncode
+
+    def _read_stderr(self) -> None:
         assert self.proc.stderr is not None
         for raw in self.proc.stderr:
             line = raw.rstrip("\n")
@@ -138,7 +209,7 @@ class ServerProcess:
                     self._serving.set()
         self._eof.set()
 
-    def wait_serving(self, timeout: float) -> None:
+    def _wait_serving(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._serving.wait(0.05):
@@ -150,141 +221,11 @@ class ServerProcess:
                 )
         raise RuntimeError(f"server not serving after {timeout} s:\n{self.stderr()}")
 
-    def terminate(self, timeout: float = STOP_TIMEOUT_S) -> int:
-        """SIGTERM (if still running), wait, SIGKILL after `timeout`; the exit status."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._eof.wait(10)
-        return self.proc.returncode
-
-
-def serve_command(
-    checkpoint_dir: Path,
-    overrides: Sequence[str],
-    token: str | None,
-    tls: TlsFiles | None,
-    extra_args: Sequence[str],
-) -> list[str]:
-    settings = [*SMALL, *SERVING, *overrides]
-    if token is not None:
-        settings.append(f"server.auth_token={token}")
-    if tls is not None:
-        settings.extend(tls.overrides())
-    command = [
-        sys.executable,
-        "-m",
-        "service.cli",
-        "serve",
-        "--port",
-        "0",
-        "--metrics-port",
-        "0",
-        "--checkpoint-dir",
-        str(checkpoint_dir),
-    ]
-    for setting in settings:
-        command += ["--set", setting]
-    return [*command, *extra_args]
-
-
-def start_server(
-    tmp_path: Path,
-    *overrides: str,
-    token: str | None = None,
-    tls: TlsFiles | None = None,
-    extra_args: Sequence[str] = (),
-    checkpoint_dir: Path | None = None,
-) -> ServerProcess:
-    """Start a server and wait until it logs "serving"; the caller must `terminate()` it."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    checkpoint_dir = checkpoint_dir or tmp_path / "checkpoints"
-    command = serve_command(checkpoint_dir, overrides, token, tls, extra_args)
-    proc = subprocess.Popen(
-        command,
-        cwd=tmp_path,
-        env=clean_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        bufsize=1,
-    )
-    server = ServerProcess(proc, checkpoint_dir)
-    threading.Thread(target=server._drain, name="server-stderr", daemon=True).start()
-    try:
-        server.wait_serving(STARTUP_TIMEOUT_S)
-    except BaseException:
-        server.terminate()
-        raise
-    return server
-
-
-@contextmanager
-def running_server(
-    tmp_path: Path,
-    *overrides: str,
-    token: str | None = None,
-    tls: TlsFiles | None = None,
-    extra_args: Sequence[str] = (),
-    checkpoint_dir: Path | None = None,
-) -> Iterator[ServerProcess]:
-    """A serving `trident serve` process (small model + `overrides`), stopped on exit."""
-    server = start_server(
-        tmp_path,
-        *overrides,
-        token=token,
-        tls=tls,
-        extra_args=extra_args,
-        checkpoint_dir=checkpoint_dir,
-    )
-    try:
-        yield server
-    finally:
-        server.terminate()
-
-
-def random_rollout(
-    rng: np.random.Generator,
-    T: int = 5,
-    N: int = 6,
-    D: int = 6,
-    A: int = 9,
-    K: int = 3,
-    policy_version: int | None = None,
-    extras: bool = True,
-) -> Rollout:
-    """A random rollout with some truncated steps (and their final observations), BCE labels
-    and aux targets (when `extras`)."""
-    truncated = rng.random((T, N)) < 0.15
-    terminated = (rng.random((T, N)) < 0.15) & ~truncated
-    index = np.flatnonzero(truncated.reshape(-1))
-    return Rollout(
-        obs=rng.standard_normal((T + 1, N, D)).astype(np.float32),
-        actions=rng.integers(0, A, (T, N)).astype(np.int32),
-        rewards=rng.standard_normal((T, N)).astype(np.float32),
-        terminated=terminated,
-        truncated=truncated,
-        behavior_log_probs=(np.log(1 / A) + 0.3 * rng.standard_normal((T, N))).astype(np.float32),
-        final_obs=rng.standard_normal((index.size, D)).astype(np.float32),
-        final_obs_index=index,
-        bce_labels=rng.integers(0, 2, (T, N)).astype(np.uint8) if extras else None,
-        aux_targets=rng.standard_normal((T, N, K)).astype(np.float32) if extras else None,
-        policy_version=policy_version,
-    )
-
 
 def scrape(server: ServerProcess) -> Samples:
     """Every sample on the server's /metrics page, by (name, sorted labels)."""
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
-        assert response.status == 200
-        text = response.read().decode()
     samples: Samples = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(server.metrics_text()):
         for sample in family.samples:
             samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return samples

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from conftest import small_config
 from prometheus_client import CollectorRegistry
-from serverproc import small_config
 
 from service.server.engine import Engine
 from service.server.metrics import Metrics

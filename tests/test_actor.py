@@ -9,7 +9,8 @@ from pathlib import Path
 import gymnasium
 import numpy as np
 import pytest
-from serverproc import ServerProcess, running_server, trident_cli
+from conftest import running_server
+from serverproc import ServerProcess, trident_cli
 
 from service.actor import (
     ActorError,

@@ -9,8 +9,6 @@ pinned with TRIDENT_TEST_SEED=<seed>.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -28,13 +26,6 @@ GAMMA_LAMBDA = [
     (0.97, 1.0),
     (1.0, 0.9),
 ]
-
-
-@pytest.fixture
-def rng() -> np.random.Generator:
-    seed = int(os.environ.get("TRIDENT_TEST_SEED") or np.random.SeedSequence().entropy)
-    print(f"rng seed: {seed} (rerun with TRIDENT_TEST_SEED={seed})")
-    return np.random.default_rng(seed)
 
 
 def slow_gae(

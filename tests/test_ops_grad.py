@@ -7,8 +7,6 @@ pinned with TRIDENT_TEST_SEED=<seed>.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
@@ -19,13 +17,6 @@ from service.backend import numpy_ops as ops
 TOL = 1e-9
 A, Z, H, IN, K = 9, 51, 13, 11, 3  # odd sizes on purpose; H is not a power of two
 BATCHES = (1, 7)
-
-
-@pytest.fixture
-def rng() -> np.random.Generator:
-    seed = int(os.environ.get("TRIDENT_TEST_SEED") or np.random.SeedSequence().entropy)
-    print(f"rng seed: {seed} (rerun with TRIDENT_TEST_SEED={seed})")
-    return np.random.default_rng(seed)
 
 
 def t64(x: np.ndarray, grad: bool = False) -> torch.Tensor:

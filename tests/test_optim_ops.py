@@ -7,8 +7,6 @@ with TRIDENT_TEST_SEED=<seed>.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
@@ -16,13 +14,6 @@ import torch
 from service.backend import numpy_ops as ops
 
 SHAPES = [(7, 9), (9,), (1, 13)]
-
-
-@pytest.fixture
-def rng() -> np.random.Generator:
-    seed = int(os.environ.get("TRIDENT_TEST_SEED") or np.random.SeedSequence().entropy)
-    print(f"rng seed: {seed} (rerun with TRIDENT_TEST_SEED={seed})")
-    return np.random.default_rng(seed)
 
 
 def rel_err(got: np.ndarray, want: np.ndarray) -> float:

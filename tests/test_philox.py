@@ -6,8 +6,6 @@ with TRIDENT_TEST_SEED=<seed>.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -30,13 +28,6 @@ KAT = [
         (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
     ),
 ]
-
-
-@pytest.fixture
-def rng() -> np.random.Generator:
-    seed = int(os.environ.get("TRIDENT_TEST_SEED") or np.random.SeedSequence().entropy)
-    print(f"rng seed: {seed} (rerun with TRIDENT_TEST_SEED={seed})")
-    return np.random.default_rng(seed)
 
 
 def slow_philox(counter: tuple[int, ...], key: tuple[int, int]) -> tuple[int, ...]:

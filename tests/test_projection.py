@@ -9,21 +9,12 @@ pinned with TRIDENT_TEST_SEED=<seed>.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 from service.backend import numpy_ops as ops
 
 Z = 51
-
-
-@pytest.fixture
-def rng() -> np.random.Generator:
-    seed = int(os.environ.get("TRIDENT_TEST_SEED") or np.random.SeedSequence().entropy)
-    print(f"rng seed: {seed} (rerun with TRIDENT_TEST_SEED={seed})")
-    return np.random.default_rng(seed)
 
 
 def slow_projection(

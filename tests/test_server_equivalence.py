@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from serverproc import random_rollout, running_server, small_config
+from conftest import random_rollout, running_server, small_config
 
 from service.client.client import StepReply, TridentClient
 from service.trainer.trainer import Trainer
@@ -65,7 +65,7 @@ def test_step_over_grpc_equals_in_process_trainer(tmp_path: Path) -> None:
             status = client.status()
             assert status.param_digest == trainer.param_digest(), f"digest after Step {i + 1}"
             assert status.global_step == trainer.global_step
-            assert status.replay_size == len(trainer.replay)
+            assert status.replay_size == len(trainer.state.replay)
         assert "q" in reply.losses, "the Q head never trained"
         remote = client.act(obs, ActMode.GREEDY_PI)
         here = trainer.act(obs, ActMode.GREEDY_PI)

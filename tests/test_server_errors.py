@@ -12,7 +12,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from serverproc import ServerProcess, random_rollout, running_server
+from conftest import random_rollout, running_server
+from serverproc import ServerProcess
 
 from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb

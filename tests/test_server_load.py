@@ -10,8 +10,9 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+from conftest import random_rollout, running_server, small_config
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from serverproc import random_rollout, running_server, scrape, small_config, start_server, value
+from serverproc import scrape, value
 
 from service.checkpoint import list_checkpoints, read_manifest, restore_checkpoint
 from service.client.client import TridentClient
@@ -120,7 +121,7 @@ def test_eight_actors_for_twenty_seconds(tmp_path: Path) -> None:
 def test_sigterm_under_load_drains_and_writes_a_final_checkpoint(tmp_path: Path) -> None:
     grace = 5.0
     slower = "ppo.epochs=8"  # Steps of tens of ms, so that some are in flight at SIGTERM
-    server = start_server(tmp_path, f"server.shutdown_grace_s={grace}", slower)
+    server = running_server(tmp_path, f"server.shutdown_grace_s={grace}", slower)
     try:
         stopping = threading.Event()
         actors = [Actor() for _ in range(4)]

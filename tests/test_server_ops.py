@@ -11,17 +11,10 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from conftest import random_rollout, running_server
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from serverproc import (
-    Samples,
-    ServerProcess,
-    random_rollout,
-    running_server,
-    scrape,
-    trident_cli,
-    value,
-)
+from serverproc import Samples, ServerProcess, scrape, trident_cli, value
 
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc

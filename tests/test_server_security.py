@@ -12,15 +12,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from serverproc import (
-    ServerProcess,
-    random_rollout,
-    running_server,
-    scrape,
-    start_server,
-    trident_cli,
-    value,
-)
+from conftest import random_rollout, running_server
+from serverproc import ServerProcess, scrape, trident_cli, value
 
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
@@ -71,7 +64,7 @@ def test_unauthenticated_error_carries_request_id(token_server: ServerProcess) -
 def test_port_in_use_is_refused(tmp_path: Path) -> None:
     with running_server(tmp_path / "first") as first:
         try:
-            second = start_server(tmp_path / "second", extra_args=("--port", str(first.port)))
+            second = running_server(tmp_path / "second", extra_args=("--port", str(first.port)))
         except RuntimeError as error:  # exited before serving: what should happen
             assert str(first.port) in str(error)
         else:

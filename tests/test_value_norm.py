@@ -5,20 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_trainer import SMALL, random_rollout
+from conftest import random_rollout, small_config
 
-from service.config import C51Config, load_config
+from service.config import C51Config
 from service.trainer.support_watch import COOLDOWN, THRESHOLD, WINDOW, SupportWatch
 from service.trainer.trainer import Trainer
 from service.trainer.value_norm import VARIANCE_FLOOR, ValueNorm, moments
 from service.types import ActMode
-
-
-@pytest.fixture
-def rng() -> np.random.Generator:
-    seed = int(np.random.default_rng().integers(2**31))
-    print(f"seed {seed}")
-    return np.random.default_rng(seed)
 
 
 def reference_moments(batches: list[np.ndarray], beta: float) -> tuple[float, float]:
@@ -75,7 +68,7 @@ def test_disabled_is_the_identity(rng: np.random.Generator) -> None:
 def test_act_reports_the_denormalised_value(rng: np.random.Generator) -> None:
     """V(s) from Act is σ v̂ + μ, with v̂ the value head's output, computed here from the saved
     parameters and statistics."""
-    trainer = Trainer(load_config(env={}, overrides=[*SMALL, "ppo.value_norm=true"]))
+    trainer = Trainer(small_config("ppo.value_norm=true"))
     for _ in range(3):
         rollout = random_rollout(rng)
         trainer.step(rollout.__class__(**{**rollout.__dict__, "rewards": rollout.rewards * 30}))
@@ -98,10 +91,10 @@ def test_act_reports_the_denormalised_value(rng: np.random.Generator) -> None:
 def test_value_loss_scale_with_large_rewards(rng: np.random.Generator, value_norm: bool) -> None:
     """With value normalisation the value loss stays O(1) when rewards are 1,000 times larger;
     without it, it grows with the square of the reward scale."""
-    overrides = [*SMALL, f"ppo.value_norm={value_norm}", "ppo.value_norm_decay=0.5"]
+    overrides = [f"ppo.value_norm={value_norm}", "ppo.value_norm_decay=0.5"]
     losses = []
     for scale in (1.0, 1000.0):
-        trainer = Trainer(load_config(env={}, overrides=overrides))
+        trainer = Trainer(small_config(*overrides))
         data = np.random.default_rng(int(rng.integers(2**31)))
         for _ in range(4):
             rollout = random_rollout(data)
@@ -139,8 +132,8 @@ def test_support_watch_names_the_settings_and_suggests_a_range(rng: np.random.Ge
 
 
 def test_the_trainer_warns_when_returns_overflow_the_support(rng: np.random.Generator) -> None:
-    overrides = [*SMALL, "c51.v_min=-1", "c51.v_max=1", "replay.min_size=6", "ppo.value_norm=true"]
-    trainer = Trainer(load_config(env={}, overrides=overrides))
+    overrides = ["c51.v_min=-1", "c51.v_max=1", "replay.min_size=6", "ppo.value_norm=true"]
+    trainer = Trainer(small_config(*overrides))
     warnings = []
     for _ in range(WINDOW + 2):
         rollout = random_rollout(rng)

@@ -32,7 +32,8 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 import yaml
-from serverproc import ServerProcess, random_rollout, running_server, scrape
+from conftest import random_rollout, running_server
+from serverproc import ServerProcess, scrape
 
 from service.client.client import TridentClient
 

@@ -3,8 +3,8 @@
 Kernels compile into a fresh cache directory per session, so a run never reuses a cubin
 from an earlier checkout.
 
-Also the pieces the GPU test modules share: the `rng` fixture and the helpers they import with
-`from .conftest import ...` (dev, host, normal, assert_close, same_bytes, TOL). CuPy is imported
+Also the helpers the GPU test modules share, imported with `from .conftest import ...` (dev, host,
+normal, assert_close, same_bytes, TOL); the `rng` fixture is tests/conftest.py's. CuPy is imported
 inside the helpers, so this file loads (and the skip logic runs) where CuPy is missing.
 """
 
@@ -65,13 +65,6 @@ def kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 # --------------------------------------------------------------------------- shared helpers
 TOL = 1e-5  # max |gpu - numpy| / scale, per tensor
-
-
-@pytest.fixture
-def rng() -> np.random.Generator:
-    seed = int(os.environ.get("TRIDENT_TEST_SEED") or np.random.SeedSequence().entropy)
-    print(f"rng seed: {seed} (rerun with TRIDENT_TEST_SEED={seed})")
-    return np.random.default_rng(seed)
 
 
 def normal(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:

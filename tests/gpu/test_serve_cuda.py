@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from conftest import random_rollout, running_server
 
 from service.backend.cuda.loader import KERNEL_ABI_VERSION
 from service.client.client import TridentClient
 from service.types import ActMode
-from tests.serverproc import random_rollout, running_server
 
 
 def test_serve_backend_cuda(tmp_path: Path) -> None:

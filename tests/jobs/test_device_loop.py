@@ -22,7 +22,7 @@ from service.vector_env import collect_rollout
 T, N = 5, 6
 
 
-def small_config(seed: int) -> Config:
+def lobsim_config(seed: int) -> Config:
     return lobsim_model(
         load_config(
             env={},
@@ -39,9 +39,8 @@ def small_config(seed: int) -> Config:
     )
 
 
-def test_device_loop_makes_the_host_loops_steps() -> None:
-    seed = int(np.random.default_rng().integers(1 << 16))
-    config = small_config(seed)
+def test_device_loop_makes_the_host_loops_steps(seed: int) -> None:
+    config = lobsim_config(seed)
     host_trainer, device_trainer = Trainer(config), Trainer(config)
     host_env = LobSimVectorEnv(N, config.lobsim, seed)
     loop = DeviceLoop(device_trainer, LobSim(N, config.lobsim, seed), T)
@@ -63,9 +62,9 @@ def test_device_loop_makes_the_host_loops_steps() -> None:
             assert got.result.losses[head] == pytest.approx(loss, rel=1e-4, abs=1e-6), head
         episodes += len(ended)
     assert episodes > 0  # the final observations were exercised
-    for name, value in host_trainer.params.items():
-        np.testing.assert_allclose(device_trainer.params[name], value, rtol=1e-4, atol=1e-6)
-    stored, expected = device_trainer.replay.storage, host_trainer.replay.storage
+    for name, value in host_trainer.state.params.items():
+        np.testing.assert_allclose(device_trainer.state.params[name], value, rtol=1e-4, atol=1e-6)
+    stored, expected = device_trainer.state.replay.storage, host_trainer.state.replay.storage
     # A terminated transition never bootstraps: its next_obs is the episode's true final
     # observation here and the next episode's first in the host loop (which gets no final
     # observations for terminations); every other row is the same.
@@ -106,23 +105,23 @@ def spoiled(rollout: DeviceRollout, field: str, rng: np.random.Generator) -> Dev
 @pytest.mark.parametrize(
     "field", ["rewards", "obs", "next_obs", "behavior_log_probs", "aux_targets", "actions"]
 )
-def test_bad_value_on_the_device_skips_the_whole_step(field: str) -> None:
-    rng = np.random.default_rng()
-    seed = int(rng.integers(1 << 16))
-    trainer, rollout = collected(small_config(seed), seed)
-    digest, step, size = trainer.param_digest(), trainer.global_step, len(trainer.replay)
-    stored = {name: trainer.replay.storage[name].copy() for name in FIELDS}
+def test_bad_value_on_the_device_skips_the_whole_step(
+    field: str, seed: int, rng: np.random.Generator
+) -> None:
+    trainer, rollout = collected(lobsim_config(seed), seed)
+    digest, step, size = trainer.param_digest(), trainer.global_step, len(trainer.state.replay)
+    stored = {name: trainer.state.replay.storage[name].copy() for name in FIELDS}
     result, report = trainer.step_on_device(spoiled(rollout, field, rng), np.array([1.5, -2.0]))
     assert result.skipped and result.updates_applied == 0
     assert "Step not applied" in result.skip_reason
     np.testing.assert_array_equal(report, [1.5, -2.0])  # the report still comes back
     assert (trainer.param_digest(), trainer.global_step) == (digest, step)
-    assert len(trainer.replay) == size
+    assert len(trainer.state.replay) == size
     for name in FIELDS:
-        np.testing.assert_array_equal(trainer.replay.storage[name], stored[name])
+        np.testing.assert_array_equal(trainer.state.replay.storage[name], stored[name])
     result, _ = trainer.step_on_device(rollout)  # the good rollout still applies
     assert not result.skipped and result.global_step == step + 1
-    assert len(trainer.replay) == size + T * N
+    assert len(trainer.state.replay) == size + T * N
 
 
 @pytest.mark.parametrize(
@@ -136,19 +135,18 @@ def test_bad_value_on_the_device_skips_the_whole_step(field: str) -> None:
         ("actions", lambda a: a.astype(np.float32)),
     ],
 )
-def test_wrong_shape_or_dtype_is_rejected_without_change(field: str, bad) -> None:
-    seed = int(np.random.default_rng().integers(1 << 16))
-    trainer, rollout = collected(small_config(seed), seed)
-    digest, size = trainer.param_digest(), len(trainer.replay)
+def test_wrong_shape_or_dtype_is_rejected_without_change(field: str, bad, seed: int) -> None:
+    trainer, rollout = collected(lobsim_config(seed), seed)
+    digest, size = trainer.param_digest(), len(trainer.state.replay)
     with pytest.raises(InvalidInput) as error:
         trainer.step_on_device(replace(rollout, **{field: bad(getattr(rollout, field))}))
     assert error.value.field == field
-    assert (trainer.param_digest(), len(trainer.replay)) == (digest, size)
+    assert (trainer.param_digest(), len(trainer.state.replay)) == (digest, size)
 
 
-def test_act_on_device_checks_shape_and_dtype() -> None:
-    trainer = Trainer(small_config(3))
-    obs = np.random.default_rng().standard_normal((4, trainer.config.model.obs_dim))
+def test_act_on_device_checks_shape_and_dtype(rng: np.random.Generator) -> None:
+    trainer = Trainer(lobsim_config(3))
+    obs = rng.standard_normal((4, trainer.config.model.obs_dim))
     with pytest.raises(InvalidInput, match="obs"):
         trainer.act_on_device(obs[:, 1:].astype(np.float32))
     with pytest.raises(InvalidInput, match="dtype"):

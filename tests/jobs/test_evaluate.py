@@ -27,14 +27,6 @@ TINY_GRID = evaluate.ASGrid(gammas=(0.1, 3.0), ks=(0.3, 10.0), markets_per_pair=
 Z95 = statistics.NormalDist().inv_cdf(0.975)  # 1.95996..., the code rounds it to 1.96
 
 
-@pytest.fixture
-def rng() -> np.random.Generator:
-    """Fresh draws each run; the seed is printed, so a failure's report shows how to replay it."""
-    seed = np.random.SeedSequence().entropy
-    print(f"rng seed {seed}")
-    return np.random.default_rng(seed)
-
-
 def metric_rows(lines: list[str]) -> dict[str, str]:
     """The policies x metrics table's rows by policy (the table starts at the 'policy' header
     and ends at its legend)."""

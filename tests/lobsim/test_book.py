@@ -8,6 +8,7 @@ import hashlib
 
 import numpy as np
 import pytest
+from conftest import fresh_seed
 
 from service.lobsim.book import (
     AGENT,
@@ -89,9 +90,7 @@ def check_invariants(books: Books) -> None:
 
 
 def test_core_equals_reference_and_keeps_the_invariants() -> None:
-    seed = int(np.random.default_rng().integers(2**32))
-    print(f"seed {seed}")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(fresh_seed())
     N, calls = 64, 1500
     base = rng.integers(900, 1100, size=N)
     books = Books(N, P, base)
@@ -141,7 +140,7 @@ def test_same_seed_same_fill_stream() -> None:
                 digest.update(getattr(fills, name).tobytes())
         return digest.hexdigest()
 
-    seed = int(np.random.default_rng().integers(2**32))
+    seed = fresh_seed()
     assert run(seed) == run(seed)
     assert run(seed) != run(seed + 1)
 

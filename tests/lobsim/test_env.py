@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import fresh_seed
 
 from service.config import LobsimConfig
 from service.lobsim.book import AGENT, ASK, BID, BUY, LIMIT, Books, Fills, Messages
@@ -22,8 +23,12 @@ class Recorder:
 
     def __init__(self, books: Books) -> None:
         self.calls: list[tuple[Messages, Fills]] = []
-        self._apply = books.apply
+        self.books, self._apply = books, books.apply
         books.apply = self  # type: ignore[method-assign]
+
+    def detach(self) -> None:
+        """Give the books their own `apply` back."""
+        del self.books.apply
 
     def __call__(self, messages: Messages, seq: int) -> Fills:
         fills = self._apply(messages, seq)
@@ -33,12 +38,6 @@ class Recorder:
     def take(self) -> list[tuple[Messages, Fills]]:
         calls, self.calls = self.calls, []
         return calls
-
-
-def fresh_seed() -> int:
-    seed = int(np.random.default_rng().integers(2**32))
-    print(f"seed {seed}")
-    return seed
 
 
 # CI runs 3,000 steps (7.5 episodes: resets and liquidations included); the long run is
@@ -177,7 +176,7 @@ def test_quote_keeps_priority_until_its_price_changes() -> None:
         recorder = Recorder(env.books)
         env.step(np.full(16, action))
         calls = recorder.take()
-        env.books.apply = recorder._apply  # unwrap
+        recorder.detach()
         agent_sent = np.zeros(16, dtype=bool)
         for messages, _ in calls:
             agent_sent |= (messages.owner == AGENT) & (messages.kind != 0)

@@ -8,12 +8,13 @@ import hashlib
 
 import numpy as np
 import pytest
+from conftest import fresh_seed
 
 from service.backend.philox import Stream, below, random_bits, random_bits_span
 from service.config import ConfigError, LobsimConfig
 from service.lobsim.book import AGENT, MARKET
 from service.lobsim.env import NUM_ACTIONS, LobSim, feature_column
-from tests.lobsim.test_env import Recorder, check_random_run, fresh_seed
+from tests.lobsim.test_env import Recorder, check_random_run
 
 
 def trajectory_digest(cfg: LobsimConfig, seed: int, steps: int = 60) -> str:

@@ -6,8 +6,6 @@ with TRIDENT_TEST_SEED=<seed>.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -328,13 +326,6 @@ def test_malformed_messages_are_rejected() -> None:
         with pytest.raises(ValueError):
             m.apply(kind, side, owner, 1, qty, position, 0)
     assert snapshot(m) == snapshot(ReferenceMarket(P, BASE))
-
-
-@pytest.fixture
-def rng() -> np.random.Generator:
-    seed = int(os.environ.get("TRIDENT_TEST_SEED") or np.random.SeedSequence().entropy)
-    print(f"rng seed: {seed} (rerun with TRIDENT_TEST_SEED={seed})")
-    return np.random.default_rng(seed)
 
 
 def test_random_messages_keep_the_invariants(rng: np.random.Generator) -> None:

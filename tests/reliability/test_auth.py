@@ -25,17 +25,9 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from conftest import SERVING, SMALL, random_rollout, running_server
 from pki import Pki, make_pki, status_error, tls_client
-from serverproc import (
-    ServerProcess,
-    TlsFiles,
-    clean_env,
-    random_rollout,
-    running_server,
-    scrape,
-    serve_command,
-    trident_cli,
-)
+from serverproc import ServerProcess, TlsFiles, clean_env, scrape, serve_command, trident_cli
 
 from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb
@@ -362,7 +354,7 @@ def serve_on_held_port(tmp_path: Path, settings: list[str]) -> tuple[int, str]:
         holder.listen()
         port = holder.getsockname()[1]
         command = serve_command(
-            tmp_path / "checkpoints", settings, None, None, ("--port", str(port))
+            tmp_path / "checkpoints", [*SMALL, *SERVING, *settings], ("--port", str(port))
         )
         started = time.monotonic()
         done = subprocess.run(

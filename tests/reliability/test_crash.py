@@ -37,7 +37,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from serverproc import SMALL, ServerProcess, random_rollout, running_server, start_server
+from conftest import SMALL, random_rollout, running_server
+from serverproc import ServerProcess
 
 from service.checkpoint import MANIFEST, TEMP_PREFIX, read_manifest
 from service.client.client import TridentClient
@@ -208,7 +209,7 @@ def test_sigkill_at_random_moments_of_checkpoint_saves(
     load_before = os.getloadavg()
     started = time.perf_counter()
     for trial in range(TRIALS + 1):  # each start checks the previous trial's kill
-        server = start_server(tmp_path / "server", *SETTINGS, checkpoint_dir=root)
+        server = running_server(tmp_path / "server", *SETTINGS, checkpoint_dir=root)
         try:
             if life is not None:
                 newest = check_restart(server, life, temporaries, committed, saved, tally)

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+from conftest import random_rollout, running_server, small_config
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from serverproc import random_rollout, scrape, small_config, start_server, value
+from serverproc import scrape, value
 
 from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb
@@ -29,7 +30,7 @@ SLOW = "ppo.epochs=96"  # with 16x16 rollouts, Steps of ~0.5 s on the NumPy back
 
 def test_sigterm_with_eight_steps_in_flight(tmp_path: Path) -> None:
     settings = (f"server.shutdown_grace_s={GRACE_S}", f"server.step_queue_size={IN_FLIGHT}", SLOW)
-    server = start_server(tmp_path, *settings)
+    server = running_server(tmp_path, *settings)
     rng = np.random.default_rng(3)
     rollouts = [random_rollout(rng, T=16, N=16) for _ in range(IN_FLIGHT)]
     replies: dict[int, tuple[float, int]] = {}  # thread -> (monotonic time answered, global step)

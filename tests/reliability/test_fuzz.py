@@ -16,9 +16,10 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from conftest import random_rollout, running_server
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from serverproc import ServerProcess, random_rollout, running_server
+from serverproc import ServerProcess
 
 from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb

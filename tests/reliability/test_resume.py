@@ -9,7 +9,8 @@ import signal
 from pathlib import Path
 
 import numpy as np
-from serverproc import ServerProcess, random_rollout, start_server
+from conftest import random_rollout, running_server
+from serverproc import ServerProcess
 
 from service.checkpoint import read_manifest
 from service.client.client import TridentClient
@@ -38,8 +39,8 @@ def test_resume_after_sigkill_is_bit_identical(tmp_path: Path) -> None:
     rollouts = [random_rollout(rng, T=4, N=4) for _ in range(2 * K)]
 
     # Both servers start together (startup is most of the cost); A runs 2k Steps straight.
-    a = start_server(tmp_path / "a", *SETTINGS)
-    b = start_server(tmp_path / "b", *SETTINGS)
+    a = running_server(tmp_path / "a", *SETTINGS)
+    b = running_server(tmp_path / "b", *SETTINGS)
     try:
         assert run_steps(a, rollouts) == list(range(1, 2 * K + 1))
         a_dir, a_digest, a_step = save_and_status(a, "end")
@@ -52,7 +53,7 @@ def test_resume_after_sigkill_is_bit_identical(tmp_path: Path) -> None:
         b.terminate()
     assert not b.events("final checkpoint")  # killed: nothing ran after the kill
 
-    resumed = start_server(
+    resumed = running_server(
         tmp_path / "b2", *SETTINGS, checkpoint_dir=b.checkpoint_dir, extra_args=["--restore", "mid"]
     )
     try:

@@ -1,0 +1,128 @@
+"""What the tests share: fresh random draws (`seed`, `rng`), the small model the CPU suite trains
+(`SMALL`, `small_config`), random rollouts for it, a real server running it (`running_server`)
+and `wait_until`, the one way a test waits for something.
+
+Test modules import the plain helpers (`from conftest import random_rollout`); pytest puts this
+directory on `sys.path` before it imports them.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+import pytest
+from serverproc import ServerProcess, TlsFiles
+
+from service.config import Config, load_config
+from service.types import Rollout
+
+Found = TypeVar("Found")
+
+# The tests' small model, as `--set` settings.
+SMALL = (
+    "train.backend=numpy",  # the CPU suite tests the NumPy backend, GPU or not
+    "model.obs_dim=6",
+    "model.hidden_dim=16",
+    "replay.min_size=16",
+    "replay.batch_size=8",
+    "ppo.num_minibatches=2",
+)
+# Test-server settings that do not touch the math: a short drain, so shutdown is quick.
+SERVING = ("server.shutdown_grace_s=5",)
+
+
+def fresh_seed(bits: int = 32) -> int:
+    """TRIDENT_TEST_SEED when set, else a fresh one; printed, so a failure's report says how to
+    replay it."""
+    seed = int(os.environ.get("TRIDENT_TEST_SEED") or secrets.randbits(bits))
+    print(f"seed {seed} (rerun with TRIDENT_TEST_SEED={seed})")
+    return seed
+
+
+@pytest.fixture
+def seed() -> int:
+    return fresh_seed()
+
+
+@pytest.fixture
+def rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def small_config(*overrides: str) -> Config:
+    """The small model plus `overrides`: what an in-process Trainer needs to match a server
+    started by `running_server` with the same overrides."""
+    return load_config(env={}, overrides=[*SMALL, *overrides])
+
+
+def random_rollout(
+    rng: np.random.Generator,
+    T: int = 5,
+    N: int = 6,
+    D: int = 6,
+    A: int = 9,
+    K: int = 3,
+    policy_version: int | None = None,
+    extras: bool = True,
+) -> Rollout:
+    """A random rollout with some truncated steps (and their final observations), BCE labels
+    and aux targets (when `extras`)."""
+    truncated = rng.random((T, N)) < 0.15
+    terminated = (rng.random((T, N)) < 0.15) & ~truncated
+    index = np.flatnonzero(truncated.reshape(-1))
+    return Rollout(
+        obs=rng.standard_normal((T + 1, N, D)).astype(np.float32),
+        actions=rng.integers(0, A, (T, N)).astype(np.int32),
+        rewards=rng.standard_normal((T, N)).astype(np.float32),
+        terminated=terminated,
+        truncated=truncated,
+        behavior_log_probs=(np.log(1 / A) + 0.3 * rng.standard_normal((T, N))).astype(np.float32),
+        final_obs=rng.standard_normal((index.size, D)).astype(np.float32),
+        final_obs_index=index,
+        bce_labels=rng.integers(0, 2, (T, N)).astype(np.uint8) if extras else None,
+        aux_targets=rng.standard_normal((T, N, K)).astype(np.float32) if extras else None,
+        policy_version=policy_version,
+    )
+
+
+def running_server(
+    tmp_path: Path,
+    *overrides: str,
+    token: str | None = None,
+    tls: TlsFiles | None = None,
+    extra_args: Sequence[str] = (),
+    checkpoint_dir: Path | None = None,
+) -> ServerProcess:
+    """A serving `trident serve` process of the small model plus `overrides`; stopped at the
+    end of a `with` block, or by `terminate()`."""
+    settings = [*SMALL, *SERVING, *overrides]
+    if token is not None:
+        settings.append(f"server.auth_token={token}")
+    if tls is not None:
+        settings.extend(tls.overrides())
+    return ServerProcess.start(
+        tmp_path, settings, checkpoint_dir=checkpoint_dir, extra_args=extra_args
+    )
+
+
+def wait_until(
+    condition: Callable[[], Found],
+    timeout_s: float,
+    what: str | Callable[[], str],
+    interval_s: float = 0.01,
+) -> Found:
+    """Poll `condition` until it returns something truthy, and return that; fail naming `what`
+    (a callable: worded at the failure, e.g. with a log) when `timeout_s` passes first."""
+    deadline = time.monotonic() + timeout_s
+    while not (found := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what if isinstance(what, str) else what()}: "
+                                 f"not within {timeout_s} s")  # fmt: skip
+        time.sleep(interval_s)
+    return found
