@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import re
+import stat
 import subprocess
 import sys
 import time
@@ -18,7 +20,6 @@ import pytest
 from checkpoint_writer import make_rollout, small_config
 from safetensors.numpy import save as save_tensors
 
-from service import checkpoint
 from service.checkpoint import (
     CheckpointInfo,
     clean_temporaries,
@@ -85,13 +86,22 @@ class Snapshot:
             assert self.trainer.config == self.config
 
 
+def seal(body: dict[str, Any]) -> bytes:
+    """A manifest's bytes as the format has them: `body` plus `manifest_sha256`, the sha256 of
+    the canonical JSON of `body` (sorted keys, no spaces)."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    sealed = {**body, "manifest_sha256": hashlib.sha256(canonical.encode()).hexdigest()}
+    return (json.dumps(sealed, sort_keys=True, indent=1) + "\n").encode()
+
+
 def reseal(directory: Path, mutate: Callable[[dict[str, Any]], None]) -> None:
     """Rewrite a checkpoint's manifest after `mutate`, with a valid seal (a consistent lie)."""
     path = directory / "manifest.json"
     body = json.loads(path.read_bytes())
+    assert seal({k: v for k, v in body.items() if k != "manifest_sha256"}) == path.read_bytes()
     body.pop("manifest_sha256")
     mutate(body)
-    path.write_bytes(checkpoint._seal(body))
+    path.write_bytes(seal(body))
 
 
 def replace_file(directory: Path, filename: str, data: bytes) -> None:
@@ -447,10 +457,15 @@ def test_duplicate_name_is_rejected(tmp_path: Path, config: Config) -> None:
 def test_failed_save_leaves_nothing(
     tmp_path: Path, config: Config, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(body: object) -> bytes:
-        raise OSError("disk full")
+    real_fsync = os.fsync
 
-    monkeypatch.setattr(checkpoint, "_seal", broken)
+    def broken(fd: int) -> None:
+        """The last write before the commit fails: the fsync of the full temporary directory."""
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError("disk full")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", broken)
     with pytest.raises(OSError, match="disk full"):
         save_checkpoint(Trainer(config), tmp_path)
     assert tree(tmp_path) == []

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -12,8 +11,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from conftest import random_rollout, running_server
-from serverproc import ServerProcess
+from conftest import random_rollout, running_server, wait_until
+from serverproc import ServerProcess, scrape, value
 
 from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb
@@ -218,9 +217,10 @@ def test_bad_act_is_invalid_argument(trained: Connected, case: str) -> None:
     assert state_of(trained.client) == before
 
 
-def logged_request_ids(server: ServerProcess, reason: str) -> list[str]:
-    time.sleep(0.2)  # the log line is written as the error is sent
-    return [e["request_id"] for e in server.events("rejected") if reason in e["reason"]]
+def logged(server: ServerProcess, request_id: str, reason: str) -> bool:
+    """The server has logged the rejection `reason` under `request_id`."""
+    rejected = server.events("rejected")
+    return any(e["request_id"] == request_id and reason in e["reason"] for e in rejected)
 
 
 def bad_obs_request(marker: int) -> pb.StepRequest:
@@ -232,7 +232,8 @@ def bad_obs_request(marker: int) -> pb.StepRequest:
 def test_rejection_is_logged_with_the_callers_request_id(trained: Connected) -> None:
     error = rejected(trained.stub.Step, bad_obs_request(2))
     request_id = dict(error.trailing_metadata())["x-request-id"]
-    assert request_id in logged_request_ids(trained.server, error.details())
+    # The log line is written as the error is sent: it may trail the reply.
+    wait_until(lambda: logged(trained.server, request_id, error.details()), 10, request_id)
 
 
 def test_generated_request_id_is_the_one_logged(trained: Connected) -> None:
@@ -240,7 +241,7 @@ def test_generated_request_id_is_the_one_logged(trained: Connected) -> None:
         trained.stub.Step(bad_obs_request(3), timeout=30)  # no x-request-id sent
     request_id = dict(caught.value.trailing_metadata() or ()).get("x-request-id")
     assert request_id
-    assert request_id in logged_request_ids(trained.server, caught.value.details())
+    wait_until(lambda: logged(trained.server, request_id, caught.value.details()), 10, request_id)
 
 
 def test_oversized_message_is_resource_exhausted(trained: Connected) -> None:
@@ -339,7 +340,7 @@ def test_checkpoint_of_another_model_is_failed_precondition(
         TridentClient(other.target) as client,
     ):
         before = state_of(client)
-        error = rejected(client._stub.Restore, pb.RestoreRequest(name="hidden-16"))
+        error = rejected(client.stub.Restore, pb.RestoreRequest(name="hidden-16"))
         assert error.code() == Code.FAILED_PRECONDITION, error.details()
         assert "model.hidden_dim" in error.details()
         assert state_of(client) == before
@@ -383,7 +384,7 @@ def test_inference_only_server_acts_like_its_checkpoint(trained: Connected, tmp_
         np.testing.assert_allclose(got.log_probs, expected.log_probs, rtol=1e-6, atol=1e-7)
         np.testing.assert_allclose(got.values, expected.values, rtol=1e-6, atol=1e-7)
         assert client.act(obs, ActMode.SAMPLE).actions.shape == (64,)
-        stub = client._stub
+        stub = client.stub
         for method, request in (
             (stub.Step, step_request(good_rollout(7))),
             (stub.Checkpoint, pb.CheckpointRequest(name="from-inference")),
@@ -398,26 +399,37 @@ def test_inference_only_server_acts_like_its_checkpoint(trained: Connected, tmp_
     assert not (trained.server.checkpoint_dir / "from-inference").exists()
 
 
-def test_step_whose_caller_left_is_never_applied(tmp_path: Path) -> None:
-    # A wide model and a large rollout make the first Step take seconds on any machine, so the
-    # second one is still queued when its 0.2 s deadline passes.
+def test_step_whose_caller_left_is_never_applied(tmp_path: Path, rng: np.random.Generator) -> None:
+    # A wide model and a large rollout make a Step take seconds on any machine: two of them
+    # keep the trainer busy while a third Step's 0.2 s deadline passes in the queue.
     with (
         running_server(tmp_path, "model.hidden_dim=256", "ppo.epochs=20") as server,
         TridentClient(server.target) as client,
     ):
         step = client.status().global_step
-        long_rollout = random_rollout(np.random.default_rng(50), T=64, N=64)
-        started = time.perf_counter()
-        long = threading.Thread(target=client.step, args=(long_rollout,))
-        long.start()
-        time.sleep(0.25)  # the long Step is being applied; the next one waits in the queue
+        long_rollout = random_rollout(rng, T=64, N=64)
+        longs = [threading.Thread(target=client.step, args=(long_rollout,)) for _ in "ab"]
+        for long in longs:
+            long.start()
+        # One long Step is applied, the other waits: the queue's gauge shows the waiting one.
+        wait_until(
+            lambda: value(scrape(server), "trident_step_queue_depth") >= 1,
+            60,
+            "a long Step queued behind the other",
+        )
         with pytest.raises(grpc.RpcError) as caught:
-            client.step(random_rollout(np.random.default_rng(51)), timeout_s=0.2)
+            client.step(random_rollout(rng), timeout_s=0.2)
         assert caught.value.code() == Code.DEADLINE_EXCEEDED
-        long.join(120)
-        assert time.perf_counter() - started > 0.45, "the long Step was too short to test this"
-        time.sleep(0.2)
-        assert client.status().global_step == step + 1
+        for long in longs:
+            long.join(120)
+
+        def abandoned() -> list[dict]:
+            rejected = server.events("rejected")
+            return [e for e in rejected if e["method"] == "Step" and e["code"] == "CANCELLED"]
+
+        # The worker reached the expired Step after the long ones and dropped it.
+        wait_until(abandoned, 30, "the expired Step dropped")
+        assert client.status().global_step == step + 2
 
 
 def test_periodic_checkpoints_are_written(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-from conftest import random_rollout, running_server, small_config
+from conftest import random_rollout, running_server, small_config, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from serverproc import scrape, value
 
@@ -174,20 +174,21 @@ def test_sigterm_under_load_drains_and_writes_a_final_checkpoint(tmp_path: Path)
         threads = [threading.Thread(target=load, args=(i,)) for i in range(len(actors))]
         for thread in threads:
             thread.start()
-        while sum(len(a.steps) for a in actors) < 20 and all(t.is_alive() for t in threads):
-            time.sleep(0.01)
+
+        def twenty_or_stopped() -> bool:
+            return sum(len(a.steps) for a in actors) >= 20 or not all(t.is_alive() for t in threads)
+
+        wait_until(twenty_or_stopped, 60, "20 Steps applied under load")
 
         stopping.set()
-        signalled = time.monotonic()
-        returncode = server.terminate(timeout=grace + 30)
-        took = time.monotonic() - signalled
+        # Exit 0 within the grace + 4 s: in-flight Steps drained, the final checkpoint written.
+        returncode = server.terminate(timeout=grace + 4)
         for thread in [*threads, watcher]:
             thread.join(30)
     finally:
         server.terminate()
 
     assert returncode == 0, server.stderr()[-3000:]
-    assert took < grace + 4, took
     assert not [error for actor in actors for error in actor.errors]
     assert health[0] == "SERVING" and "NOT_SERVING" in health, health
     assert set(late_codes) <= {"UNAVAILABLE"}, late_codes

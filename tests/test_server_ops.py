@@ -80,7 +80,7 @@ def test_metrics_expose_every_series_and_move(server: ServerProcess, client: Tri
     bad = step_request(rollouts[0])
     bad.actions.data = bad.actions.data[:-1]
     with pytest.raises(grpc.RpcError) as caught:
-        client._stub.Step(bad, timeout=10)
+        client.stub.Step(bad, timeout=10)
     assert caught.value.code() == Code.INVALID_ARGUMENT
     with pytest.raises(grpc.RpcError):
         client.restore("no-such-checkpoint")

@@ -579,34 +579,25 @@ def test_kernel_disk_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     kernel_cache = tmp_path / "cache"
     monkeypatch.setenv(loader.CACHE_DIR_ENV, str(kernel_cache))
     defines = CudaDims(D=3, H=5, A=7, Z=11, K=13).defines()
-    loader._kernels.clear()  # start from nothing in process
-    loader._modules.clear()
+    loader.clear_loaded()  # start from nothing in process
     load_kernel("encoder.cu", "bias_relu_fwd", defines)
     cubins = sorted(kernel_cache.glob("*.cubin"))
     assert cubins, "nothing written to the kernel cache"
-    loader._kernels.clear()
-    loader._modules.clear()
 
-    def no_compile(*args: object) -> bytes:
-        raise AssertionError("recompiled although the cache holds the kernel")
+    def files() -> dict[Path, tuple[int, int]]:
+        return {path: (path.stat().st_ino, path.stat().st_mtime_ns) for path in cubins}
 
-    original = loader._compile
-    monkeypatch.setattr(loader, "_compile", no_compile)
+    written = files()
+    loader.clear_loaded()
     load_kernel("encoder.cu", "bias_relu_fwd", defines)
+    # A compile would have replaced the file (written atomically: a new inode).
+    assert files() == written, "recompiled although the cache holds the kernel"
 
     for path in cubins:
         path.write_bytes(b"corrupt")
-    loader._kernels.clear()
-    loader._modules.clear()
-    calls = []
-
-    def counting(*args: object) -> bytes:
-        calls.append(args)
-        return original(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(loader, "_compile", counting)
+    loader.clear_loaded()
     kernel = load_kernel("encoder.cu", "bias_relu_fwd", defines)
-    assert calls, "a corrupt cache entry was loaded"
+    assert all(path.read_bytes() != b"corrupt" for path in cubins), "a corrupt entry was loaded"
     z, b = cupy.ones((2, 5), cupy.float32), cupy.ones(5, cupy.float32)
     h = cupy.empty_like(z)
     kernel((1,), (256,), (z, b, h, np.int32(2)))

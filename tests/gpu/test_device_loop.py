@@ -14,15 +14,16 @@ call anywhere in the Step except the readback.
 
 from __future__ import annotations
 
-import sys
+import faulthandler
+import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
 import pytest
+from conftest import fresh_seed
 
 from service.config import load_config, with_overrides
 from service.jobs.device_loop import DeviceLoop, LoopStep
@@ -121,12 +122,20 @@ class GatedPieces:
         return call
 
 
+def thread_stacks() -> str:
+    """Every thread's stack, as faulthandler writes it: where a stalled Step waits."""
+    with tempfile.TemporaryFile("w+") as out:
+        faulthandler.dump_traceback(out, all_threads=True)
+        out.seek(0)
+        return out.read()
+
+
 @pytest.mark.filterwarnings("ignore:cupyx.allow_synchronize will be removed")
 def test_integrated_trainer_smoke() -> None:
     import cupy
     import cupyx
 
-    seed = int(np.random.default_rng().integers(1 << 16))
+    seed = fresh_seed()
     config = smoke_config(seed)
     trainer = Trainer(config)
     env = LobSim(N, config.lobsim, seed, backend="cuda")
@@ -156,9 +165,7 @@ def test_integrated_trainer_smoke() -> None:
             worker.join(0.05)
             inside = pieces.inside
             if inside is not None and time.monotonic() - inside[1] > STALL_S:
-                frame = sys._current_frames().get(worker.ident)
-                stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
-                stall = f"{inside[0]} waited for the device:\n{stack}"
+                stall = f"{inside[0]} waited for the device:\n{thread_stacks()}"
                 pieces.gate.open()
         worker.join(60)
         assert stall is None, stall
@@ -185,7 +192,7 @@ def test_integrated_trainer_smoke() -> None:
 
 def test_device_loop_on_cuda_matches_numpy() -> None:
     """The first rollout and Step of the device loop: GPU markets and trainer against NumPy."""
-    seed = int(np.random.default_rng().integers(1 << 16))
+    seed = fresh_seed()
     config = smoke_config(seed)
     gpu_loop = DeviceLoop(Trainer(config), LobSim(64, config.lobsim, seed, backend="cuda"), T)
     cpu_config = with_overrides(config, ["train.backend=numpy"])

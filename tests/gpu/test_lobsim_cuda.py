@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import fresh_seed
 
 from service.backend.philox import Stream, random_bits, seed_key
 from service.config import LobsimConfig
@@ -16,8 +17,7 @@ STATE = ("lots", "agent_px", "agent_qty", "agent_ahead", "inventory", "cash", "o
 def run_both(settings: dict, steps: int, horizon: int) -> LobSim:
     """The same seed and actions on NumPy and on the device for `steps` steps, checked after
     every step; returns the NumPy markets."""
-    seed = int(np.random.default_rng().integers(2**32))
-    print(f"seed {seed}")
+    seed = fresh_seed()
     cfg = LobsimConfig(horizon=horizon, **settings)
     N = 257  # not a multiple of the block size
     cpu, gpu = LobSim(N, cfg, seed), LobSim(N, cfg, seed, backend="cuda")
@@ -77,11 +77,16 @@ def test_informed_flow_cpu_and_gpu_markets_are_bit_identical(settings: dict) -> 
 
 
 @pytest.mark.parametrize("stream", [Stream.LOB_RESET, Stream.LOB_LATENCY, Stream.LOB_INFORMED])
-def test_device_random_bits_are_the_host_philox_words(stream: Stream) -> None:
-    rng = np.random.default_rng()
+def test_device_random_bits_are_the_host_philox_words(
+    stream: Stream, rng: np.random.Generator
+) -> None:
+    from service.lobsim.cuda_market import CudaMarket  # imports CuPy, so only where it runs
+
     seed = int(rng.integers(1 << 31))
-    env = LobSim(8, LobsimConfig(), seed, backend="cuda")
+    cfg = LobsimConfig()
+    env = LobSim(8, cfg, seed, backend="cuda")
+    market = CudaMarket(env.books, cfg.visible_levels, seed_key(seed))
     for sequence in (0, int(rng.integers(1 << 32)), int(rng.integers(1 << 32, 1 << 62))):
         n = int(rng.integers(1, 5000))
-        got = env._cuda.random_bits(stream, sequence, n).get()
+        got = market.random_bits(stream, sequence, n).get()
         np.testing.assert_array_equal(got, random_bits(seed_key(seed), stream, sequence, n))

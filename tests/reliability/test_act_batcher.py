@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
+from conftest import wait_until
 
 from service.server.act_batcher import ActBatcher
 from service.types import ActMode, ActResult
 
 
 def test_mixed_kinds_in_the_queue_are_all_answered() -> None:
-    release = threading.Event()
+    running, release = threading.Event(), threading.Event()
 
     def run(obs: np.ndarray, mode: ActMode, epsilon: float) -> ActResult:
+        running.set()
         release.wait(10)  # the first batch holds the worker while the others queue up
         n = obs.shape[0]
         return ActResult(np.zeros(n, np.int32), np.zeros(n), np.zeros(n), 0)
@@ -30,16 +31,12 @@ def test_mixed_kinds_in_the_queue_are_all_answered() -> None:
         threading.Thread(target=act, args=(mode, epsilon), daemon=True).start()
 
     start(ActMode.SAMPLE, 0.0)
-    while batcher._pending:  # the worker has taken the first request and is held in `run`
-        time.sleep(0.01)
+    wait_until(running.is_set, 10, "the worker held in `run` by the first request")
     # Queued as [ε=0.2, ε=0.3, ε=0.2]: the ε=0.2 batch is removed around the ε=0.3 request.
     for epsilon in (0.2, 0.3, 0.2):
         start(ActMode.EPSILON_GREEDY, epsilon)
-    while len(batcher._pending) < 3:
-        time.sleep(0.01)
+    wait_until(lambda: batcher.pending() == 3, 10, "three requests queued behind it")
     release.set()
-    deadline = time.monotonic() + 10
-    while len(answered) < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: len(answered) == 4, 10, lambda: f"every request answered ({answered})")
     assert answered == [2, 2, 2, 2]
     batcher.close()

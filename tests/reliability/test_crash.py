@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import random
-import secrets
 import shlex
 import statistics
 import sys
@@ -37,7 +36,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from conftest import SMALL, random_rollout, running_server
+from conftest import SMALL, fresh_seed, random_rollout, running_server, wait_until
 from serverproc import ServerProcess
 
 from service.checkpoint import MANIFEST, TEMP_PREFIX, read_manifest
@@ -54,12 +53,6 @@ SETTINGS = ("checkpoint.keep_last=3", "replay.capacity=512")
 # to a save (a save takes ~10 ms on an idle 2-core machine).
 KILL_WINDOW_S = 0.04
 FLIPS_PER_FILE = 3
-
-
-def seed_from_env() -> int:
-    seed = int(os.environ.get("TRIDENT_TEST_SEED") or secrets.randbits(32))
-    print(f"seed {seed} (rerun with TRIDENT_TEST_SEED={seed})")
-    return seed
 
 
 @dataclass(frozen=True)
@@ -105,6 +98,16 @@ def traffic(server: ServerProcess, trial: int, saved: dict[str, Saved], life: Li
                 life.answered.append(name)
         except grpc.RpcError as error:
             life.ended_by = error.code().name
+
+
+def wait_for_attempts(life: Life, count: int, worker: threading.Thread) -> None:
+    """Until `count` Checkpoint RPCs have been sent, or the traffic has ended."""
+    wait_until(
+        lambda: len(life.attempted) >= count or not worker.is_alive(),
+        30,
+        lambda: f"{count} Checkpoint RPCs sent: {life}",
+        interval_s=0.0005,
+    )
 
 
 @dataclass
@@ -197,7 +200,7 @@ def machine() -> dict[str, object]:
 def test_sigkill_at_random_moments_of_checkpoint_saves(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    seed = seed_from_env()
+    seed = fresh_seed()
     chooser = random.Random(seed)
     root = tmp_path / "checkpoints"
     saved: dict[str, Saved] = {}
@@ -220,11 +223,7 @@ def test_sigkill_at_random_moments_of_checkpoint_saves(
             life = Life(server.proc.pid)
             worker = threading.Thread(target=traffic, args=(server, trial, saved, life))
             worker.start()
-            sent_before_kill = chooser.randint(1, 3)
-            deadline = time.monotonic() + 30
-            while len(life.attempted) < sent_before_kill and worker.is_alive():
-                assert time.monotonic() < deadline, life
-                time.sleep(0.0005)
+            wait_for_attempts(life, chooser.randint(1, 3), worker)
             window = KILL_WINDOW_S
             if trial % 2 and round_trips:
                 window = 1.5 * statistics.median(round_trips)
@@ -287,7 +286,7 @@ def flip(path: Path, position: int, mask: int) -> None:
 def test_flipped_bit_in_any_file_is_data_loss(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    chooser = random.Random(seed_from_env())
+    chooser = random.Random(fresh_seed())
     rollout = random_rollout(np.random.default_rng(chooser.randrange(2**32)), T=4, N=4)
     with running_server(tmp_path, *SETTINGS) as server, TridentClient(server.target) as client:
         client.step(rollout)

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from pathlib import Path
 
 import grpc
 import numpy as np
-from conftest import random_rollout, running_server, small_config
+from conftest import random_rollout, running_server, small_config, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from serverproc import scrape, value
+from serverproc import Samples, ServerProcess, scrape, value
 
 from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb
@@ -28,21 +27,21 @@ GRACE_S = 10.0
 SLOW = "ppo.epochs=96"  # with 16x16 rollouts, Steps of ~0.5 s on the NumPy backend
 
 
-def test_sigterm_with_eight_steps_in_flight(tmp_path: Path) -> None:
+def test_sigterm_with_eight_steps_in_flight(tmp_path: Path, rng: np.random.Generator) -> None:
     settings = (f"server.shutdown_grace_s={GRACE_S}", f"server.step_queue_size={IN_FLIGHT}", SLOW)
     server = running_server(tmp_path, *settings)
-    rng = np.random.default_rng(3)
     rollouts = [random_rollout(rng, T=16, N=16) for _ in range(IN_FLIGHT)]
-    replies: dict[int, tuple[float, int]] = {}  # thread -> (monotonic time answered, global step)
+    # What happened, in order: ("signal", ""), ("health", status name), ("reply", Step index).
+    timeline: list[tuple[str, str]] = []
+    steps: dict[int, int] = {}  # Step index -> the global step its reply carried
     failures: list[str] = []
-    health: list[tuple[float, str]] = []
     watching = threading.Event()
 
     def send(index: int) -> None:
         with TridentClient(server.target) as client:
             try:
-                step = client.step(rollouts[index], timeout_s=60).global_step
-                replies[index] = (time.monotonic(), step)
+                steps[index] = client.step(rollouts[index], timeout_s=60).global_step
+                timeline.append(("reply", str(index)))
             except grpc.RpcError as error:
                 failures.append(f"Step {index}: {error.code().name} {error.details()}")
 
@@ -54,63 +53,53 @@ def test_sigterm_with_eight_steps_in_flight(tmp_path: Path) -> None:
             try:
                 for reply in stream:
                     name = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-                    health.append((time.monotonic(), name))
+                    timeline.append(("health", name))
                     watching.set()
                     if name == "NOT_SERVING":
                         stream.cancel()  # an open stream would hold the drain for the grace
                         return
             except grpc.RpcError as error:
-                health.append((time.monotonic(), f"error {error.code().name}"))
+                timeline.append(("health", f"error {error.code().name}"))
 
     try:
         watcher = threading.Thread(target=watch)
         watcher.start()
-        assert watching.wait(10) and health[-1][1] == "SERVING"
+        assert watching.wait(10) and timeline[-1] == ("health", "SERVING")
         threads = [threading.Thread(target=send, args=(i,)) for i in range(IN_FLIGHT)]
         for thread in threads:
             thread.start()
         # All 8 accepted (one running, seven queued) and none applied yet: 8 in flight.
-        deadline = time.monotonic() + 10
-        while True:
-            samples = scrape(server)
-            if value(samples, "trident_step_queue_depth") >= IN_FLIGHT - 1:
-                break
-            assert time.monotonic() < deadline, "the 8 Steps never queued"
-            time.sleep(0.002)
+        samples = wait_until(lambda: queued(server), 10, "the 8 Steps queued", interval_s=0.002)
         assert value(samples, "trident_steps_total") == 0, "a Step finished before SIGTERM"
 
-        signalled = time.monotonic()
+        timeline.append(("signal", ""))
         server.proc.send_signal(signal.SIGTERM)
         watcher.join(10)
-        time.sleep(0.2)  # past the instant between NOT_SERVING and the listener closing
-        new_calls = {}
+        # The listener closes a moment after NOT_SERVING: once a new Act is refused, so is a
+        # new Step (sent once: an accepted one would be applied).
         with grpc.insecure_channel(server.target) as channel:
             stub = pb_grpc.TrainerServiceStub(channel)
             act = pb.ActRequest(obs=encode(np.zeros((2, 6), "<f4")), mode=pb.ACT_MODE_SAMPLE)
-            for method, request in ((stub.Act, act), (stub.Step, step_request(rollouts[0]))):
-                try:
-                    method(request, timeout=5)
-                    new_calls[method] = "OK"
-                except grpc.RpcError as error:
-                    new_calls[method] = error.code().name
-        returncode = server.proc.wait(GRACE_S + 30)
-        took = time.monotonic() - signalled
+            refused = {"Act": wait_until(lambda: refusal(stub.Act, act), 10, "a new Act refused")}
+            refused["Step"] = refusal(stub.Step, step_request(rollouts[0])) or "OK"
+        # Exit 0 within the grace and 2 s: the queue drained and the final checkpoint written.
+        returncode = server.terminate(timeout=GRACE_S + 2)
         for thread in threads:
             thread.join(30)
     finally:
         server.terminate()
 
     assert returncode == 0, server.stderr()[-3000:]
-    assert took <= GRACE_S + 2, took
-    assert set(new_calls.values()) == {"UNAVAILABLE"}, new_calls
-    # Health: NOT_SERVING within a moment of the signal (well before the Steps drain).
-    not_serving = [t for t, name in health if name == "NOT_SERVING"]
-    assert not_serving and not_serving[0] - signalled < 1.0, health
+    assert set(refused.values()) == {"UNAVAILABLE"}, refused
+    # Health: NOT_SERVING before the queued Steps drain.
+    signalled = timeline.index(("signal", ""))
+    not_serving = timeline.index(("health", "NOT_SERVING"))
+    replies = [i for i, (kind, _) in enumerate(timeline) if kind == "reply"]
+    assert signalled < not_serving < replies[-1], timeline
     # The 8 finished OK, each answered after the signal, applied once each, in some order.
     assert not failures, failures
-    assert len(replies) == IN_FLIGHT
-    assert all(answered > signalled for answered, _ in replies.values())
-    assert sorted(step for _, step in replies.values()) == list(range(1, IN_FLIGHT + 1))
+    assert len(replies) == IN_FLIGHT and replies[0] > signalled, timeline
+    assert sorted(steps.values()) == list(range(1, IN_FLIGHT + 1))
     # The final checkpoint is committed, holds all 8, and equals replaying them in order.
     events = [e["event"] for e in server.events()]
     assert events[-2:] == ["checkpoint", "final checkpoint"], events[-5:]
@@ -120,6 +109,21 @@ def test_sigterm_with_eight_steps_in_flight(tmp_path: Path) -> None:
     restored = Trainer(small_config(*settings))
     restore_checkpoint(restored, server.checkpoint_dir, final.name)
     replayed = Trainer(small_config(*settings))
-    for index in sorted(replies, key=lambda i: replies[i][1]):
+    for index in sorted(steps, key=steps.__getitem__):
         replayed.step(rollouts[index])
     assert replayed.param_digest() == restored.param_digest()
+
+
+def queued(server: ServerProcess) -> Samples | None:
+    """The server's metrics once 7 Steps wait in its queue (the 8th being applied), else None."""
+    samples = scrape(server)
+    return samples if value(samples, "trident_step_queue_depth") >= IN_FLIGHT - 1 else None
+
+
+def refusal(method: grpc.UnaryUnaryMultiCallable, request: object) -> str | None:
+    """The status a new call gets, or None while the server still takes it (OK)."""
+    try:
+        method(request, timeout=5)
+    except grpc.RpcError as error:
+        return error.code().name
+    return None
