@@ -31,7 +31,7 @@ HP = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0
 
 
 # --------------------------------------------------------------------------- helpers
-# rng (fixture), normal, dev, host, assert_close, same_bytes and TOL: tests/gpu/conftest.py.
+# normal, dev, host, assert_close, same_bytes, TOL: tests/gpu/conftest.py; rng: tests/conftest.py
 @pytest.fixture(scope="module", params=WIDTHS, ids=lambda h: f"H{h}")
 def ops(request: pytest.FixtureRequest) -> CudaOps:
     return CudaOps(CudaDims(D=16, H=request.param, A=9, Z=51, K=4))

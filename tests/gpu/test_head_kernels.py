@@ -45,7 +45,7 @@ V_MIN, V_MAX = -10.0, 10.0
 
 
 # --------------------------------------------------------------------------- helpers
-# rng (fixture), normal, dev, host, assert_close, same_bytes and TOL: tests/gpu/conftest.py.
+# normal, dev, host, assert_close, same_bytes, TOL: tests/gpu/conftest.py; rng: tests/conftest.py
 @pytest.fixture(scope="module", params=DIMS, ids=lambda d: f"A{d.A}Z{d.Z}H{d.H}")
 def ops(request: pytest.FixtureRequest) -> CudaOps:
     return CudaOps(request.param)
