@@ -2,10 +2,11 @@
 
 `CapturedUpdate(config, B)` builds a CUDA trainer, fills its replay to capacity and one B-row
 rollout minibatch with random data (the distributions of bench/torch_update.py's
-`random_data`), and captures the update exactly as Step does (`Trainer._run_updates` with one
-minibatch: a replay draw, every head, backward, clip, AdamW, target refresh, the statistics).
-`run()` enqueues one more replay of that graph on CuPy's current stream; each replay draws a
-fresh replay sample (the graph advances its Philox sequence).
+`random_data`), and runs the update exactly as a Step does (`Updates.run` with one minibatch:
+a replay draw, every head, backward, clip, AdamW, target refresh, the statistics) twice:
+eagerly, then captured. `run()` enqueues one more replay of that graph on CuPy's current stream
+(`Executor.replay`); each replay draws a fresh replay sample (the graph advances its Philox
+sequence). Public API only.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import cupy
 import numpy as np
 
 from service.config import Config, with_overrides
-from service.trainer.trainer import Batch, Trainer, batch_arrays
+from service.trainer.trainer import Trainer
+from service.trainer.update import Batch, batch_arrays, update_key
 from service.types import Transitions
 
 
@@ -49,7 +51,7 @@ class CapturedUpdate:
         order = cupy.asarray(rng.permutation(B).astype(np.int32))  # a Step's order is on the device
         bounds = [(0, B)]
         with trainer.on_device():
-            trainer.replay.insert(
+            trainer.state.replay.insert(
                 Transitions(
                     obs=rng.standard_normal((size, D)).astype(np.float32),
                     actions=rng.integers(0, A, size).astype(np.int32),
@@ -61,11 +63,11 @@ class CapturedUpdate:
             )
             batch = Batch(*(None if a is None else cupy.asarray(a) for a in batch_arrays(host)))
             for _ in range(2):  # eager (warm-up), then captured and replayed
-                trainer._run_updates(batch, order, bounds, use_q=True)
+                # the captured statistics vector: every replay rewrites it
+                self.totals = trainer.learner.updates.run(batch, order, bounds, use_q=True)
             trainer.synchronize()
-        self._key = trainer._step_key(order, bounds, batch, use_q=True)
-        self.totals = trainer._static[self._key][2]  # the statistics the last replay wrote
+        self._key = update_key(order, bounds, batch, use_q=True)
 
     def run(self) -> None:
         """Enqueue one update on CuPy's current stream; does not synchronise."""
-        self.trainer.graphs.launch(self._key, cupy.cuda.get_current_stream())
+        self.trainer.executor.replay(self._key)

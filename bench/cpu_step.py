@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from service.config import load_config
-from service.trainer.trainer import APPLIED, STATS_SIZE, Trainer
+from service.trainer.trainer import Trainer
+from service.trainer.update import APPLIED, STATS_SIZE
 from service.types import Rollout, Transitions
 
 D, H, DEPTH, A, Z, K = 40, 256, 2, 9, 51, 3
@@ -113,13 +114,12 @@ def numpy_setup(B: int, args: argparse.Namespace):
     cfg = make_config(B, args)
     rng = np.random.default_rng(args.seed)
     trainer = Trainer(cfg)
-    trainer.replay.insert(random_transitions(cfg.replay.capacity - B, rng))
+    trainer.state.replay.insert(random_transitions(cfg.replay.capacity - B, rng))
     rollout = random_rollout(cfg, rng)
     result = trainer.step(rollout)  # inserts B more transitions, runs 2 full updates
     if result.skipped or "q" not in result.losses:
         raise RuntimeError(f"warm-up Step did not apply a full update: {result}")
-    uploaded, truncated_rows = trainer._upload(rollout)
-    batch, _ = trainer._prepare(uploaded, uploaded.actions, truncated_rows, trainer._no_guard)
+    batch = trainer.learner.batch(rollout)
     rows = np.random.default_rng(args.seed + 1).permutation(B)  # what Step's shuffle yields
     return trainer, batch, rows, rollout
 
@@ -128,13 +128,13 @@ def make_update(trainer: Trainer, batch, rows: np.ndarray) -> Callable[[], None]
     totals = np.zeros(STATS_SIZE)
 
     def update() -> None:
-        # Trainer._update is private: it is exactly one optimizer update (replay sample,
-        # encoder fwd on [B minibatch; B replay], every head's loss and backward, target-net
-        # forward + projection, global norm, AdamW on every group, target refresh), i.e. the
-        # body of Step's minibatch loop, without GAE/_prepare and the replay insert. It
-        # advances the replay draw's sequence itself, as in a Step.
+        # Updates.update is exactly one optimizer update (replay sample, encoder fwd on
+        # [B minibatch; B replay], every head's loss and backward, target-net forward +
+        # projection, global norm, AdamW on every group, target refresh), i.e. the body of
+        # Step's minibatch loop, without the values, GAE and the replay insert. It advances
+        # the replay draw's sequence itself, as in a Step.
         applied = totals[APPLIED]
-        trainer._update(batch, rows, True, totals, first=False)
+        trainer.learner.updates.update(batch, rows, True, totals, first=False)
         if totals[APPLIED] != applied + 1:
             raise RuntimeError("a benchmarked update was not applied (non-finite values)")
 
@@ -156,7 +156,7 @@ def torch_update_fn(B: int, args: argparse.Namespace) -> Callable[[], None]:
     torch.set_num_threads(os.cpu_count() or 1)
     trainer, batch, rows_np, _ = numpy_setup(B, args)  # same config, data and replay
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
-    size = len(trainer.replay)
+    size = len(trainer.state.replay)
     data = {
         "rollout": {
             "obs": t(batch.obs),
@@ -168,7 +168,7 @@ def torch_update_fn(B: int, args: argparse.Namespace) -> Callable[[], None]:
             "aux_y": t(batch.aux_targets),
             "rows": t(rows_np),
         },
-        "store": {k: t(v[:size]) for k, v in trainer.replay.storage.items()},
+        "store": {k: t(v[:size]) for k, v in trainer.state.replay.storage.items()},
     }
     tu = make_torch_update(B, trainer.config, "cpu", capturable=False, seed=args.seed, data=data)
 
@@ -343,13 +343,14 @@ def profile_numpy(B: int, args: argparse.Namespace) -> str:
     ops = types.ModuleType("timed_ops")
     for name in OP_NAMES:
         setattr(ops, name, timed(name, getattr(ops_module, name)))
-    trainer.ops = ops
+    updates = trainer.learner.updates
+    updates.ops = ops
     saved = {name: getattr(model, name) for name in ("encoder_fwd", "encoder_bwd")}
     for name in saved:
         setattr(model, name, timed(f"model.{name}", saved[name]))
-    trainer._q_target = timed("Trainer._q_target", trainer._q_target)
-    trainer._apply = timed("Trainer._apply", trainer._apply)
-    trainer._update = timed("Trainer._update", trainer._update)
+    updates.q_target = timed("Updates.q_target", updates.q_target)
+    updates.apply = timed("Updates.apply", updates.apply)
+    updates.update = timed("Updates.update", updates.update)
     try:
         for _ in range(args.warmup):
             update()
@@ -372,11 +373,11 @@ def profile_numpy(B: int, args: argparse.Namespace) -> str:
         else float("nan")
     )
     text.write(
-        f"\n# Per-op wall time, B={B}, mean over {n} updates: whole _update "
+        f"\n# Per-op wall time, B={B}, mean over {n} updates: whole update "
         f"{1e3 * wall / n:.2f} ms; {(faults1.ru_minflt - faults0.ru_minflt) / n:.0f} minor "
         f"page faults and {1e3 * (faults1.ru_stime - faults0.ru_stime) / n:.1f} ms system CPU "
         f"per update; other processes used {foreign:.0%} of the CPUs meanwhile\n"
-        f"{'own ms':>9} {'incl ms':>9} {'calls':>6}  name (Trainer._update's own time: "
+        f"{'own ms':>9} {'incl ms':>9} {'calls':>6}  name (Updates.update's own time: "
         f"indexing, concatenate, the head GEMMs' callers, Python)\n"
     )
     for name, total in sorted(own.items(), key=lambda kv: -kv[1]):

@@ -23,10 +23,9 @@ import gpu_step
 def profile_update(B: int, replays: int) -> dict:
     import cupy
     import torch
+    from captured_update import CapturedUpdate
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
-
-    from service.trainer.gpu_update import CapturedUpdate
 
     update = CapturedUpdate(gpu_step.make_config(B, gpu_step.parse_args([])), B, seed=0)
     for _ in range(5):

@@ -32,7 +32,8 @@ the launches counted with the profiler over replays of the torch graph (and, whe
 Trident column exists, over its updates too).
 
 Trident's captured-update interface (looked up by a guarded import of `TRIDENT_ENTRY`,
-"module:Name", default `service.trainer.gpu_update:CapturedUpdate`; --trident-entry overrides):
+"module:Name", default `captured_update:CapturedUpdate` (bench/captured_update.py);
+--trident-entry overrides):
 
     update = CapturedUpdate(config, batch_size, seed=0)
         config      a `service.config.Config` (the one `make_config` below builds: model dims,
@@ -81,7 +82,7 @@ D, H, DEPTH, A, Z, K = 40, 256, 2, 9, 51, 3
 DEFAULT_SIZES = (256, 1024, 4096, 16384)
 BANDWIDTH_TBS = 4.3  # the HBM rate for the byte term (TB/s)
 LAUNCH_US = 0.9  # the cost of one kernel launch inside a graph (us)
-TRIDENT_ENTRY = "service.trainer.gpu_update:CapturedUpdate"
+TRIDENT_ENTRY = "captured_update:CapturedUpdate"
 NOT_BUILT = "not available: the captured Trident update is not built yet"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FLOAT_BYTES = 4  # float32 everywhere; integer indices and labels are counted as 4 bytes too

@@ -371,7 +371,7 @@ def test_load_policy_is_verified(tmp_path: Path, config: Config) -> None:
     _, params = load_policy(tmp_path, info.name)
     policy = {k.removeprefix("params/"): v for k, v in trainer.state_dict().items()
               if k.startswith("params/")}  # fmt: skip
-    assert params.keys() == policy.keys() == {*trainer.params, "v/norm"}
+    assert params.keys() == policy.keys() == {*trainer.state.params, "v/norm"}
     assert load_policy(tmp_path, info.name)[0] == trainer.config
     for name, array in policy.items():
         np.testing.assert_array_equal(params[name], array)

@@ -8,6 +8,9 @@ import pytest
 
 from service.backend import select_backend
 from service.backend.executor import HostScalars, NumpyExecutor
+from service.config import load_config
+from service.trainer import model
+from service.trainer.hyper import HOT_KEYS, KEYS, Hyperparams
 
 
 def test_the_numpy_backend_makes_a_fresh_numpy_executor_per_trainer() -> None:
@@ -51,3 +54,17 @@ def test_host_scalars_are_floats_that_keep_float32_arithmetic_float32() -> None:
     assert (np.ones(2, np.float32) * scalars.one(0)).dtype == np.float32
     scalars.write(np.array([1.0, 4.0, 9.0]))
     assert scalars.span(1, 3) == [4.0, 9.0]
+
+
+def test_hyperparams_read_their_settings_through_the_backend_scalars() -> None:
+    config = load_config(env={}, overrides=["train.gamma=0.9", "train.lambda_bce=0.25"])
+    hp = Hyperparams(config, select_backend("numpy", model.dims(config)).scalars)
+    assert hp["train.gamma"] == 0.9 and hp["zero"] == 0.0
+    adjacent = ["train.lambda_pi", "train.lambda_v", "train.lambda_bce"]
+    scattered = ["train.lambda_pi", "train.lambda_v", "train.lambda_aux", "train.gamma"]
+    first = KEYS.index(adjacent[0])
+    assert [KEYS.index(k) for k in adjacent] == [first, first + 1, first + 2]  # a span
+    assert hp.weights(adjacent) == [config.train.lambda_pi, config.train.lambda_v, 0.25]
+    assert hp.weights(scattered)[-2:] == [config.train.lambda_aux, 0.9]
+    hp.refresh(load_config(env={}, overrides=["train.gamma=0.5"]))
+    assert hp["train.gamma"] == 0.5 and "train.gamma" in HOT_KEYS

@@ -71,9 +71,9 @@ def test_same_seed_same_digest_other_seed_differs(data_seed: int) -> None:
 
 def test_step_changes_every_trained_group(data_seed: int) -> None:
     trainer = make_trainer()
-    before = {k: v.copy() for k, v in trainer.params.items()}
+    before = {k: v.copy() for k, v in trainer.state.params.items()}
     run(trainer, data_seed, 6)
-    for name, value in trainer.params.items():
+    for name, value in trainer.state.params.items():
         assert not np.array_equal(value, before[name]), f"{name} never moved"
 
 
@@ -133,7 +133,7 @@ def test_bad_rollout_is_rejected_without_change(field, mutate, message, data_see
         trainer.step(Rollout(**fields))
     assert caught.value.field == field
     assert message in str(caught.value)
-    assert trainer.param_digest() == digest and len(trainer.replay) == 0
+    assert trainer.param_digest() == digest and len(trainer.state.replay) == 0
 
 
 def reference_forward(trainer: Trainer, obs: np.ndarray) -> dict[str, np.ndarray]:
@@ -210,7 +210,7 @@ def test_act_rejects_bad_input(args, field) -> None:
     with pytest.raises(InvalidInput) as caught:
         trainer.act(*args)
     assert caught.value.field == field
-    assert int(trainer.counters["act_calls"][0]) == 0
+    assert int(trainer.state.counters["act_calls"][0]) == 0
 
 
 def test_update_hyperparams(data_seed: int) -> None:

@@ -430,16 +430,16 @@ def rel_err(actual: np.ndarray, expected: np.ndarray) -> float:
 
 
 def assert_state_matches(trainer: Trainer, ref: TorchTrident, tol: float) -> None:
-    errors = {}
-    for name, value in trainer.params.items():
+    errors, state = {}, trainer.state
+    for name, value in state.params.items():
         errors[f"params/{name}"] = rel_err(value, ref.p[name].detach().numpy())
         exp_avg, exp_avg_sq, steps = ref.moments(name)
-        errors[f"exp_avg/{name}"] = rel_err(trainer.exp_avg[name], exp_avg)
-        errors[f"exp_avg_sq/{name}"] = rel_err(trainer.exp_avg_sq[name], exp_avg_sq)
+        errors[f"exp_avg/{name}"] = rel_err(state.exp_avg[name], exp_avg)
+        errors[f"exp_avg_sq/{name}"] = rel_err(state.exp_avg_sq[name], exp_avg_sq)
         group = model.group_of(name)
-        assert int(trainer.optim_steps[group][0]) == steps, (name, trainer.optim_steps, steps)
-    assert set(trainer.target) == set(ref.target)
-    for name, value in trainer.target.items():
+        assert int(state.optim_steps[group][0]) == steps, (name, state.optim_steps, steps)
+    assert set(state.target) == set(ref.target)
+    for name, value in state.target.items():
         errors[f"target/{name}"] = rel_err(value, ref.target[name].numpy())
     worst = max(errors, key=errors.get)
     assert errors[worst] < tol, f"{worst}: relative error {errors[worst]:.3e} (tol {tol:g})"
@@ -450,12 +450,13 @@ def test_trainer_step_equals_pytorch(name: str) -> None:
     variant = VARIANTS[name]
     config = make_config(variant)
     trainer = Trainer(config)
-    assert set(trainer.params) == {
+    state = trainer.state
+    assert set(state.params) == {
         *(f"encoder/{t}{i}" for i in range(config.model.depth) for t in "Wb"),
         *(f"{h}/{t}" for h in HEADS for t in "Wb"),
     }
-    ref = TorchTrident(config, trainer.params)
-    initial_target = {k: v.copy() for k, v in trainer.target.items()}
+    ref = TorchTrident(config, state.params)
+    initial_target = {k: v.copy() for k, v in state.target.items()}
     all_stats = []
 
     for step in range(variant.steps):
@@ -475,8 +476,8 @@ def test_trainer_step_equals_pytorch(name: str) -> None:
             got = getattr(result, key)
             assert got == pytest.approx(means[key], rel=variant.tol, abs=1e-12), key
         assert_state_matches(trainer, ref, variant.tol)
-        for array in (*trainer.params.values(), *trainer.target.values(),
-                      *trainer.exp_avg.values(), *trainer.exp_avg_sq.values()):
+        for array in (*state.params.values(), *state.target.values(),
+                      *state.exp_avg.values(), *state.exp_avg_sq.values()):
             assert array.dtype == np.dtype(variant.dtype)
 
     # The settings exercise what they claim to: the clip bites, the Q head trains, the target
@@ -485,7 +486,7 @@ def test_trainer_step_equals_pytorch(name: str) -> None:
     assert any(s["clip_fraction"] > 0 for s in all_stats)
     assert ref.q_updates >= 3
     assert all(
-        rel_err(trainer.target[k], initial_target[k]) > 1e-4 for k in ("q/W", "encoder/W0")
+        rel_err(state.target[k], initial_target[k]) > 1e-4 for k in ("q/W", "encoder/W0")
     )
     if config.c51.target_tau == 0:
         assert ref.hard_refreshes == ref.q_updates // config.c51.target_update_period >= 1
@@ -497,5 +498,5 @@ def test_trainer_step_equals_pytorch(name: str) -> None:
         stats = trainer.state_dict()["params/v/norm"]
         np.testing.assert_allclose(stats, ref.return_stats, rtol=1e-12)
     if name == "q_warmup_two_steps":  # the Q head stepped only in step 2
-        assert int(trainer.optim_steps["q"][0]) == 3
-        assert int(trainer.optim_steps["encoder"][0]) == 6
+        assert int(state.optim_steps["q"][0]) == 3
+        assert int(state.optim_steps["encoder"][0]) == 6

@@ -54,8 +54,7 @@ class DeviceLoop:
             self.bce_labels = xp.empty((T, N), dtype=bool)
             self.aux_targets = xp.empty((T, N, LABEL_DIM), dtype=dtype)
             self.report = xp.zeros(3, dtype=np.float64)
-        if xp is not np:  # the env was built on another stream: let its work land first
-            xp.cuda.Device().synchronize()
+        trainer.executor.synchronize_device()  # the env was built elsewhere: let it land first
 
     def step(self) -> LoopStep:
         """One rollout and one Step on it."""

@@ -222,7 +222,7 @@ class Engine:
                 param_digest=trainer.param_digest(),
                 inference_only=self.inference_only,
                 step_queue_depth=self._steps.depth,
-                replay_size=len(trainer.replay),
+                replay_size=len(trainer.state.replay),
                 version=trident_version(),
                 kernel_abi_version=trainer.backend.kernel_abi_version,
             )

@@ -1,19 +1,20 @@
 """The hyper-parameters the update reads, where its kernels read them.
 
-On the NumPy backend a hyper-parameter is a Python float (NumPy's weak scalar: a float32
-array times it stays float32). On a device backend every one lives in a single float64
-device vector, and the update is handed one-element views of it: a captured CUDA graph bakes
-in those addresses, so `refresh` (UpdateHyperparams) overwrites the vector in place and the
-graph reads the new values on its next replay without being captured again.
+The values sit in one vector of the backend's `Scalars`: Python floats on NumPy (NumPy's weak
+scalars: a float32 array times one stays float32), one float64 device vector on a device
+backend, of which the update is handed one-element views. A captured call bakes in those
+addresses, so `refresh` (UpdateHyperparams) overwrites the vector in place and the capture
+reads the new values on its next replay without being captured again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from types import ModuleType
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
+from service.backend.executor import Scalars
 from service.config import Config
 
 # Settings UpdateHyperparams may change between Steps.
@@ -48,39 +49,27 @@ def setting(config: Config, key: str) -> float:
 
 
 class Hyperparams:
-    """`hp[key]`: a Python float on NumPy, a float64 [1] view of the device vector elsewhere."""
+    """`hp[key]`: one setting as the backend's ops take it (see `Scalars`)."""
 
-    def __init__(self, config: Config, xp: ModuleType) -> None:
-        self._on_host = xp is np
-        self._values = np.array([setting(config, key) for key in KEYS], dtype=np.float64)
+    def __init__(self, config: Config, scalars: Callable[[np.ndarray], Scalars]) -> None:
         self._index = {key: i for i, key in enumerate(KEYS)}
-        self._device = None if self._on_host else xp.asarray(self._values)
-        self._xp = xp
-        self._gathers: dict[tuple[str, ...], object] = {}
+        self._values = scalars(_settings(config))
 
-    def __getitem__(self, key: str):
-        i = self._index[key]
-        if self._on_host:
-            return float(self._values[i])
-        return self._device[i : i + 1]
+    def __getitem__(self, key: str) -> Any:
+        return self._values.one(self._index[key])
 
-    def weights(self, keys: Sequence[str]):
-        """Several settings as one vector: a list of floats on NumPy, else a float64 device
-        array: a view of the vector where the keys are adjacent in KEYS (the head weights
-        are), else gathered from it (a kernel, so it follows `refresh` inside a graph)."""
-        if self._on_host:
-            return [self[key] for key in keys]
-        keys = tuple(keys)
-        first = self._index[keys[0]]
-        if [self._index[key] for key in keys] == list(range(first, first + len(keys))):
-            return self._device[first : first + len(keys)]
-        index = self._gathers.get(keys)
-        if index is None:  # uploaded once, outside any capture
-            index = self._gathers[keys] = self._xp.asarray([self._index[k] for k in keys])
-        return self._device[index]
+    def weights(self, keys: Sequence[str]) -> Any:
+        """Several settings as one argument: a span of the vector where the keys are adjacent
+        in KEYS (the head weights are), else gathered from it."""
+        index = tuple(self._index[key] for key in keys)
+        if index == tuple(range(index[0], index[0] + len(index))):
+            return self._values.span(index[0], index[0] + len(index))
+        return self._values.gather(index)
 
     def refresh(self, config: Config) -> None:
         """Take every value from `config`, in place."""
-        self._values[:] = [setting(config, key) for key in KEYS]
-        if self._device is not None:
-            self._device[...] = self._xp.asarray(self._values)
+        self._values.write(_settings(config))
+
+
+def _settings(config: Config) -> np.ndarray:
+    return np.array([setting(config, key) for key in KEYS], dtype=np.float64)

@@ -123,16 +123,20 @@ def next_observations(rollout: Rollout, dtype: np.dtype) -> np.ndarray:
 
 
 def nstep_transitions(
-    rollout: Rollout | DeviceRollout, next_obs: np.ndarray, n: int, gamma: float, dtype: np.dtype
+    rollout: Rollout | DeviceRollout,
+    next_obs: np.ndarray,
+    n: int,
+    gamma: float,
+    dtype: np.dtype,
+    xp: ModuleType,
 ) -> Transitions:
-    """n-step transitions from every step of the rollout, vectorised over [T, N] on the
-    rollout's array module (NumPy or CuPy).
+    """n-step transitions from every step of the rollout, vectorised over [T, N] with `xp`,
+    the array module of the rollout's arrays.
 
     From step t the window sums rewards until the episode ends (termination or truncation),
     n steps pass, or the rollout ends; `horizons` records how many steps it took, so the
     target can bootstrap with γ^k.
     """
-    xp = array_module(rollout.rewards)
     T, N = rollout.horizon, rollout.num_envs
     rewards = rollout.rewards.astype(dtype)
     terminated = rollout.terminated.astype(bool)
@@ -160,12 +164,3 @@ def nstep_transitions(
         horizons=horizon.reshape(-1),
         next_obs=next_obs[last, envs].reshape(T * N, D),
     )
-
-
-def array_module(array: np.ndarray) -> ModuleType:
-    """NumPy for host arrays, CuPy for device arrays (without importing CuPy on the host)."""
-    if isinstance(array, np.ndarray):
-        return np
-    import cupy
-
-    return cupy.get_array_module(array)

@@ -88,7 +88,7 @@ class GatedPieces:
         self.inside: tuple[str, float] | None = None
         self.readbacks = 0
         self.active = False
-        real_to_host = trainer.backend.to_host
+        real_to_host = trainer.state.backend.to_host
 
         def to_host(array):  # the Step's readback: everything is enqueued, let it run
             self.readbacks += 1
@@ -96,7 +96,7 @@ class GatedPieces:
             with cupyx.allow_synchronize(True):
                 return real_to_host(array)
 
-        trainer.backend = replace(trainer.backend, to_host=to_host)
+        trainer.state.backend = replace(trainer.state.backend, to_host=to_host)
         trainer.act_on_device = self._gated("Trainer.act_on_device", trainer.act_on_device)
         trainer.step_on_device = self._gated("Trainer.step_on_device", trainer.step_on_device)
         env.step = self._gated("LobSim.step", env.step)  # type: ignore[method-assign]

@@ -430,22 +430,21 @@ def test_act_select_matches_trainer_act(
     Trainer.act's actions and log-probs."""
     dims = ops.dims
     trainer = trainer_for(dims, seed=int(rng.integers(2**63)))
-    trainer.counters["act_calls"][0] = int(rng.integers(2**40))  # sequence high word in use
+    state = trainer.state
+    state.counters["act_calls"][0] = int(rng.integers(2**40))  # sequence high word in use
     obs = normal(rng, N, dims.D)
-    h = model.encoder_fwd(npo, trainer.params, obs, trainer.config.model.depth)[-1]
-    logits = model.head_fwd(npo, trainer.params, "pi", h)
-    probs = model.q_distribution(npo, trainer.params, h, dims.A, dims.Z)
-    q = npo.c51_q_values(probs, trainer.support)
+    h = model.encoder_fwd(npo, state.params, obs, trainer.config.model.depth)[-1]
+    logits = model.head_fwd(npo, state.params, "pi", h)
+    probs = model.q_distribution(npo, state.params, h, dims.A, dims.Z)
+    q = npo.c51_q_values(probs, state.support)
     for epsilon in (0.0, 0.1, 1 / 3, 1.0) if mode is ActMode.EPSILON_GREEDY else (0.0,):
-        sequence = int(trainer.counters["act_calls"][0])
+        sequence = int(state.counters["act_calls"][0])
         want = trainer.act(obs, mode, epsilon)
-        actions, log_probs = ops.act_select(
-            dev(logits), dev(q), mode, epsilon, trainer.key, sequence
-        )
+        actions, log_probs = ops.act_select(dev(logits), dev(q), mode, epsilon, state.key, sequence)
         got = host(actions)
         assert got.dtype == np.int32
         if mode is ActMode.SAMPLE:
-            bits = random_bits(trainer.key, Stream.ACT_SAMPLE, sequence, N)[:, 0]
+            bits = random_bits(state.key, Stream.ACT_SAMPLE, sequence, N)[:, 0]
             assert_same_samples(got, want.actions, boundary_rows(logits, uniform01(bits)))
             rows = np.flatnonzero(got == want.actions)
             assert_close(dev(host(log_probs)[rows]), want.log_probs[rows])

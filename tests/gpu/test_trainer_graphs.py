@@ -27,11 +27,10 @@ def assert_same_results(got: list, want: list) -> None:
 
 def test_graph_replay_equals_eager_launches(data_seed: int) -> None:  # noqa: F811
     graphed, eager = trainer("cuda"), trainer("cuda", "train.cuda_graphs=false")
-    assert graphed.graphs is not None and eager.graphs is None
     got, want = run(graphed, data_seed, STEPS), run(eager, data_seed, STEPS)
     # The first Step fills the replay (no Q head yet); the later ones share one shape.
-    step_graphs = graphed.graphs.captures
-    assert step_graphs == 1, step_graphs
+    step_graphs = graphed.executor.captures
+    assert step_graphs == 1 and eager.executor.captures == 0, step_graphs
     assert all("q" in r.losses for r in want[-3:])
     assert_same_results(got, want)
     assert state_bytes(graphed) == state_bytes(eager)
@@ -41,7 +40,8 @@ def test_graph_replay_equals_eager_launches(data_seed: int) -> None:  # noqa: F8
             g, w = graphed.act(obs, mode, 0.25), eager.act(obs, mode, 0.25)
             for name in ("actions", "log_probs", "values"):
                 assert getattr(g, name).tobytes() == getattr(w, name).tobytes(), (mode, name)
-    assert graphed.graphs.captures == step_graphs + len(ActMode)
+    assert graphed.executor.captures == step_graphs + len(ActMode)
+    assert eager.executor.captures == 0
 
 
 def test_update_hyperparams_reaches_the_graph_without_recapture(data_seed: int) -> None:  # noqa: F811
@@ -52,13 +52,13 @@ def test_update_hyperparams_reaches_the_graph_without_recapture(data_seed: int) 
     for t in (graphed, eager):
         for rollout in rollouts[:4]:
             t.step(rollout)
-    captures = graphed.graphs.captures
+    captures = graphed.executor.captures
     before = state_bytes(graphed)
     for t in (graphed, eager):
         t.update_hyperparams(changes)
     got = [graphed.step(r) for r in rollouts[4:]]
     want = [eager.step(r) for r in rollouts[4:]]
-    assert graphed.graphs.captures == captures  # nothing re-captured
+    assert graphed.executor.captures == captures  # nothing re-captured
     assert_same_results(got, want)
     after = state_bytes(graphed)
     assert after == state_bytes(eager)
@@ -72,13 +72,13 @@ def test_non_finite_update_inside_the_graph_changes_no_parameter(data_seed: int)
     rng = np.random.default_rng(data_seed)
     for _ in range(4):
         t.step(random_rollout(rng))
-    assert t.graphs.captures == 1  # the next Step replays a graph
-    t.replay.storage["next_obs"][...] = np.nan  # every target-network input: a NaN Q loss
+    assert t.executor.captures == 1  # the next Step replays a graph
+    t.state.replay.storage["next_obs"][...] = np.nan  # every target-network input: a NaN Q loss
     cupy.cuda.Device().synchronize()  # that fill ran on another stream
     names = ("params/", "target/", "optim/")
     before = {k: v for k, v in state_bytes(t).items() if k.startswith(names)}
     result = t.step(random_rollout(rng))
-    assert t.graphs.captures == 1
+    assert t.executor.captures == 1
     epochs, minibatches = t.config.ppo.epochs, t.config.ppo.num_minibatches
     assert result.updates_applied == 0 and result.updates_skipped == epochs * minibatches
     assert result.skip_reason == "non-finite loss of q; update not applied"
@@ -90,9 +90,9 @@ def test_captured_update_trains(B: int) -> None:
     """bench/gpu_step.py's CapturedUpdate: every replay applies a full update, fresh draws."""
     import cupy
 
+    from bench.captured_update import CapturedUpdate
     from service.config import load_config
-    from service.trainer.gpu_update import CapturedUpdate
-    from service.trainer.trainer import APPLIED
+    from service.trainer.update import APPLIED
 
     overrides = [
         f"replay.capacity={4 * B}",
@@ -103,13 +103,13 @@ def test_captured_update_trains(B: int) -> None:
     ]
     update = CapturedUpdate(load_config(env={}, overrides=overrides), B, seed=B)
     before = {k: v.tobytes() for k, v in update.trainer.state_dict().items()}
-    sequence = int(update.trainer.sequences["updates_attempted"][0])
+    sequence = int(update.trainer.state.sequences["updates_attempted"][0])
     for _ in range(3):
         update.run()
     cupy.cuda.get_current_stream().synchronize()
     totals = cupy.asnumpy(update.totals)
     assert totals[APPLIED] == 1 and np.isfinite(totals).all()
-    assert int(update.trainer.sequences["updates_attempted"][0]) == sequence + 3
+    assert int(update.trainer.state.sequences["updates_attempted"][0]) == sequence + 3
     after = update.trainer.state_dict()
     for name in ("params/q/W", "params/encoder/W0", "target/q/W", "optim/exp_avg/pi/W"):
         assert after[name].tobytes() != before[name], name
