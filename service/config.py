@@ -119,8 +119,8 @@ class TrainConfig(_Section):
     rollout_len: int = _f(32, ge=1)  # env steps per environment per rollout
     steps: int = _f(0, ge=0)  # training steps run by the `trident train` job; 0: BACKEND_DEFAULTS
     # `trident train`'s learning rate over the job: 'constant' (optim.lr), or 'linear', optim.lr
-    # x (1 - done / steps) before each Step (CleanRL's anneal_lr); 'auto': BACKEND_DEFAULTS
-    lr_schedule: str = _f("auto", choices=("auto", "constant", "linear"))
+    # x (1 - done / steps) before each Step (CleanRL's anneal_lr)
+    lr_schedule: str = _f("linear", choices=("constant", "linear"))
     log_every: int = _f(20, ge=1)  # training steps between log lines
 
 
@@ -158,7 +158,7 @@ class C51Config(_Section):
 class OptimConfig(_Section):
     """AdamW optimiser and gradient clipping."""
 
-    lr: float = _f(2e-3, gt=0)  # learning rate (per update)
+    lr: float = _f(0.0, ge=0)  # learning rate (per update); 0: BACKEND_DEFAULTS
     beta1: float = _f(0.9, ge=0, lt=1)  # first-moment decay
     beta2: float = _f(0.999, ge=0, lt=1)  # second-moment decay
     eps: float = _f(1e-8, gt=0)  # denominator epsilon
@@ -468,26 +468,27 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
     return _build(raw)
 
 
-# What a setting left at its "pick for me" value (0, or 'auto') stands for on each backend: the
-# main job trains in a few minutes on a 2-core CPU, or takes tens of millions of env steps on
-# one GPU, where a wider network costs little time (bench/README.md, "learning.py", has the
-# sweeps they come from).
-BACKEND_DEFAULTS: dict[str, dict[str, int | str]] = {
-    "numpy": {"train.num_envs": 256, "train.steps": 100, "train.lr_schedule": "constant",
-              "model.hidden_dim": 128},
-    "cuda": {"train.num_envs": 8192, "train.steps": 200, "train.lr_schedule": "linear",
-             "model.hidden_dim": 256},
+# What a setting left at 0 stands for on each backend: the main job trains in a few minutes on
+# a 2-core CPU, or takes tens of millions of env steps on one GPU, where a wider network costs
+# little time; each backend's learning rate is the best of its recorded sweep (bench/README.md,
+# "learning.py", has the sweeps these come from).
+BACKEND_DEFAULTS: dict[str, dict[str, float]] = {
+    "numpy": {"train.num_envs": 256, "train.steps": 100, "model.hidden_dim": 128,
+              "optim.lr": 3e-3},
+    "cuda": {"train.num_envs": 8192, "train.steps": 200, "model.hidden_dim": 256,
+             "optim.lr": 2e-3},
 }  # fmt: skip
-_LEFT_TO_BACKEND = (0, "auto")
+
+
+def left_to_backend(cfg: Config) -> list[str]:
+    """The BACKEND_DEFAULTS settings `cfg` leaves at 0 (a trainer's config has none)."""
+    sections = (key.split(".") for key in BACKEND_DEFAULTS["numpy"])
+    return [f"{s}.{k}" for s, k in sections if getattr(getattr(cfg, s), k) == 0]
 
 
 def sized_for(cfg: Config, backend: str) -> Config:
-    """`cfg` with each BACKEND_DEFAULTS setting still at 0 / 'auto' set to `backend`'s value."""
-    picks = []
-    for key, value in BACKEND_DEFAULTS[backend].items():
-        section, name = key.split(".")
-        if getattr(getattr(cfg, section), name) in _LEFT_TO_BACKEND:
-            picks.append(f"{key}={value}")
+    """`cfg` with each BACKEND_DEFAULTS setting still at 0 set to `backend`'s value."""
+    picks = [f"{key}={BACKEND_DEFAULTS[backend][key]!r}" for key in left_to_backend(cfg)]
     return with_overrides(cfg, picks) if picks else cfg
 
 

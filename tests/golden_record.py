@@ -30,6 +30,7 @@ SEED = 20261201
 CONFIG = (
     "model.obs_dim=7",
     "model.hidden_dim=32",
+    "optim.lr=0.002",
     "model.aux_dim=3",
     "replay.capacity=500",
     "replay.min_size=96",

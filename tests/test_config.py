@@ -12,6 +12,7 @@ from service.config import (
     Config,
     ConfigError,
     ModelConfig,
+    left_to_backend,
     load_config,
     sized_for,
     with_overrides,
@@ -44,11 +45,11 @@ def test_defaults() -> None:
     assert cfg.model.num_actions == 9 and cfg.model.aux_dim == 3 and cfg.model.dtype == "float32"
     assert cfg.train.backend == "auto" and cfg.train.gamma == 0.99
     assert cfg.train.steps == 0 and cfg.train.num_envs == 0  # the backend's BACKEND_DEFAULTS
-    assert cfg.train.lr_schedule == "auto"
+    assert cfg.train.lr_schedule == "linear"
     assert cfg.ppo.norm_adv is True and cfg.ppo.clip_value_loss is False
     assert cfg.c51.num_atoms == 51 and (cfg.c51.v_min, cfg.c51.v_max) == (-10.0, 10.0)
     assert cfg.c51.target_update_period == 100 and cfg.c51.target_tau == 0.0
-    assert cfg.optim.lr == 2e-3 and cfg.optim.eps == 1e-8 and cfg.optim.max_grad_norm == 1.0
+    assert cfg.optim.lr == 0 and cfg.optim.eps == 1e-8 and cfg.optim.max_grad_norm == 1.0
     assert cfg.optim.clip_scope == "group" and cfg.ppo.value_norm is True
     assert (cfg.replay.capacity, cfg.replay.batch_size, cfg.replay.min_size) == (100_000, 256, 1000)
     assert cfg.checkpoint.dir == "checkpoints" and cfg.checkpoint.every_steps == 0
@@ -283,7 +284,7 @@ def test_wrong_type_in_toml(tmp_path: Path, toml: str, key: str, shown: str, exp
         ("model.depth=0", "model.depth", "0", ">= 1"),
         ("train.gamma=1.5", "train.gamma", "1.5", "in [0, 1]"),
         ("optim.beta2=1", "optim.beta2", "1.0", "in [0, 1)"),
-        ("optim.lr=0", "optim.lr", "0.0", "> 0"),
+        ("optim.lr=-1e-3", "optim.lr", "-0.001", ">= 0"),
         ("c51.num_atoms=1", "c51.num_atoms", "1", ">= 2"),
         ("c51.target_tau=-0.1", "c51.target_tau", "-0.1", "in [0, 1]"),
         ("server.port=65536", "server.port", "65536", "in [0, 65535]"),
@@ -396,9 +397,10 @@ def test_backend_defaults_fill_only_what_was_left_to_the_backend() -> None:
         assert (mine.train.num_envs, mine.train.steps) == (envs, picks["train.steps"])
         mine = sized_for(load_config(env={}, overrides=[f"train.steps={steps}"]), backend)
         assert (mine.train.num_envs, mine.train.steps) == (picks["train.num_envs"], steps)
-        mine_sets = [f"model.hidden_dim={hidden}", "train.lr_schedule=constant"]
+        mine_sets = [f"model.hidden_dim={hidden}", "optim.lr=0.0125"]
         mine = sized_for(load_config(env={}, overrides=mine_sets), backend)
-        assert (mine.model.hidden_dim, mine.train.lr_schedule) == (hidden, "constant")
+        assert (mine.model.hidden_dim, mine.optim.lr) == (hidden, 0.0125)
+        assert left_to_backend(mine) == []
         assert sized_for(mine, backend) == mine  # idempotent
     envs_of = {backend: picks["train.num_envs"] for backend, picks in BACKEND_DEFAULTS.items()}
     assert int(envs_of["cuda"]) >= 10 * int(envs_of["numpy"])

@@ -222,6 +222,10 @@ def test_update_hyperparams(data_seed: int) -> None:
     with pytest.raises(InvalidInput, match=r"train\.gamma"):
         trainer.update_hyperparams({"optim.lr": 1e-2, "train.gamma": 2.0})
     assert trainer.config.optim.lr == 1e-3  # all or nothing
+    with pytest.raises(InvalidInput, match=r"optim\.lr > 0") as caught:  # 0: the backend's rate
+        trainer.update_hyperparams({"optim.lr": 0.0, "train.gamma": 0.9})
+    assert caught.value.field == "hyperparams"
+    assert (trainer.config.optim.lr, trainer.config.train.gamma) == (1e-3, 0.5)
 
 
 def test_policy_lag_is_reported(data_seed: int) -> None:

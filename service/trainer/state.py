@@ -15,7 +15,7 @@ import numpy as np
 
 from service.backend import Backend
 from service.backend.philox import seed_key
-from service.config import Config, ConfigError, with_overrides
+from service.config import Config, ConfigError, left_to_backend, with_overrides
 from service.errors import InvalidInput
 from service.trainer import model
 from service.trainer.hyper import HOT_KEYS, Hyperparams
@@ -70,9 +70,13 @@ class State:
             if key not in HOT_KEYS:
                 raise InvalidInput("hyperparams", f"keys among {list(HOT_KEYS)}", repr(key))
         try:
-            self.config = with_overrides(self.config, [f"{k}={v!r}" for k, v in updates.items()])
+            config = with_overrides(self.config, [f"{k}={v!r}" for k, v in updates.items()])
         except ConfigError as error:
             raise InvalidInput("hyperparams", "values the config allows", str(error)) from None
+        unset = left_to_backend(config)  # 0 means "the backend's", settled at construction
+        if unset:
+            raise InvalidInput("hyperparams", f"{unset[0]} > 0", repr(updates[unset[0]]))
+        self.config = config
         self.hp.refresh(self.config)  # in place: a captured call reads the new values
 
     def state_dict(self) -> dict[str, np.ndarray]:

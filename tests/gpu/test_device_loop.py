@@ -194,8 +194,10 @@ def test_device_loop_on_cuda_matches_numpy() -> None:
     """The first rollout and Step of the device loop: GPU markets and trainer against NumPy."""
     seed = fresh_seed()
     config = smoke_config(seed)
-    gpu_loop = DeviceLoop(Trainer(config), LobSim(64, config.lobsim, seed, backend="cuda"), T)
-    cpu_config = with_overrides(config, ["train.backend=numpy"])
+    gpu_trainer = Trainer(config)
+    gpu_loop = DeviceLoop(gpu_trainer, LobSim(64, config.lobsim, seed, backend="cuda"), T)
+    # the GPU trainer's config: the sizes CUDA picked (model.hidden_dim) are the model compared
+    cpu_config = with_overrides(gpu_trainer.config, ["train.backend=numpy"])
     cpu_loop = DeviceLoop(Trainer(cpu_config), LobSim(64, config.lobsim, seed), T)
     gpu, cpu = gpu_loop.step(), cpu_loop.step()
     np.testing.assert_array_equal(gpu_loop.actions.get(), cpu_loop.actions)
