@@ -188,7 +188,7 @@ class LobSim:
         self.variance = 0.9 * self.variance + 0.1 * change * change
         self.mid2 = mid2
         if cfg.recentre_ticks:
-            self._recentre()
+            self.recentre()
         over = self.clock >= cfg.horizon
         done = xp.full(self.num_envs, over)
         if over:
@@ -217,6 +217,7 @@ class LobSim:
             "agent_taken": taken,  # lots the agent's orders took from the book this step
             "agent_passive": passive,  # lots of the agent's resting quotes filled this step
             "pnl": value,  # cash + inventory · mid (ticks) at the end of the step, before a reset
+            "cash": books.cash.copy(),  # ticks; after the liquidation where the episode ended
         }
         if over:
             info["final_obs"] = obs
@@ -313,9 +314,10 @@ class LobSim:
             return self._cuda.random_bits(stream, self.calls, n)
         return random_bits(self.key, stream, self.calls, n)
 
-    def _recentre(self) -> None:
+    def recentre(self) -> None:
         """Shift the window of every book whose mid drifted more than `recentre_ticks` from
-        its centre, so the mid is central again. Background lots shifted past an edge are
+        its centre, so the mid is central again (`step` calls it; public so that a shift can be
+        driven on a hand-set mid). Background lots shifted past an edge are
         counted in `truncated_lots` (never silently lost); an agent order past an edge is
         cancelled and its lots counted too. Cash and PnL are unchanged (prices are base +
         index, and base moves with the window)."""

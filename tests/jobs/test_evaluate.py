@@ -188,15 +188,16 @@ def test_metrics_of_a_tiny_run_are_consistent() -> None:
     traces, cash = {}, {}
     for name, make in evaluate.baselines(seed).items():
         env = LobSim(markets, cfg, seed)
-        original, seen = env._reset, []
+        seen = []
 
-        def reset(original=original, seen=seen, env=env) -> None:
-            seen.append(env.books.cash.copy())  # after the liquidation, before the reset
-            original()
+        def step(actions, step=env.step, seen=seen):  # records the cash the env reports
+            out = step(actions)
+            seen.append(out.info["cash"])
+            return out
 
-        env._reset = reset  # type: ignore[method-assign]
+        env.step = step  # type: ignore[method-assign]
         traces[name] = evaluate.play_episode(env, make(env))
-        (cash[name],) = seen
+        cash[name] = seen[-1]  # after the liquidation, before the reset
     assert tuple(traces) == BASELINES
     for name, trace in traces.items():
         assert trace.pnl.shape == trace.inventory.shape == trace.taken.shape == (6, markets)

@@ -242,7 +242,7 @@ def test_window_recentres_on_a_drifting_mid() -> None:
         expected = np.where(np.abs(drift) > cfg.recentre_ticks, drift, 0)
         held = books.lots.sum(axis=(0, 2)) + books.agent_qty.sum(axis=0)
         truncated = env.truncated_lots.copy()
-        env._recentre()
+        env.recentre()
         # every lot either moved with the window or was counted as truncated
         held_after = env.books.lots.sum(axis=(0, 2)) + env.books.agent_qty.sum(axis=0)
         assert (held - held_after == env.truncated_lots - truncated).all()
