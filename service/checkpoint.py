@@ -412,7 +412,7 @@ def _apply(
 ) -> None:
     """Load state and hot settings into the trainer; on any failure put everything back."""
     saved_state = {key: array.copy() for key, array in trainer.state_dict().items()}
-    saved_config = trainer.config
+    saved_hot = {key: _setting(trainer.config, key) for key in HOT_KEYS}
     try:
         try:
             trainer.load_state_dict(state)
@@ -427,7 +427,7 @@ def _apply(
             )
     except BaseException:
         trainer.load_state_dict(saved_state)
-        trainer.config = saved_config
+        trainer.update_hyperparams(saved_hot)  # the config and the values the update reads
         raise
 
 

@@ -339,6 +339,24 @@ def test_consistent_but_wrong_checkpoint_rolls_back(tmp_path: Path, config: Conf
     snapshot.assert_unchanged()
 
 
+def test_a_failed_restore_puts_back_the_settings_the_update_reads(
+    tmp_path: Path, config: Config
+) -> None:
+    """The checkpoint's hot settings are applied before its digest is checked; when the check
+    fails, the next Step runs with the trainer's own settings again, as a twin's does."""
+    victim, twin = trained(config, 1, start=20), trained(config, 1, start=20)
+    source = trained(config, 2)
+    source.update_hyperparams({"optim.lr": 0.05, "train.gamma": 0.5, "ppo.ent_coef": 0.2})
+    info = save_checkpoint(source, tmp_path, name="wrong-digest")
+    reseal(info.path, lambda body: body.update(param_digest="0" * 64))
+    with pytest.raises(CheckpointCorrupt, match="digest"):
+        restore_checkpoint(victim, tmp_path, info.name)
+    assert victim.config == twin.config
+    advance(victim, 40, 1)
+    advance(twin, 40, 1)
+    assert victim.param_digest() == twin.param_digest()
+
+
 def test_not_found(tmp_path: Path, config: Config) -> None:
     victim = Trainer(config)
     snapshot = Snapshot(victim)

@@ -35,21 +35,12 @@ def request_id_of(context: grpc.ServicerContext) -> str:
     return uuid.uuid4().hex
 
 
+# Every StepResponse field is the StepResult attribute of the same name.
+STEP_RESPONSE_FIELDS = tuple(field.name for field in pb.StepResponse.DESCRIPTOR.fields)
+
+
 def step_response(result: StepResult) -> pb.StepResponse:
-    return pb.StepResponse(
-        losses=result.losses,
-        grad_norm=result.grad_norm,
-        entropy=result.entropy,
-        approx_kl=result.approx_kl,
-        clip_fraction=result.clip_fraction,
-        skipped=result.skipped,
-        skip_reason=result.skip_reason,
-        global_step=result.global_step,
-        policy_lag=result.policy_lag,
-        timings_ms=result.timings_ms,
-        updates_applied=result.updates_applied,
-        updates_skipped=result.updates_skipped,
-    )
+    return pb.StepResponse(**{name: getattr(result, name) for name in STEP_RESPONSE_FIELDS})
 
 
 def checkpoint_message(info: CheckpointInfo) -> pb.CheckpointInfo:
