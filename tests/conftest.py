@@ -1,6 +1,7 @@
 """What the tests share: fresh random draws (`seed`, `rng`), the small model the CPU suite trains
-(`SMALL`, `small_config`), random rollouts for it, a real server running it (`running_server`)
-and `wait_until`, the one way a test waits for something.
+(`SMALL`, `small_config`), random rollouts for it and Steps on them (`random_rollout`,
+`random_steps`), a real server running it (`running_server`) and `wait_until`, the one way a
+test waits for something.
 
 Test modules import the plain helpers (`from conftest import random_rollout`); pytest puts this
 directory on `sys.path` before it imports them.
@@ -13,14 +14,17 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import pytest
 from serverproc import ServerProcess, TlsFiles
 
 from service.config import Config, load_config
-from service.types import Rollout
+from service.types import Rollout, StepResult
+
+if TYPE_CHECKING:
+    from service.trainer.trainer import Trainer
 
 Found = TypeVar("Found")
 
@@ -89,6 +93,13 @@ def random_rollout(
         aux_targets=rng.standard_normal((T, N, K)).astype(np.float32) if extras else None,
         policy_version=policy_version,
     )
+
+
+def random_steps(trainer: Trainer, seed: int, count: int) -> list[StepResult]:
+    """`count` Steps of `trainer` on the default-shaped `random_rollout`s drawn from `seed`: two
+    trainers given the same seed see the same data."""
+    rng = np.random.default_rng(seed)
+    return [trainer.step(random_rollout(rng)) for _ in range(count)]
 
 
 def running_server(

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from checkpoint_writer import make_rollout, small_config
+from checkpoint_writer import checkpoint_config, rollout
 from safetensors.numpy import save as save_tensors
 
 from service.checkpoint import (
@@ -52,16 +52,16 @@ FILES = [
 ]
 
 
-def trained(config: Config, steps: int, start: int = 0) -> Trainer:
-    """A trainer advanced by the rollouts of seeds start .. start + steps - 1."""
+def trained(config: Config, seed: int, steps: int, start: int = 0) -> Trainer:
+    """A trainer advanced by the rollouts start .. start + steps - 1 of the data from `seed`."""
     trainer = Trainer(config)
-    advance(trainer, start, steps)
+    advance(trainer, seed, start, steps)
     return trainer
 
 
-def advance(trainer: Trainer, start: int, steps: int) -> None:
-    for seed in range(start, start + steps):
-        result = trainer.step(make_rollout(trainer.config, seed))
+def advance(trainer: Trainer, seed: int, start: int, steps: int) -> None:
+    for step in range(start, start + steps):
+        result = trainer.step(rollout(seed, step))
         assert result.updates_applied > 0 and not result.skipped
 
 
@@ -117,16 +117,15 @@ def replace_file(directory: Path, filename: str, data: bytes) -> None:
 
 @pytest.fixture(scope="module")
 def config() -> Config:
-    return small_config()
+    return checkpoint_config()
 
 
 # ------------------------------------------------------------------------------ exact resume
 def test_restore_into_fresh_trainer_then_continue_is_bit_identical(
-    tmp_path: Path, config: Config
+    tmp_path: Path, config: Config, seed: int, rng: np.random.Generator
 ) -> None:
-    rng = np.random.default_rng(0)
     obs = rng.standard_normal((5, config.model.obs_dim)).astype(np.float32)
-    never_stopped = trained(config, 6)  # replay holds 6·16 rows: C51 trains from step 2 on
+    never_stopped = trained(config, seed, 6)  # replay holds 6·16 rows: C51 trains from step 2 on
     never_stopped.act(obs, ActMode.SAMPLE)
     never_stopped.act(obs, ActMode.EPSILON_GREEDY, 0.5)
     info = save_checkpoint(never_stopped, tmp_path)
@@ -134,7 +133,7 @@ def test_restore_into_fresh_trainer_then_continue_is_bit_identical(
     assert sorted(p.name for p in info.path.iterdir()) == FILES
     assert info.size_bytes == sum(p.stat().st_size for p in info.path.iterdir())
 
-    resumed = Trainer(small_config("train.seed=7"))  # another seed: restore brings the saved one
+    resumed = Trainer(checkpoint_config("train.seed=7"))  # restore brings the saved train.seed
     assert resumed.param_digest() != never_stopped.param_digest()
     restored = restore_checkpoint(resumed, tmp_path, info.name)
     assert (restored.name, restored.global_step, restored.path) == (info.name, 6, info.path)
@@ -146,25 +145,27 @@ def test_restore_into_fresh_trainer_then_continue_is_bit_identical(
         np.testing.assert_array_equal(a.actions, b.actions)
         np.testing.assert_array_equal(a.log_probs, b.log_probs)
         assert a.policy_version == b.policy_version == 6
-    advance(never_stopped, 6, 3)
-    advance(resumed, 6, 3)
+    advance(never_stopped, seed, 6, 3)
+    advance(resumed, seed, 6, 3)
     assert resumed.global_step == never_stopped.global_step == 9
     assert resumed.param_digest() == never_stopped.param_digest()
     assert state_bytes(resumed) == state_bytes(never_stopped)  # replay and counters too
 
 
-def test_fresh_trainer_with_empty_replay_round_trips(tmp_path: Path, config: Config) -> None:
+def test_fresh_trainer_with_empty_replay_round_trips(
+    tmp_path: Path, config: Config, seed: int
+) -> None:
     fresh = Trainer(config)
     info = save_checkpoint(fresh, tmp_path)
     assert info.global_step == 0
-    other = trained(config, 2)
+    other = trained(config, seed, 2)
     restore_checkpoint(other, tmp_path, info.name)
     assert state_bytes(other) == state_bytes(fresh)
     assert other.state_dict()["replay/obs"].shape == (0, config.model.obs_dim)
 
 
-def test_hot_hyperparameters_come_back(tmp_path: Path, config: Config) -> None:
-    trainer = trained(config, 1)
+def test_hot_hyperparameters_come_back(tmp_path: Path, config: Config, seed: int) -> None:
+    trainer = trained(config, seed, 1)
     changed = {"optim.lr": 1.25e-3, "ppo.clip_eps": 0.3, "train.gamma": 0.97,
                "c51.target_tau": 0.01, "train.lambda_aux": 0.5}
     trainer.update_hyperparams(changed)
@@ -176,23 +177,23 @@ def test_hot_hyperparameters_come_back(tmp_path: Path, config: Config) -> None:
         assert getattr(getattr(fresh.config, section), name) == getattr(
             getattr(trainer.config, section), name), key
     assert fresh.config.optim.lr == 1.25e-3 and fresh.config.ppo.clip_eps == 0.3
-    advance(trainer, 1, 1)
-    advance(fresh, 1, 1)
+    advance(trainer, seed, 1, 1)
+    advance(fresh, seed, 1, 1)
     assert fresh.param_digest() == trainer.param_digest()
 
 
 # ------------------------------------------------------------------------------ crash consistency
 def test_sigkill_mid_save_never_leaves_a_bad_checkpoint(
-    tmp_path: Path, config: Config, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, config: Config, capsys: pytest.CaptureFixture[str], seed: int
 ) -> None:
     trials, keep_last = 24, 3
-    chooser = random.Random(1234)
+    chooser = random.Random(seed)
     reference = Trainer(config)
     digests = {0: reference.param_digest()}
 
     def digest_at(step: int) -> str:
         while reference.global_step < step:
-            advance(reference, reference.global_step, 1)
+            advance(reference, seed, reference.global_step, 1)
             digests[reference.global_step] = reference.param_digest()
         return digests[step]
 
@@ -200,8 +201,10 @@ def test_sigkill_mid_save_never_leaves_a_bad_checkpoint(
     started = time.perf_counter()
     for trial in range(trials):
         root = tmp_path / f"trial{trial}"
-        child = subprocess.Popen([sys.executable, str(WRITER), str(root), str(keep_last), "1000"],
-                                 stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen(
+            [sys.executable, str(WRITER), str(root), str(keep_last), "1000", str(seed)],
+            stdout=subprocess.PIPE, text=True,
+        )
         try:
             assert child.stdout is not None and child.stdout.readline().strip() == "ready"
             time.sleep(chooser.uniform(0.0, 0.4))
@@ -244,12 +247,12 @@ def flip(path: Path, position: int, mask: int = 0xFF) -> None:
         fh.write(bytes([byte ^ mask]))
 
 
-def test_one_flipped_byte_in_any_file_is_corrupt(tmp_path: Path, config: Config) -> None:
-    good = save_checkpoint(trained(config, 2), tmp_path)
-    bad = save_checkpoint(trained(config, 3), tmp_path)
-    victim = trained(config, 1, start=50)
+def test_one_flipped_byte_in_any_file_is_corrupt(tmp_path: Path, config: Config, seed: int) -> None:
+    good = save_checkpoint(trained(config, seed, 2), tmp_path)
+    bad = save_checkpoint(trained(config, seed, 3), tmp_path)
+    victim = trained(config, seed, 1, start=50)
     snapshot = Snapshot(victim)
-    chooser = random.Random(5)
+    chooser = random.Random(seed)
     for filename in FILES:
         path = bad.path / filename
         size = path.stat().st_size
@@ -267,22 +270,22 @@ def test_one_flipped_byte_in_any_file_is_corrupt(tmp_path: Path, config: Config)
             flip(path, position, mask)
         snapshot.assert_unchanged()
     restore_checkpoint(victim, tmp_path, good.name)  # the older good one still restores
-    assert victim.param_digest() == trained(config, 2).param_digest()
+    assert victim.param_digest() == trained(config, seed, 2).param_digest()
     restore_checkpoint(victim, tmp_path, bad.name)  # and the repaired one too
 
 
 @pytest.mark.parametrize("filename", FILES)
 @pytest.mark.parametrize("damage", ["truncate", "delete"])
 def test_truncated_or_missing_file_is_corrupt(
-    tmp_path: Path, config: Config, filename: str, damage: str
+    tmp_path: Path, config: Config, filename: str, damage: str, seed: int
 ) -> None:
-    info = save_checkpoint(trained(config, 1), tmp_path)
+    info = save_checkpoint(trained(config, seed, 1), tmp_path)
     path = info.path / filename
     if damage == "truncate":
         path.write_bytes(path.read_bytes()[:-7])
     else:
         path.unlink()
-    victim = trained(config, 1, start=9)
+    victim = trained(config, seed, 1, start=9)
     snapshot = Snapshot(victim)
     # A checkpoint without a manifest was never committed: not found, and not listed.
     expected = CheckpointNotFound if (filename, damage) == ("manifest.json", "delete") \
@@ -293,8 +296,8 @@ def test_truncated_or_missing_file_is_corrupt(
     snapshot.assert_unchanged()
 
 
-def test_extra_file_is_corrupt(tmp_path: Path, config: Config) -> None:
-    info = save_checkpoint(trained(config, 1), tmp_path)
+def test_extra_file_is_corrupt(tmp_path: Path, config: Config, seed: int) -> None:
+    info = save_checkpoint(trained(config, seed, 1), tmp_path)
     victim = Trainer(config)
     snapshot = Snapshot(victim)
     (info.path / "notes.txt").write_text("hello")
@@ -307,18 +310,20 @@ def test_extra_file_is_corrupt(tmp_path: Path, config: Config) -> None:
     snapshot.assert_unchanged()
 
 
-def test_consistent_but_wrong_checkpoint_rolls_back(tmp_path: Path, config: Config) -> None:
+def test_consistent_but_wrong_checkpoint_rolls_back(
+    tmp_path: Path, config: Config, seed: int
+) -> None:
     """Files that match the manifest yet not the trainer or the digest: nothing changes."""
-    victim = trained(config, 1, start=20)
+    victim = trained(config, seed, 1, start=20)
     snapshot = Snapshot(victim)
 
-    info = save_checkpoint(trained(config, 2), tmp_path, name="wrong-digest")
+    info = save_checkpoint(trained(config, seed, 2), tmp_path, name="wrong-digest")
     reseal(info.path, lambda body: body.update(param_digest="0" * 64))
     with pytest.raises(CheckpointCorrupt, match="digest"):
         restore_checkpoint(victim, tmp_path, info.name)
     snapshot.assert_unchanged()
 
-    info = save_checkpoint(trained(config, 2), tmp_path, name="wrong-shape")
+    info = save_checkpoint(trained(config, seed, 2), tmp_path, name="wrong-shape")
     _, params = load_policy(tmp_path, info.name)
     params["encoder/W0"] = np.zeros((3, 3), np.float32)
     replace_file(info.path, "params.safetensors", save_tensors(params))
@@ -326,13 +331,13 @@ def test_consistent_but_wrong_checkpoint_rolls_back(tmp_path: Path, config: Conf
         restore_checkpoint(victim, tmp_path, info.name)
     snapshot.assert_unchanged()
 
-    info = save_checkpoint(trained(config, 2), tmp_path, name="wrong-format")
+    info = save_checkpoint(trained(config, seed, 2), tmp_path, name="wrong-format")
     replace_file(info.path, "rng.safetensors", b"\x08\x00\x00\x00\x00\x00\x00\x00{}garbage")
     with pytest.raises(CheckpointCorrupt, match=re.escape("rng.safetensors")):
         restore_checkpoint(victim, tmp_path, info.name)
     snapshot.assert_unchanged()
 
-    info = save_checkpoint(trained(config, 2), tmp_path, name="bad-file-name")
+    info = save_checkpoint(trained(config, seed, 2), tmp_path, name="bad-file-name")
     reseal(info.path, lambda body: body["files"].update({"../x.json": {"sha256": "", "bytes": 0}}))
     with pytest.raises(CheckpointCorrupt, match="invalid file name"):
         restore_checkpoint(victim, tmp_path, info.name)
@@ -340,27 +345,27 @@ def test_consistent_but_wrong_checkpoint_rolls_back(tmp_path: Path, config: Conf
 
 
 def test_a_failed_restore_puts_back_the_settings_the_update_reads(
-    tmp_path: Path, config: Config
+    tmp_path: Path, config: Config, seed: int
 ) -> None:
     """The checkpoint's hot settings are applied before its digest is checked; when the check
     fails, the next Step runs with the trainer's own settings again, as a twin's does."""
-    victim, twin = trained(config, 1, start=20), trained(config, 1, start=20)
-    source = trained(config, 2)
+    victim, twin = trained(config, seed, 1, start=20), trained(config, seed, 1, start=20)
+    source = trained(config, seed, 2)
     source.update_hyperparams({"optim.lr": 0.05, "train.gamma": 0.5, "ppo.ent_coef": 0.2})
     info = save_checkpoint(source, tmp_path, name="wrong-digest")
     reseal(info.path, lambda body: body.update(param_digest="0" * 64))
     with pytest.raises(CheckpointCorrupt, match="digest"):
         restore_checkpoint(victim, tmp_path, info.name)
     assert victim.config == twin.config
-    advance(victim, 40, 1)
-    advance(twin, 40, 1)
+    advance(victim, seed, 40, 1)
+    advance(twin, seed, 40, 1)
     assert victim.param_digest() == twin.param_digest()
 
 
-def test_not_found(tmp_path: Path, config: Config) -> None:
+def test_not_found(tmp_path: Path, config: Config, seed: int) -> None:
     victim = Trainer(config)
     snapshot = Snapshot(victim)
-    info = save_checkpoint(trained(config, 1), tmp_path)
+    info = save_checkpoint(trained(config, seed, 1), tmp_path)
     temp = tmp_path / ".tmp-step-0000000002-123-abcd"
     temp.mkdir()
     for filename in FILES:
@@ -383,8 +388,8 @@ def test_not_found(tmp_path: Path, config: Config) -> None:
     snapshot.assert_unchanged()
 
 
-def test_load_policy_is_verified(tmp_path: Path, config: Config) -> None:
-    trainer = trained(config, 2)
+def test_load_policy_is_verified(tmp_path: Path, config: Config, seed: int) -> None:
+    trainer = trained(config, seed, 2)
     info = save_checkpoint(trainer, tmp_path)
     _, params = load_policy(tmp_path, info.name)
     policy = {k.removeprefix("params/"): v for k, v in trainer.state_dict().items()
@@ -404,9 +409,11 @@ def test_load_policy_is_verified(tmp_path: Path, config: Config) -> None:
 
 
 # ------------------------------------------------------------------------------ compatibility
-def test_incompatible_config_names_each_key(tmp_path: Path, config: Config) -> None:
-    info = save_checkpoint(trained(config, 1), tmp_path)
-    other = Trainer(small_config("model.hidden_dim=32", "c51.num_atoms=21", "ppo.value_norm=false"))
+def test_incompatible_config_names_each_key(tmp_path: Path, config: Config, seed: int) -> None:
+    info = save_checkpoint(trained(config, seed, 1), tmp_path)
+    other = Trainer(
+        checkpoint_config("model.hidden_dim=32", "c51.num_atoms=21", "ppo.value_norm=false")
+    )
     snapshot = Snapshot(other)
     with pytest.raises(CheckpointIncompatible) as error:
         restore_checkpoint(other, tmp_path, info.name)
@@ -416,13 +423,13 @@ def test_incompatible_config_names_each_key(tmp_path: Path, config: Config) -> N
     assert "ppo.value_norm: checkpoint True, trainer False" in message
     snapshot.assert_unchanged()
     # Settings that do not shape the state may differ; the checkpoint's hot ones win.
-    relaxed = Trainer(small_config("ppo.epochs=3", "optim.lr=0.01"))
+    relaxed = Trainer(checkpoint_config("ppo.epochs=3", "optim.lr=0.01"))
     restore_checkpoint(relaxed, tmp_path, info.name)
     assert relaxed.config.ppo.epochs == 3 and relaxed.config.optim.lr == config.optim.lr
 
 
-def test_other_format_version_is_incompatible(tmp_path: Path, config: Config) -> None:
-    info = save_checkpoint(trained(config, 1), tmp_path)
+def test_other_format_version_is_incompatible(tmp_path: Path, config: Config, seed: int) -> None:
+    info = save_checkpoint(trained(config, seed, 1), tmp_path)
     reseal(info.path, lambda body: body.update(format_version=1))  # before params/v/norm
     victim = Trainer(config)
     snapshot = Snapshot(victim)
@@ -456,11 +463,11 @@ def test_bad_names_are_rejected_and_create_nothing(tmp_path: Path, config: Confi
     assert save_checkpoint(trainer, root, name="v1.2_final-A").name == "v1.2_final-A"
 
 
-def test_duplicate_name_is_rejected(tmp_path: Path, config: Config) -> None:
-    trainer = trained(config, 1)
+def test_duplicate_name_is_rejected(tmp_path: Path, config: Config, seed: int) -> None:
+    trainer = trained(config, seed, 1)
     info = save_checkpoint(trainer, tmp_path, name="best")
     manifest = (info.path / "manifest.json").read_bytes()
-    advance(trainer, 1, 1)
+    advance(trainer, seed, 1, 1)
     with pytest.raises(InvalidInput, match="immutable"):
         save_checkpoint(trainer, tmp_path, name="best")
     (tmp_path / "occupied").write_text("not a checkpoint")
@@ -494,12 +501,14 @@ def names(infos: list[CheckpointInfo]) -> list[str]:
     return [info.name for info in infos]
 
 
-def test_keep_last_prunes_oldest_and_lists_newest_first(tmp_path: Path, config: Config) -> None:
+def test_keep_last_prunes_oldest_and_lists_newest_first(
+    tmp_path: Path, config: Config, seed: int
+) -> None:
     trainer = Trainer(config)
     assert list_checkpoints(tmp_path / "none") == [] and latest_checkpoint(tmp_path) is None
     for step in range(6):
         save_checkpoint(trainer, tmp_path, keep_last=3)
-        advance(trainer, step, 1)
+        advance(trainer, seed, step, 1)
     expected = ["step-0000000005", "step-0000000004", "step-0000000003"]
     assert names(list_checkpoints(tmp_path)) == expected
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(expected)  # deleted, not hidden
@@ -511,14 +520,14 @@ def test_keep_last_prunes_oldest_and_lists_newest_first(tmp_path: Path, config: 
     save_checkpoint(trainer, tmp_path, name="000", keep_last=10)
     assert names(list_checkpoints(tmp_path)) == ["000", "aaa", *expected]
     # The default comes from the config; the checkpoint just written is always kept.
-    info = save_checkpoint(Trainer(small_config("checkpoint.keep_last=2")), tmp_path,
+    info = save_checkpoint(Trainer(checkpoint_config("checkpoint.keep_last=2")), tmp_path,
                            name="older-step")
     assert names(list_checkpoints(tmp_path)) == ["000", "older-step"]
     assert info.global_step == 0
 
 
-def test_listing_ignores_temporaries_and_garbage(tmp_path: Path, config: Config) -> None:
-    info = save_checkpoint(trained(config, 1), tmp_path)
+def test_listing_ignores_temporaries_and_garbage(tmp_path: Path, config: Config, seed: int) -> None:
+    info = save_checkpoint(trained(config, seed, 1), tmp_path)
     copy = tmp_path / ".tmp-step-0000000009-1-ffff"
     copy.mkdir()
     for filename in FILES:

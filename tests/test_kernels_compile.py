@@ -30,13 +30,6 @@ CU_PATHS = sorted([*KERNELS.glob("*.cu"), *(BENCH / "kernels").glob("*.cu")])  #
 SOURCES = sorted([*CU_PATHS, *KERNELS.glob("*.cuh")])
 
 
-@pytest.fixture
-def rng() -> np.random.Generator:
-    seed = int(os.environ.get("TRIDENT_TEST_SEED") or np.random.SeedSequence().entropy)
-    print(f"rng seed: {seed} (rerun with TRIDENT_TEST_SEED={seed})")
-    return np.random.default_rng(seed)
-
-
 @pytest.fixture(scope="module")
 def nvcc() -> str:
     path = shutil.which("nvcc")

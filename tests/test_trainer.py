@@ -4,64 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import random_rollout, random_steps, small_config
 
-from service.config import load_config
 from service.errors import InvalidInput
 from service.trainer.trainer import Trainer
 from service.types import ActMode, Rollout
 
-SMALL = [
-    "train.backend=numpy",  # the CPU suite tests the NumPy backend, GPU or not
-    "model.obs_dim=6",
-    "model.hidden_dim=20",
-    "replay.capacity=400",
-    "replay.min_size=24",
-    "replay.batch_size=12",
-    "ppo.num_minibatches=3",
-    "c51.target_update_period=3",
-]
 
-
-def make_trainer(*overrides: str) -> Trainer:
-    return Trainer(load_config(env={}, overrides=[*SMALL, *overrides]))
-
-
-def random_rollout(rng: np.random.Generator, T: int = 5, N: int = 6, D: int = 6) -> Rollout:
-    truncated = rng.random((T, N)) < 0.15
-    terminated = (rng.random((T, N)) < 0.15) & ~truncated
-    truncated[0, 0], terminated[0, 0] = True, False  # at least one of each, so that every
-    terminated[-1, -1], truncated[-1, -1] = True, False  # mutation below changes something
-    index = np.flatnonzero(truncated.reshape(-1))
-    return Rollout(
-        obs=rng.standard_normal((T + 1, N, D)).astype(np.float32),
-        actions=rng.integers(0, 9, (T, N)).astype(np.int32),
-        rewards=rng.standard_normal((T, N)).astype(np.float32),
-        terminated=terminated,
-        truncated=truncated,
-        behavior_log_probs=(np.log(1 / 9) + 0.3 * rng.standard_normal((T, N))).astype(np.float32),
-        final_obs=rng.standard_normal((index.size, D)).astype(np.float32),
-        final_obs_index=index,
-        bce_labels=rng.integers(0, 2, (T, N)).astype(np.uint8),
-        aux_targets=rng.standard_normal((T, N, 3)).astype(np.float32),
-    )
-
-
-def run(trainer: Trainer, data_seed: int, steps: int) -> list:
-    rng = np.random.default_rng(data_seed)
-    return [trainer.step(random_rollout(rng)) for _ in range(steps)]
-
-
-@pytest.fixture
-def data_seed() -> int:
-    seed = int(np.random.default_rng().integers(2**31))
-    print(f"data seed {seed}")
-    return seed
-
-
-def test_same_seed_same_digest_other_seed_differs(data_seed: int) -> None:
-    first, second, other = make_trainer(), make_trainer(), make_trainer("train.seed=1")
+def test_same_seed_same_digest_other_seed_differs(seed: int) -> None:
+    first, second = Trainer(small_config()), Trainer(small_config())
+    other = Trainer(small_config("train.seed=1"))
     for trainer in (first, second, other):
-        results = run(trainer, data_seed, 6)
+        results = random_steps(trainer, seed, 6)
     assert all(r.losses.get("q") is not None for r in results[-2:]), "Q head never trained"
     assert first.param_digest() == second.param_digest()
     assert first.param_digest() != other.param_digest()
@@ -69,20 +23,21 @@ def test_same_seed_same_digest_other_seed_differs(data_seed: int) -> None:
         assert array.tobytes() == second.state_dict()[name].tobytes(), name
 
 
-def test_step_changes_every_trained_group(data_seed: int) -> None:
-    trainer = make_trainer()
+def test_step_changes_every_trained_group(seed: int) -> None:
+    trainer = Trainer(small_config())
     before = {k: v.copy() for k, v in trainer.state.params.items()}
-    run(trainer, data_seed, 6)
+    random_steps(trainer, seed, 6)
     for name, value in trainer.state.params.items():
         assert not np.array_equal(value, before[name]), f"{name} never moved"
 
 
 @pytest.mark.parametrize("field", ["rewards", "obs", "behavior_log_probs", "aux_targets"])
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
-def test_non_finite_input_skips_the_whole_step(field: str, bad: float, data_seed: int) -> None:
-    trainer = make_trainer()
-    rng = np.random.default_rng(data_seed)
-    run(trainer, data_seed + 1, 5)
+def test_non_finite_input_skips_the_whole_step(
+    field: str, bad: float, seed: int, rng: np.random.Generator
+) -> None:
+    trainer = Trainer(small_config())
+    random_steps(trainer, seed + 1, 5)
     rollout = random_rollout(rng)
     getattr(rollout, field).reshape(-1)[3] = bad
     before = {k: v.copy() for k, v in trainer.state_dict().items()}
@@ -94,10 +49,9 @@ def test_non_finite_input_skips_the_whole_step(field: str, bad: float, data_seed
         assert array.tobytes() == before[name].tobytes(), name
 
 
-def test_non_finite_gradient_skips_the_update_untouched(data_seed: int) -> None:
+def test_non_finite_gradient_skips_the_update_untouched(rng: np.random.Generator) -> None:
     # Huge rewards overflow the float32 value loss: the guard must leave parameters alone.
-    trainer = make_trainer()
-    rng = np.random.default_rng(data_seed)
+    trainer = Trainer(small_config())
     rollout = random_rollout(rng)
     rollout.rewards[...] = np.float32(3e38)
     digest = trainer.param_digest()
@@ -121,12 +75,11 @@ def test_non_finite_gradient_skips_the_update_untouched(data_seed: int) -> None:
         ("bce_labels", lambda r: {"bce_labels": r.bce_labels.astype(np.float32)}, "bool"),
     ],
 )
-def test_bad_rollout_is_rejected_without_change(field, mutate, message, data_seed) -> None:
-    trainer = make_trainer()
-    rng = np.random.default_rng(data_seed)
+def test_bad_rollout_is_rejected_without_change(field, mutate, message, rng) -> None:
+    trainer = Trainer(small_config())
     rollout = random_rollout(rng)
-    while not rollout.truncated.any():
-        rollout = random_rollout(rng)
+    while not (rollout.truncated.any() and rollout.terminated.any()):  # so that every
+        rollout = random_rollout(rng)  # mutation above changes something
     fields = {**rollout.__dict__, **mutate(rollout)}
     digest = trainer.param_digest()
     with pytest.raises(InvalidInput) as caught:
@@ -162,10 +115,10 @@ def reference_forward(trainer: Trainer, obs: np.ndarray) -> dict[str, np.ndarray
     }
 
 
-def test_act_modes(data_seed: int) -> None:
-    trainer = make_trainer()
-    run(trainer, data_seed, 4)
-    obs = np.random.default_rng(data_seed).standard_normal((257, 6)).astype(np.float32)
+def test_act_modes(seed: int, rng: np.random.Generator) -> None:
+    trainer = Trainer(small_config())
+    random_steps(trainer, seed, 4)
+    obs = rng.standard_normal((257, 6)).astype(np.float32)
     ref = reference_forward(trainer, obs)
     sample = trainer.act(obs, ActMode.SAMPLE)
     assert sample.actions.shape == (257,) and sample.actions.dtype == np.int32
@@ -184,9 +137,9 @@ def test_act_modes(data_seed: int) -> None:
     assert len(np.unique(explored)) == 9 and np.mean(explored != greedy_q.actions) > 0.7
 
 
-def test_act_sampling_follows_the_policy_and_is_reproducible(data_seed: int) -> None:
-    first, second = make_trainer(), make_trainer()
-    context = np.random.default_rng(data_seed).standard_normal((1, 6)).astype(np.float32)
+def test_act_sampling_follows_the_policy_and_is_reproducible(rng: np.random.Generator) -> None:
+    first, second = Trainer(small_config()), Trainer(small_config())
+    context = rng.standard_normal((1, 6)).astype(np.float32)
     obs = np.repeat(context, 20000, axis=0)
     a = first.act(obs, ActMode.SAMPLE)
     assert np.array_equal(a.actions, second.act(obs, ActMode.SAMPLE).actions)
@@ -206,15 +159,15 @@ def test_act_sampling_follows_the_policy_and_is_reproducible(data_seed: int) -> 
     ],
 )
 def test_act_rejects_bad_input(args, field) -> None:
-    trainer = make_trainer()
+    trainer = Trainer(small_config())
     with pytest.raises(InvalidInput) as caught:
         trainer.act(*args)
     assert caught.value.field == field
     assert int(trainer.state.counters["act_calls"][0]) == 0
 
 
-def test_update_hyperparams(data_seed: int) -> None:
-    trainer = make_trainer()
+def test_update_hyperparams() -> None:
+    trainer = Trainer(small_config())
     trainer.update_hyperparams({"optim.lr": 1e-3, "train.gamma": 0.5})
     assert trainer.config.optim.lr == 1e-3 and trainer.config.train.gamma == 0.5
     with pytest.raises(InvalidInput, match=r"model\.hidden_dim"):
@@ -228,9 +181,9 @@ def test_update_hyperparams(data_seed: int) -> None:
     assert (trainer.config.optim.lr, trainer.config.train.gamma) == (1e-3, 0.5)
 
 
-def test_policy_lag_is_reported(data_seed: int) -> None:
-    trainer = make_trainer()
-    run(trainer, data_seed, 3)
-    rollout = random_rollout(np.random.default_rng(data_seed))
+def test_policy_lag_is_reported(seed: int, rng: np.random.Generator) -> None:
+    trainer = Trainer(small_config())
+    random_steps(trainer, seed, 3)
+    rollout = random_rollout(rng)
     result = trainer.step(Rollout(**{**rollout.__dict__, "policy_version": 1}))
     assert result.policy_lag == 2 and result.global_step == 4

@@ -4,30 +4,26 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import random_rollout, random_steps, small_config
 
-from service.config import load_config
 from service.trainer.trainer import Trainer
 from service.types import ActMode
-from tests.test_trainer import random_rollout
 
-SMALL = [
-    "model.obs_dim=6",
+# The GPU tests' model over the small one: the sizes their tolerances were measured at on the
+# H200, and a replay minimum above one Step's 30 rows, so the first Step trains no Q head and
+# the Q head's shape arrives with the second (the graph tests capture that shape).
+GPU_SIZES = (
     "model.hidden_dim=64",
     "replay.capacity=2000",
     "replay.min_size=48",
     "replay.batch_size=32",
     "ppo.num_minibatches=3",
     "c51.target_update_period=5",
-]
+)
 
 
 def trainer(backend: str, *overrides: str) -> Trainer:
-    return Trainer(load_config(env={}, overrides=[*SMALL, f"train.backend={backend}", *overrides]))
-
-
-def run(t: Trainer, data_seed: int, steps: int) -> list:
-    rng = np.random.default_rng(data_seed)
-    return [t.step(random_rollout(rng)) for _ in range(steps)]
+    return Trainer(small_config(*GPU_SIZES, f"train.backend={backend}", *overrides))
 
 
 def relative_error(got: np.ndarray, want: np.ndarray) -> float:
@@ -37,17 +33,10 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
     return float(diff / scale) if scale else float(diff)
 
 
-@pytest.fixture
-def data_seed() -> int:
-    seed = int(np.random.default_rng().integers(2**31))
-    print(f"data seed {seed}")
-    return seed
-
-
-def test_twenty_steps_match_numpy(data_seed: int) -> None:
+def test_twenty_steps_match_numpy(seed: int) -> None:
     cuda, cpu = trainer("cuda"), trainer("numpy")
     assert cuda.backend.name == "cuda" and cpu.backend.name == "numpy"
-    cuda_results, cpu_results = run(cuda, data_seed, 20), run(cpu, data_seed, 20)
+    cuda_results, cpu_results = random_steps(cuda, seed, 20), random_steps(cpu, seed, 20)
     assert all("q" in r.losses for r in cpu_results[-5:])
     for got, want in zip(cuda_results, cpu_results, strict=True):
         assert got.updates_applied == want.updates_applied
@@ -66,19 +55,19 @@ def test_twenty_steps_match_numpy(data_seed: int) -> None:
     assert max(worst.values()) < 1e-4, worst
 
 
-def test_two_fresh_runs_give_identical_bytes(data_seed: int) -> None:
+def test_two_fresh_runs_give_identical_bytes(seed: int) -> None:
     first, second = trainer("cuda"), trainer("cuda")
-    run(first, data_seed, 6)
-    run(second, data_seed, 6)
+    random_steps(first, seed, 6)
+    random_steps(second, seed, 6)
     assert first.param_digest() == second.param_digest()
     for name, array in first.state_dict().items():
         assert array.tobytes() == second.state_dict()[name].tobytes(), name
 
 
-def test_non_finite_reward_leaves_every_byte(data_seed: int) -> None:
+def test_non_finite_reward_leaves_every_byte(seed: int, rng: np.random.Generator) -> None:
     t = trainer("cuda")
-    run(t, data_seed, 4)
-    rollout = random_rollout(np.random.default_rng(data_seed + 1))
+    random_steps(t, seed + 1, 4)
+    rollout = random_rollout(rng)
     rollout.rewards.reshape(-1)[5] = np.nan
     before = {k: v.tobytes() for k, v in t.state_dict().items()}
     result = t.step(rollout)
@@ -86,11 +75,11 @@ def test_non_finite_reward_leaves_every_byte(data_seed: int) -> None:
     assert {k: v.tobytes() for k, v in t.state_dict().items()} == before
 
 
-def test_act_matches_numpy(data_seed: int) -> None:
+def test_act_matches_numpy(seed: int, rng: np.random.Generator) -> None:
     cuda, cpu = trainer("cuda"), trainer("numpy")
-    run(cuda, data_seed, 3)
-    run(cpu, data_seed, 3)
-    obs = np.random.default_rng(data_seed).standard_normal((300, 6)).astype(np.float32)
+    random_steps(cuda, seed, 3)
+    random_steps(cpu, seed, 3)
+    obs = rng.standard_normal((300, 6)).astype(np.float32)
     for mode in ActMode:
         got, want = cuda.act(obs, mode, 0.3), cpu.act(obs, mode, 0.3)
         assert np.mean(got.actions == want.actions) > 0.98, mode  # float32 near-ties

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import random_rollout, random_steps
 
 from service.trainer.trainer import Trainer
 from service.types import ActMode
-from tests.gpu.test_trainer_cuda import data_seed, run, trainer  # noqa: F401 (fixture)
-from tests.test_trainer import random_rollout
+from tests.gpu.test_trainer_cuda import trainer
 
 STEPS = 6  # the first Step of a shape runs eagerly, the second captures, the rest replay
 
@@ -25,16 +25,16 @@ def assert_same_results(got: list, want: list) -> None:
         assert g.skip_reason == w.skip_reason
 
 
-def test_graph_replay_equals_eager_launches(data_seed: int) -> None:  # noqa: F811
+def test_graph_replay_equals_eager_launches(seed: int, rng: np.random.Generator) -> None:
     graphed, eager = trainer("cuda"), trainer("cuda", "train.cuda_graphs=false")
-    got, want = run(graphed, data_seed, STEPS), run(eager, data_seed, STEPS)
+    got, want = random_steps(graphed, seed, STEPS), random_steps(eager, seed, STEPS)
     # The first Step fills the replay (no Q head yet); the later ones share one shape.
     step_graphs = graphed.executor.captures
     assert step_graphs == 1 and eager.executor.captures == 0, step_graphs
     assert all("q" in r.losses for r in want[-3:])
     assert_same_results(got, want)
     assert state_bytes(graphed) == state_bytes(eager)
-    obs = np.random.default_rng(data_seed).standard_normal((37, 6)).astype(np.float32)
+    obs = rng.standard_normal((37, 6)).astype(np.float32)
     for _ in range(3):  # eager, captured, replayed
         for mode in ActMode:
             g, w = graphed.act(obs, mode, 0.25), eager.act(obs, mode, 0.25)
@@ -44,9 +44,8 @@ def test_graph_replay_equals_eager_launches(data_seed: int) -> None:  # noqa: F8
     assert eager.executor.captures == 0
 
 
-def test_update_hyperparams_reaches_the_graph_without_recapture(data_seed: int) -> None:  # noqa: F811
+def test_update_hyperparams_reaches_the_graph_without_recapture(rng: np.random.Generator) -> None:
     graphed, eager = trainer("cuda"), trainer("cuda", "train.cuda_graphs=false")
-    rng = np.random.default_rng(data_seed)
     rollouts = [random_rollout(rng) for _ in range(STEPS)]
     changes = {"optim.lr": 3e-3, "train.gamma": 0.9, "ppo.clip_eps": 0.1, "c51.target_tau": 0.5}
     for t in (graphed, eager):
@@ -65,11 +64,12 @@ def test_update_hyperparams_reaches_the_graph_without_recapture(data_seed: int) 
     assert after["params/q/W"] != before["params/q/W"]
 
 
-def test_non_finite_update_inside_the_graph_changes_no_parameter(data_seed: int) -> None:  # noqa: F811
+def test_non_finite_update_inside_the_graph_changes_no_parameter(
+    rng: np.random.Generator,
+) -> None:
     import cupy
 
     t = trainer("cuda")
-    rng = np.random.default_rng(data_seed)
     for _ in range(4):
         t.step(random_rollout(rng))
     assert t.executor.captures == 1  # the next Step replays a graph
