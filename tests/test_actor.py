@@ -95,16 +95,15 @@ def cartpole(num_envs: int, **kwargs: object) -> gymnasium.vector.VectorEnv:
 
 
 def test_truncations_match_single_envs_and_the_server_takes_them(
-    cartpole_server: ServerProcess,
+    cartpole_server: ServerProcess, seed: int, rng: np.random.Generator
 ) -> None:
     """Episodes cut at 5 steps: every step is a transition of the single env, a truncated one
     hands over its final observation, and the rollout passes the server's validation."""
-    N, seed, limit = 3, 17, 5
+    N, limit = 3, 5
     env = GymnasiumVectorEnv(cartpole(N, max_episode_steps=limit), seed)
     singles = [gymnasium.make("CartPole-v1", max_episode_steps=limit) for _ in range(N)]
     obs = [single.reset(seed=seed + i)[0] for i, single in enumerate(singles)]
     np.testing.assert_array_equal(env.obs, np.stack(obs))
-    rng = np.random.default_rng(0)
     truncations = 0
     for _ in range(3 * limit):
         actions = rng.integers(0, 2, N)

@@ -385,8 +385,9 @@ def test_lobsim_settings_that_cannot_fit_are_refused(overrides: list[str], messa
         load_config(env={}, overrides=overrides)
 
 
-def test_backend_defaults_fill_only_what_was_left_to_the_backend() -> None:
-    rng = np.random.default_rng()
+def test_backend_defaults_fill_only_what_was_left_to_the_backend(
+    rng: np.random.Generator,
+) -> None:
     envs, steps, hidden = (int(v) for v in rng.integers(1, 10_000, 3))
     for backend, picks in BACKEND_DEFAULTS.items():
         auto = sized_for(load_config(env={}), backend)

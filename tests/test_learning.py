@@ -18,9 +18,7 @@ def accuracy(trainer: Trainer, env: ContextualBandit, mode: ActMode) -> float:
     return float(np.mean(trainer.act(obs, mode).actions == correct))
 
 
-def test_contextual_bandit_is_learned_within_budget() -> None:
-    seed = int(np.random.default_rng().integers(1000))
-    print(f"seed {seed}")
+def test_contextual_bandit_is_learned_within_budget(seed: int) -> None:
     config = load_config(
         env={},
         overrides=[

@@ -17,10 +17,9 @@ from service.types import ActMode, StepResult
 FLOAT32 = {"rtol": 2e-6, "atol": 1e-7}
 
 
-def rollouts(seed: int, count: int) -> list:
+def rollouts(rng: np.random.Generator, count: int) -> list:
     """`count` random rollouts: truncations with final observations throughout, BCE labels and
     aux targets on most, one without the perception labels, policy versions on some."""
-    rng = np.random.default_rng(seed)
     made = []
     for i in range(count):
         rollout = random_rollout(rng, extras=i != 2)
@@ -52,10 +51,12 @@ def without_timings(reply: StepReply) -> StepReply:
     return replace(reply, timings_ms={})
 
 
-def test_step_over_grpc_equals_in_process_trainer(tmp_path: Path) -> None:
-    batch = rollouts(seed=11, count=6)
+def test_step_over_grpc_equals_in_process_trainer(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    batch = rollouts(rng, count=6)
     trainer = Trainer(small_config())
-    obs = np.random.default_rng(5).standard_normal((33, 6)).astype(np.float32)
+    obs = rng.standard_normal((33, 6)).astype(np.float32)
     with running_server(tmp_path) as server, TridentClient(server.target) as client:
         assert client.status().param_digest == trainer.param_digest()
         for i, rollout in enumerate(batch):
@@ -75,8 +76,8 @@ def test_step_over_grpc_equals_in_process_trainer(tmp_path: Path) -> None:
         assert remote.policy_version == here.policy_version == len(batch)
 
 
-def test_stream_step_equals_unary_steps(tmp_path: Path) -> None:
-    batch = rollouts(seed=23, count=5)
+def test_stream_step_equals_unary_steps(tmp_path: Path, rng: np.random.Generator) -> None:
+    batch = rollouts(rng, count=5)
     with running_server(tmp_path / "unary") as unary, TridentClient(unary.target) as client:
         unary_replies = [client.step(rollout) for rollout in batch]
         unary_digest = client.status().param_digest
@@ -90,8 +91,8 @@ def test_stream_step_equals_unary_steps(tmp_path: Path) -> None:
     assert status.param_digest == unary_digest and status.global_step == 5
 
 
-def test_stream_step_stops_at_a_bad_rollout(tmp_path: Path) -> None:
-    good = rollouts(seed=31, count=3)
+def test_stream_step_stops_at_a_bad_rollout(tmp_path: Path, rng: np.random.Generator) -> None:
+    good = rollouts(rng, count=3)
     bad = replace(good[1], actions=good[1].actions + 9)
     trainer = Trainer(small_config())
     for rollout in good[:2]:

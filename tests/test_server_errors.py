@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from conftest import random_rollout, running_server, wait_until
+from conftest import fresh_seed, random_rollout, running_server, wait_until
 from serverproc import ServerProcess, scrape, value
 
 from service.api.tensors import encode
@@ -41,7 +41,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Connected]:
         "checkpoint.keep_last=50",
     )
     with running_server(tmp, *overrides) as server, TridentClient(server.target) as client:
-        rng = np.random.default_rng(3)
+        rng = np.random.default_rng(fresh_seed())
         for _ in range(3):
             client.step(random_rollout(rng))
         channel = grpc.insecure_channel(server.target)
@@ -65,20 +65,25 @@ def rejected(method: Callable[..., object], request: object) -> grpc.RpcError:
     return error
 
 
-def good_rollout(seed: int = 0, **changes: object) -> Rollout:
-    rng = np.random.default_rng(seed)
+def good_rollout(rng: np.random.Generator, **changes: object) -> Rollout:
+    """A valid rollout with a truncated step and a terminated one, so that every mutation in
+    BAD_STEPS changes something."""
     rollout = random_rollout(rng)
-    while not rollout.truncated.any():
+    while not (rollout.truncated.any() and rollout.terminated.any()):
         rollout = random_rollout(rng)
     return replace(rollout, **changes)
+
+
+# A mutation of a Step request made from a rollout, given that rollout.
+Mutation = Callable[[pb.StepRequest, Rollout], None]
 
 
 def put(request: pb.StepRequest, field: str, array: np.ndarray) -> None:
     getattr(request, field).CopyFrom(encode(array))
 
 
-def with_value(field: str, value: float, index: int = 3) -> Callable[[pb.StepRequest], None]:
-    def mutate(request: pb.StepRequest) -> None:
+def with_value(field: str, value: float, index: int = 3) -> Mutation:
+    def mutate(request: pb.StepRequest, rollout: Rollout) -> None:
         array = np.frombuffer(getattr(request, field).data, "<f4").copy()
         array[index] = value
         getattr(request, field).data = array.tobytes()
@@ -86,61 +91,60 @@ def with_value(field: str, value: float, index: int = 3) -> Callable[[pb.StepReq
     return mutate
 
 
-def bytes_cut(field: str, delta: int) -> Callable[[pb.StepRequest], None]:
-    def mutate(request: pb.StepRequest) -> None:
+def bytes_cut(field: str, delta: int) -> Mutation:
+    def mutate(request: pb.StepRequest, rollout: Rollout) -> None:
         data = getattr(request, field).data
         getattr(request, field).data = data[:delta] if delta < 0 else data + b"\0" * delta
 
     return mutate
 
 
-def bool_byte_2(request: pb.StepRequest) -> None:
-    put(request, "truncated", R.truncated)  # D_TYPE_BOOL
+def bool_byte_2(request: pb.StepRequest, rollout: Rollout) -> None:
+    put(request, "truncated", rollout.truncated)  # D_TYPE_BOOL
     request.truncated.data = request.truncated.data.replace(b"\1", b"\2")
 
 
-R = good_rollout()
-BAD_STEPS: dict[str, tuple[Callable[[pb.StepRequest], None], str, str]] = {
+BAD_STEPS: dict[str, tuple[Mutation, str, str]] = {
     # name: (mutation, field named in the message, more text the message must hold)
-    "obs wrong shape": (lambda q: put(q, "obs", R.obs[:, :, :4]), "obs", "[T+1, N, D]"),
-    "rewards wrong shape": (lambda q: put(q, "rewards", R.rewards[:-1]), "rewards", "[T, N]"),
+    "obs wrong shape": (lambda q, r: put(q, "obs", r.obs[:, :, :4]), "obs", "[T+1, N, D]"),
+    "rewards wrong shape": (lambda q, r: put(q, "rewards", r.rewards[:-1]), "rewards", "[T, N]"),
     "aux wrong shape": (
-        lambda q: put(q, "aux_targets", R.aux_targets[..., :2]),
+        lambda q, r: put(q, "aux_targets", r.aux_targets[..., :2]),
         "aux_targets",
         "[T, N, K]",
     ),
-    "obs float64": (lambda q: put(q, "obs", R.obs.astype("<f8")), "obs.dtype", "FLOAT32"),
+    "obs float64": (lambda q, r: put(q, "obs", r.obs.astype("<f8")), "obs.dtype", "FLOAT32"),
     "actions float32": (
-        lambda q: put(q, "actions", R.actions.astype("<f4")),
+        lambda q, r: put(q, "actions", r.actions.astype("<f4")),
         "actions.dtype",
         "INT32",
     ),
     "terminated float32": (
-        lambda q: put(q, "terminated", R.terminated.astype("<f4")),
+        lambda q, r: put(q, "terminated", r.terminated.astype("<f4")),
         "terminated.dtype",
         "UINT8",
     ),
     "obs bytes short": (bytes_cut("obs", -4), "obs.data", "bytes"),
     "actions bytes long": (bytes_cut("actions", 4), "actions.data", "bytes"),
     "negative dimension": (
-        lambda q: q.rewards.shape.__setitem__(0, -1),
+        lambda q, r: q.rewards.shape.__setitem__(0, -1),
         "rewards.shape",
         "non-negative",
     ),
-    "action out of range": (lambda q: put(q, "actions", R.actions + 9), "actions", "[0, 9)"),
-    "negative action": (lambda q: put(q, "actions", R.actions - 9), "actions", "[0, 9)"),
+    "action out of range": (lambda q, r: put(q, "actions", r.actions + 9), "actions", "[0, 9)"),
+    "negative action": (lambda q, r: put(q, "actions", r.actions - 9), "actions", "[0, 9)"),
     "flag not 0/1": (
-        lambda q: put(q, "terminated", R.terminated.astype(np.uint8) * 2),
+        lambda q, r: put(q, "terminated", r.terminated.astype(np.uint8) * 2),
         "terminated",
         "{0, 1}",
     ),
     "bool byte 2": (bool_byte_2, "truncated.data", "0 or 1"),
     "final_obs_index wrong": (
-        lambda q: put(q, "final_obs_index", R.final_obs_index + 1),
+        lambda q, r: put(q, "final_obs_index", r.final_obs_index + 1),
         "final_obs_index",
         "truncated",
     ),
-    "final_obs missing": (lambda q: q.ClearField("final_obs"), "final_obs", "truncated"),
+    "final_obs missing": (lambda q, r: q.ClearField("final_obs"), "final_obs", "truncated"),
     "NaN obs": (with_value("obs", np.nan), "obs", "finite"),
     "Inf rewards": (with_value("rewards", np.inf), "rewards", "finite"),
     "-Inf log-probs": (
@@ -151,7 +155,7 @@ BAD_STEPS: dict[str, tuple[Callable[[pb.StepRequest], None], str, str]] = {
     "NaN final_obs": (with_value("final_obs", np.nan, 0), "final_obs", "finite"),
     "NaN aux": (with_value("aux_targets", np.nan), "aux_targets", "finite"),
     "negative policy_version": (
-        lambda q: setattr(q, "policy_version", -1),
+        lambda q, r: setattr(q, "policy_version", -1),
         "policy_version",
         "non-negative",
     ),
@@ -160,10 +164,13 @@ REQUIRED = ("obs", "actions", "rewards", "terminated", "truncated", "behavior_lo
 
 
 @pytest.mark.parametrize("case", sorted(BAD_STEPS))
-def test_bad_step_is_invalid_argument_and_changes_nothing(trained: Connected, case: str) -> None:
+def test_bad_step_is_invalid_argument_and_changes_nothing(
+    trained: Connected, case: str, rng: np.random.Generator
+) -> None:
     mutate, field, text = BAD_STEPS[case]
-    request = step_request(R)
-    mutate(request)
+    rollout = good_rollout(rng)
+    request = step_request(rollout)
+    mutate(request, rollout)
     before = state_of(trained.client)
     error = rejected(trained.stub.Step, request)
     assert error.code() == Code.INVALID_ARGUMENT, error.details()
@@ -174,8 +181,10 @@ def test_bad_step_is_invalid_argument_and_changes_nothing(trained: Connected, ca
 
 
 @pytest.mark.parametrize("field", REQUIRED)
-def test_missing_tensor_is_invalid_argument(trained: Connected, field: str) -> None:
-    request = step_request(R)
+def test_missing_tensor_is_invalid_argument(
+    trained: Connected, field: str, rng: np.random.Generator
+) -> None:
+    request = step_request(good_rollout(rng))
     request.ClearField(field)
     before = state_of(trained.client)
     error = rejected(trained.stub.Step, request)
@@ -184,32 +193,40 @@ def test_missing_tensor_is_invalid_argument(trained: Connected, field: str) -> N
     assert state_of(trained.client) == before
 
 
-OBS = np.random.default_rng(9).standard_normal((4, 6)).astype(np.float32)
-BAD_ACTS: dict[str, tuple[pb.ActRequest, str]] = {
-    "unknown mode": (pb.ActRequest(obs=encode(OBS), mode=99), "mode"),
+# name: (the bad request made from good [4, 6] observations, field named in the message)
+BAD_ACTS: dict[str, tuple[Callable[[np.ndarray], pb.ActRequest], str]] = {
+    "unknown mode": (lambda obs: pb.ActRequest(obs=encode(obs), mode=99), "mode"),
     "epsilon above 1": (
-        pb.ActRequest(obs=encode(OBS), mode=pb.ACT_MODE_EPSILON_GREEDY, epsilon=1.5),
+        lambda obs: pb.ActRequest(obs=encode(obs), mode=pb.ACT_MODE_EPSILON_GREEDY, epsilon=1.5),
         "epsilon",
     ),
     "epsilon below 0": (
-        pb.ActRequest(obs=encode(OBS), mode=pb.ACT_MODE_EPSILON_GREEDY, epsilon=-0.25),
+        lambda obs: pb.ActRequest(obs=encode(obs), mode=pb.ACT_MODE_EPSILON_GREEDY, epsilon=-0.25),
         "epsilon",
     ),
     "epsilon NaN": (
-        pb.ActRequest(obs=encode(OBS), mode=pb.ACT_MODE_EPSILON_GREEDY, epsilon=float("nan")),
+        lambda obs: pb.ActRequest(
+            obs=encode(obs), mode=pb.ACT_MODE_EPSILON_GREEDY, epsilon=float("nan")
+        ),
         "epsilon",
     ),
-    "obs wrong width": (pb.ActRequest(obs=encode(OBS[:, :5])), "obs"),
-    "obs no rows": (pb.ActRequest(obs=encode(OBS[:0])), "obs"),
-    "obs NaN": (pb.ActRequest(obs=encode(np.where(OBS > 1, np.nan, OBS))), "obs"),
-    "obs int32": (pb.ActRequest(obs=encode(OBS.astype(np.int32))), "obs.dtype"),
-    "obs missing": (pb.ActRequest(mode=pb.ACT_MODE_SAMPLE), "obs"),
+    "obs wrong width": (lambda obs: pb.ActRequest(obs=encode(obs[:, :5])), "obs"),
+    "obs no rows": (lambda obs: pb.ActRequest(obs=encode(obs[:0])), "obs"),
+    "obs NaN": (
+        lambda obs: pb.ActRequest(obs=encode(np.where(obs > np.median(obs), np.nan, obs))),
+        "obs",
+    ),
+    "obs int32": (lambda obs: pb.ActRequest(obs=encode(obs.astype(np.int32))), "obs.dtype"),
+    "obs missing": (lambda obs: pb.ActRequest(mode=pb.ACT_MODE_SAMPLE), "obs"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD_ACTS))
-def test_bad_act_is_invalid_argument(trained: Connected, case: str) -> None:
-    request, field = BAD_ACTS[case]
+def test_bad_act_is_invalid_argument(
+    trained: Connected, case: str, rng: np.random.Generator
+) -> None:
+    make, field = BAD_ACTS[case]
+    request = make(rng.standard_normal((4, 6)).astype(np.float32))
     before = state_of(trained.client)
     error = rejected(trained.stub.Act, request)
     assert error.code() == Code.INVALID_ARGUMENT
@@ -223,29 +240,36 @@ def logged(server: ServerProcess, request_id: str, reason: str) -> bool:
     return any(e["request_id"] == request_id and reason in e["reason"] for e in rejected)
 
 
-def bad_obs_request(marker: int) -> pb.StepRequest:
-    request = step_request(R)
+def bad_obs_request(rollout: Rollout, marker: int) -> pb.StepRequest:
+    request = step_request(rollout)
     request.obs.data = request.obs.data[:-4] + b"\0" * 4 * marker
     return request
 
 
-def test_rejection_is_logged_with_the_callers_request_id(trained: Connected) -> None:
-    error = rejected(trained.stub.Step, bad_obs_request(2))
+def test_rejection_is_logged_with_the_callers_request_id(
+    trained: Connected, rng: np.random.Generator
+) -> None:
+    error = rejected(trained.stub.Step, bad_obs_request(good_rollout(rng), 2))
     request_id = dict(error.trailing_metadata())["x-request-id"]
     # The log line is written as the error is sent: it may trail the reply.
     wait_until(lambda: logged(trained.server, request_id, error.details()), 10, request_id)
 
 
-def test_generated_request_id_is_the_one_logged(trained: Connected) -> None:
+def test_generated_request_id_is_the_one_logged(
+    trained: Connected, rng: np.random.Generator
+) -> None:
+    request = bad_obs_request(good_rollout(rng), 3)
     with pytest.raises(grpc.RpcError) as caught:
-        trained.stub.Step(bad_obs_request(3), timeout=30)  # no x-request-id sent
+        trained.stub.Step(request, timeout=30)  # no x-request-id sent
     request_id = dict(caught.value.trailing_metadata() or ()).get("x-request-id")
     assert request_id
     wait_until(lambda: logged(trained.server, request_id, caught.value.details()), 10, request_id)
 
 
-def test_oversized_message_is_resource_exhausted(trained: Connected) -> None:
-    rollout = random_rollout(np.random.default_rng(1), T=100, N=300)
+def test_oversized_message_is_resource_exhausted(
+    trained: Connected, rng: np.random.Generator
+) -> None:
+    rollout = random_rollout(rng, T=100, N=300)
     request = step_request(rollout)
     assert request.ByteSize() > 1024 * 1024
     before = state_of(trained.client)
@@ -254,7 +278,8 @@ def test_oversized_message_is_resource_exhausted(trained: Connected) -> None:
     assert caught.value.code() == Code.RESOURCE_EXHAUSTED
     assert state_of(trained.client) == before
     # Within the limit is fine.
-    assert trained.client.act(np.zeros((1000, 6), np.float32)).actions.shape == (1000,)
+    obs = rng.standard_normal((1000, 6)).astype(np.float32)
+    assert trained.client.act(obs).actions.shape == (1000,)
 
 
 @pytest.mark.xfail(
@@ -262,8 +287,10 @@ def test_oversized_message_is_resource_exhausted(trained: Connected) -> None:
     reason="LIMITATION: the oversized-message RESOURCE_EXHAUSTED comes from gRPC core before the "
     "servicer runs, so its trailing metadata has no x-request-id",
 )
-def test_oversized_message_error_carries_request_id(trained: Connected) -> None:
-    request = step_request(random_rollout(np.random.default_rng(1), T=100, N=300))
+def test_oversized_message_error_carries_request_id(
+    trained: Connected, rng: np.random.Generator
+) -> None:
+    request = step_request(random_rollout(rng, T=100, N=300))
     rejected(trained.stub.Step, request)
 
 
@@ -346,28 +373,32 @@ def test_checkpoint_of_another_model_is_failed_precondition(
         assert state_of(client) == before
 
 
-def test_stale_rollout_is_failed_precondition(trained: Connected) -> None:
+def test_stale_rollout_is_failed_precondition(
+    trained: Connected, rng: np.random.Generator
+) -> None:
     digest, step, replay_size = state_of(trained.client)
     assert step >= LAG + 1
-    stale = step_request(good_rollout(4, policy_version=step - LAG - 1))
+    stale = step_request(good_rollout(rng, policy_version=step - LAG - 1))
     error = rejected(trained.stub.Step, stale)
     assert error.code() == Code.FAILED_PRECONDITION
     assert error.details().startswith("policy_version: expected"), error.details()
     assert state_of(trained.client) == (digest, step, replay_size)
-    reply = trained.client.step(good_rollout(5, policy_version=step - LAG))
+    reply = trained.client.step(good_rollout(rng, policy_version=step - LAG))
     assert reply.policy_lag == LAG and reply.global_step == step + 1
     # A version the trainer has not reached (an actor ahead of a Restore) is refused too.
     digest, step, replay_size = state_of(trained.client)
-    error = rejected(trained.stub.Step, step_request(good_rollout(6, policy_version=step + 1)))
+    error = rejected(trained.stub.Step, step_request(good_rollout(rng, policy_version=step + 1)))
     assert error.code() == Code.FAILED_PRECONDITION
     assert f"got {step + 1}" in error.details(), error.details()
     assert state_of(trained.client) == (digest, step, replay_size)
 
 
-def test_inference_only_server_acts_like_its_checkpoint(trained: Connected, tmp_path: Path) -> None:
-    trained.client.step(good_rollout(6))
+def test_inference_only_server_acts_like_its_checkpoint(
+    trained: Connected, tmp_path: Path, rng: np.random.Generator
+) -> None:
+    trained.client.step(good_rollout(rng))
     info = trained.client.checkpoint("for-inference")
-    obs = np.random.default_rng(8).standard_normal((64, 6)).astype(np.float32)
+    obs = rng.standard_normal((64, 6)).astype(np.float32)
     expected = trained.client.act(obs, ActMode.GREEDY_PI)
     with (
         running_server(
@@ -386,7 +417,7 @@ def test_inference_only_server_acts_like_its_checkpoint(trained: Connected, tmp_
         assert client.act(obs, ActMode.SAMPLE).actions.shape == (64,)
         stub = client.stub
         for method, request in (
-            (stub.Step, step_request(good_rollout(7))),
+            (stub.Step, step_request(good_rollout(rng))),
             (stub.Checkpoint, pb.CheckpointRequest(name="from-inference")),
             (stub.Restore, pb.RestoreRequest(name="for-inference")),
             (stub.UpdateHyperparams, pb.UpdateHyperparamsRequest(values={"optim.lr": 1e-3})),
@@ -432,24 +463,24 @@ def test_step_whose_caller_left_is_never_applied(tmp_path: Path, rng: np.random.
         assert client.status().global_step == step + 2
 
 
-def test_periodic_checkpoints_are_written(tmp_path: Path) -> None:
+def test_periodic_checkpoints_are_written(tmp_path: Path, rng: np.random.Generator) -> None:
     with (
         running_server(tmp_path, "checkpoint.every_steps=2") as server,
         TridentClient(server.target) as client,
     ):
-        rng = np.random.default_rng(60)
         for _ in range(5):
             client.step(random_rollout(rng))
         names = [c.name for c in client.list_checkpoints()]
     assert names == ["step-0000000004", "step-0000000002"]
 
 
-def test_failed_periodic_checkpoint_does_not_fail_an_applied_step(tmp_path: Path) -> None:
+def test_failed_periodic_checkpoint_does_not_fail_an_applied_step(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
     with (
         running_server(tmp_path, "checkpoint.every_steps=2") as server,
         TridentClient(server.target) as client,
     ):
-        rng = np.random.default_rng(70)
         client.checkpoint("zero")
         client.step(random_rollout(rng))
         client.step(random_rollout(rng))  # commits step-0000000002

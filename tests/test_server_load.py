@@ -48,7 +48,7 @@ def step_with_backoff(client: TridentClient, rollout: Rollout, actor: Actor) -> 
             time.sleep(0.005)
 
 
-def test_eight_actors_for_twenty_seconds(tmp_path: Path) -> None:
+def test_eight_actors_for_twenty_seconds(tmp_path: Path, seed: int) -> None:
     overrides = ("server.step_queue_size=2", "train.max_policy_lag=1000000")
     with running_server(tmp_path, *overrides) as server:
         before = scrape(server)
@@ -57,7 +57,7 @@ def test_eight_actors_for_twenty_seconds(tmp_path: Path) -> None:
 
         def run(index: int) -> None:
             actor = actors[index]
-            rng = np.random.default_rng(index)
+            rng = np.random.default_rng([seed, index])
             with TridentClient(server.target) as client:
                 version = 0
                 while time.monotonic() < deadline:
@@ -118,7 +118,9 @@ def test_eight_actors_for_twenty_seconds(tmp_path: Path) -> None:
     assert single < value(after, "trident_act_batch_size_count")
 
 
-def test_sigterm_under_load_drains_and_writes_a_final_checkpoint(tmp_path: Path) -> None:
+def test_sigterm_under_load_drains_and_writes_a_final_checkpoint(
+    tmp_path: Path, seed: int
+) -> None:
     grace = 5.0
     slower = "ppo.epochs=8"  # Steps of tens of ms, so that some are in flight at SIGTERM
     server = running_server(tmp_path, f"server.shutdown_grace_s={grace}", slower)
@@ -132,7 +134,7 @@ def test_sigterm_under_load_drains_and_writes_a_final_checkpoint(tmp_path: Path)
 
         def load(index: int) -> None:
             actor = actors[index]
-            rng = np.random.default_rng(100 + index)
+            rng = np.random.default_rng([seed, index])
             with TridentClient(server.target) as client:
                 while True:
                     rollout = random_rollout(rng, T=4, N=4)

@@ -64,7 +64,9 @@ def histogram_count(samples: Samples, name: str) -> float:
     return value(samples, f"{name}_count")
 
 
-def test_metrics_expose_every_series_and_move(server: ServerProcess, client: TridentClient) -> None:
+def test_metrics_expose_every_series_and_move(
+    server: ServerProcess, client: TridentClient, rng: np.random.Generator
+) -> None:
     before = scrape(server)
     exposed = names(before)
     for metric in METRICS:
@@ -73,10 +75,9 @@ def test_metrics_expose_every_series_and_move(server: ServerProcess, client: Tri
         assert ("trident_loss", (("head", head),)) in before
     assert value(before, "trident_device_memory_bytes") > 0
 
-    rng = np.random.default_rng(0)
     rollouts = [random_rollout(rng, T=4, N=5) for _ in range(3)]
     replies = [client.step(rollout) for rollout in rollouts]
-    client.act(np.zeros((7, 6), np.float32))
+    client.act(rng.standard_normal((7, 6)).astype(np.float32))
     bad = step_request(rollouts[0])
     bad.actions.data = bad.actions.data[:-1]
     with pytest.raises(grpc.RpcError) as caught:
@@ -178,8 +179,7 @@ def test_update_hyperparams_rejects_infinity(client: TridentClient, key: str) ->
         client.update_hyperparams({key: before[section][name]})
 
 
-def test_list_checkpoints_newest_first(client: TridentClient) -> None:
-    rng = np.random.default_rng(1)
+def test_list_checkpoints_newest_first(client: TridentClient, rng: np.random.Generator) -> None:
     names = []
     for i in range(3):
         client.step(random_rollout(rng, T=3, N=4))
@@ -195,11 +195,11 @@ def test_list_checkpoints_newest_first(client: TridentClient) -> None:
     assert client.list_checkpoints()[0].name == default.name
 
 
-def test_restore_brings_back_the_digest(client: TridentClient) -> None:
-    client.step(random_rollout(np.random.default_rng(2), T=3, N=4))
+def test_restore_brings_back_the_digest(client: TridentClient, rng: np.random.Generator) -> None:
+    client.step(random_rollout(rng, T=3, N=4))
     saved_status = client.status()
     info = client.checkpoint("restore-point")
-    client.step(random_rollout(np.random.default_rng(3), T=3, N=4))
+    client.step(random_rollout(rng, T=3, N=4))
     assert client.status().param_digest != saved_status.param_digest
     restored = client.restore("restore-point")
     assert restored.param_digest == saved_status.param_digest
@@ -217,7 +217,7 @@ def run_cli(server: ServerProcess, *args: str) -> object:
 
 
 def test_cli_against_a_running_server(
-    server: ServerProcess, client: TridentClient, tmp_path: Path
+    server: ServerProcess, client: TridentClient, tmp_path: Path, rng: np.random.Generator
 ) -> None:
     health = trident_cli("health", "--server", server.target)
     assert health.returncode == 0 and health.stdout.strip() == "SERVING"
@@ -228,7 +228,7 @@ def test_cli_against_a_running_server(
     assert status["param_digest"] == client.status().param_digest
     assert status["config"]["train"]["gamma"] == 0.97
 
-    obs = np.random.default_rng(4).standard_normal((5, 6)).astype(np.float32)
+    obs = rng.standard_normal((5, 6)).astype(np.float32)
     np.save(tmp_path / "obs.npy", obs)
     acted = run_cli(server, "act", str(tmp_path / "obs.npy"), "--mode", "greedy_pi")
     assert isinstance(acted, dict)
@@ -243,7 +243,7 @@ def test_cli_against_a_running_server(
     listed = run_cli(server, "checkpoint", "list")
     assert isinstance(listed, list) and "from-cli" in [c["name"] for c in listed]
     digest = client.status().param_digest
-    client.step(random_rollout(np.random.default_rng(5), T=3, N=4))
+    client.step(random_rollout(rng, T=3, N=4))
     restored = run_cli(server, "checkpoint", "restore", "from-cli")
     assert isinstance(restored, dict)
     assert restored["param_digest"] == digest == client.status().param_digest

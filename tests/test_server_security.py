@@ -30,9 +30,11 @@ def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
         yield server
 
 
-def test_right_token_works_and_health_needs_none(token_server: ServerProcess) -> None:
+def test_right_token_works_and_health_needs_none(
+    token_server: ServerProcess, rng: np.random.Generator
+) -> None:
     with TridentClient(token_server.target, token=TOKEN) as client:
-        reply = client.step(random_rollout(np.random.default_rng(1)))
+        reply = client.step(random_rollout(rng))
         assert client.status().global_step == reply.global_step
     with TridentClient(token_server.target) as anonymous:
         assert anonymous.health() == "SERVING"

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 import yaml
-from conftest import random_rollout, running_server
+from conftest import fresh_seed, random_rollout, running_server
 from serverproc import ServerProcess, scrape
 
 from service.client.client import TridentClient
@@ -486,10 +486,10 @@ def stepped(server: ServerProcess, prometheus: Prometheus) -> Sent:
         context=prometheus.log_tail,
     )
     before = scalar(series)
-    rng = np.random.default_rng(7)
+    rng = np.random.default_rng(fresh_seed())
     with TridentClient(server.target, timeout_s=30) as client:
         replies = [client.step(random_rollout(rng, T=4, N=5)) for _ in range(STEPS)]
-        client.act(np.zeros((3, 6), np.float32))
+        client.act(rng.standard_normal((3, 6)).astype(np.float32))
         client.checkpoint("prometheus-test")
     assert all(reply.updates_applied > 0 for reply in replies), replies
     return Sent(before, STEPS)

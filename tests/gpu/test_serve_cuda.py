@@ -12,7 +12,7 @@ from service.client.client import TridentClient
 from service.types import ActMode
 
 
-def test_serve_backend_cuda(tmp_path: Path) -> None:
+def test_serve_backend_cuda(tmp_path: Path, rng: np.random.Generator) -> None:
     with (
         running_server(tmp_path, extra_args=("--backend", "cuda")) as server,
         TridentClient(server.target) as client,
@@ -20,7 +20,6 @@ def test_serve_backend_cuda(tmp_path: Path) -> None:
         status = client.status()
         assert status.backend == "cuda" and status.device and status.device != "cpu"
         assert status.kernel_abi_version == KERNEL_ABI_VERSION
-        rng = np.random.default_rng(3)
         replies = [client.step(random_rollout(rng)) for _ in range(3)]
         assert [r.global_step for r in replies] == [1, 2, 3]
         assert all(r.updates_applied > 0 and not r.skipped for r in replies)

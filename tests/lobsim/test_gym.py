@@ -38,11 +38,11 @@ def test_spaces_and_metadata() -> None:
     assert env.num_envs == N
 
 
-def test_reset_and_step_shapes_and_dtypes() -> None:
+def test_reset_and_step_shapes_and_dtypes(seed: int) -> None:
     env = LobSimGymVectorEnv(N, CFG)
-    obs, info = env.reset(seed=3)
+    obs, info = env.reset(seed=seed)
     assert info == {} and obs in env.observation_space
-    env.action_space.seed(0)
+    env.action_space.seed(seed)
     obs, rewards, terminations, truncations, infos = env.step(env.action_space.sample())
     assert obs in env.observation_space
     assert rewards.shape == (N,) and rewards.dtype == np.float32
@@ -52,31 +52,35 @@ def test_reset_and_step_shapes_and_dtypes() -> None:
     assert "final_obs" not in infos and "episode_return" not in infos
 
 
-def rollout(env: LobSimGymVectorEnv, seed: int, steps: int = 6) -> list[np.ndarray]:
+def rollout(
+    env: LobSimGymVectorEnv, seed: int, actions_seed: int, steps: int = 6
+) -> list[np.ndarray]:
+    """Observations and rewards of `steps` random actions (drawn from `actions_seed`) after
+    `reset(seed=seed)`."""
     obs, _ = env.reset(seed=seed)
     seen = [obs.copy()]
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(actions_seed)
     for _ in range(steps):
         obs, rewards, *_ = env.step(rng.integers(0, NUM_ACTIONS, N))
         seen += [obs.copy(), rewards.copy()]
     return seen
 
 
-def test_seeding_is_deterministic() -> None:
-    env = LobSimGymVectorEnv(N, CFG, seed=0)
-    first = rollout(env, seed=7)
-    again = rollout(env, seed=7)  # reset(seed) rebuilds the markets
-    fresh = rollout(LobSimGymVectorEnv(N, CFG, seed=99), seed=7)
-    other = rollout(env, seed=8)
+def test_seeding_is_deterministic(seed: int) -> None:
+    env = LobSimGymVectorEnv(N, CFG, seed=seed)
+    first = rollout(env, seed + 1, seed)
+    again = rollout(env, seed + 1, seed)  # reset(seed) rebuilds the markets
+    fresh = rollout(LobSimGymVectorEnv(N, CFG, seed=seed + 2), seed + 1, seed)
+    other = rollout(env, seed + 3, seed)
     for a, b, c in zip(first, again, fresh, strict=True):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a, c)
     assert not np.array_equal(first[0], other[0])
-    assert env.np_random_seed == 8
+    assert env.np_random_seed == seed + 3
 
 
-def test_reset_without_seed_returns_the_current_observations() -> None:
-    env = LobSimGymVectorEnv(N, CFG, seed=2)
+def test_reset_without_seed_returns_the_current_observations(seed: int) -> None:
+    env = LobSimGymVectorEnv(N, CFG, seed=seed)
     env.step(np.full(N, 2))
     obs, _, _, _, _ = env.step(np.zeros(N, np.int64))
     again, info = env.reset()
@@ -84,12 +88,13 @@ def test_reset_without_seed_returns_the_current_observations() -> None:
     assert info == {}
 
 
-def test_steps_equal_lobsim_and_an_episode_end_moves_the_final_obs_into_infos() -> None:
-    env = LobSimGymVectorEnv(N, CFG, seed=11)
-    sim = LobSim(N, CFG, seed=11)
+def test_steps_equal_lobsim_and_an_episode_end_moves_the_final_obs_into_infos(
+    seed: int, rng: np.random.Generator
+) -> None:
+    env = LobSimGymVectorEnv(N, CFG, seed=seed)
+    sim = LobSim(N, CFG, seed=seed)
     obs, _ = env.reset()
     np.testing.assert_array_equal(obs, sim.reset())
-    rng = np.random.default_rng(5)
     for t in range(1, 2 * CFG.horizon + 1):
         actions = rng.integers(0, NUM_ACTIONS, N)
         obs, rewards, terminations, truncations, infos = env.step(actions)
@@ -116,13 +121,14 @@ def test_steps_equal_lobsim_and_an_episode_end_moves_the_final_obs_into_infos() 
         assert final_info["_episode_return"].all()
 
 
-def test_record_episode_statistics_follows_the_same_step_autoreset() -> None:
+def test_record_episode_statistics_follows_the_same_step_autoreset(
+    seed: int, rng: np.random.Generator
+) -> None:
     """Gymnasium's RecordEpisodeStatistics reads `metadata["autoreset_mode"]`: under SAME_STEP
     it counts every step, so its episode returns and lengths must be LobSim's. (Gymnasium
     1.4's observation wrappers refuse SAME_STEP envs.)"""
     env = gymnasium.wrappers.vector.RecordEpisodeStatistics(LobSimGymVectorEnv(N, CFG))
-    env.reset(seed=4)
-    rng = np.random.default_rng(2)
+    env.reset(seed=seed)
     for t in range(1, 2 * CFG.horizon + 1):
         *_, terminations, _, infos = env.step(rng.integers(0, NUM_ACTIONS, N))
         assert terminations.all() == (t % CFG.horizon == 0)

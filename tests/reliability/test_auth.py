@@ -66,10 +66,12 @@ def bad_authorizations() -> dict[str, str | None]:
     }
 
 
-def every_method(stub: pb_grpc.TrainerServiceStub) -> dict[str, Callable[..., object]]:
+def every_method(
+    stub: pb_grpc.TrainerServiceStub, rng: np.random.Generator
+) -> dict[str, Callable[..., object]]:
     """One well-formed call per TrainerService method (metadata passed through)."""
-    rollout = random_rollout(np.random.default_rng(0))
-    obs = encode(np.zeros((2, 6), np.float32))
+    rollout = random_rollout(rng)
+    obs = encode(rng.standard_normal((2, 6)).astype(np.float32))
     return {
         "GetStatus": lambda **kw: stub.GetStatus(pb.GetStatusRequest(), **kw),
         "ListCheckpoints": lambda **kw: stub.ListCheckpoints(pb.ListCheckpointsRequest(), **kw),
@@ -103,14 +105,14 @@ def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
 
 
 def test_bad_tokens_are_unauthenticated_on_every_method(
-    token_server: ServerProcess, capsys: pytest.CaptureFixture[str]
+    token_server: ServerProcess, rng: np.random.Generator, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with TridentClient(token_server.target, token=TOKEN) as client:
         before = client.status()
     counted = denials(token_server)
     sent = 0
     with grpc.insecure_channel(token_server.target) as channel:
-        calls = every_method(pb_grpc.TrainerServiceStub(channel))
+        calls = every_method(pb_grpc.TrainerServiceStub(channel), rng)
         for case, authorization in bad_authorizations().items():
             metadata = [] if authorization is None else [("authorization", authorization)]
             reason = "missing" if not authorization else "wrong"
@@ -127,7 +129,7 @@ def test_bad_tokens_are_unauthenticated_on_every_method(
         after = client.status()
         assert (after.param_digest, after.global_step) == (before.param_digest, before.global_step)
         assert not client.list_checkpoints()
-        reply = client.step(random_rollout(np.random.default_rng(1)))
+        reply = client.step(random_rollout(rng))
         assert reply.global_step == before.global_step + 1
     with capsys.disabled():
         print(
@@ -220,14 +222,14 @@ def core_logs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("core_logs")
 def test_plaintext_client_against_tls_server_fails(
-    pki: Pki, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    pki: Pki, tmp_path: Path, rng: np.random.Generator, capsys: pytest.CaptureFixture[str]
 ) -> None:
     tls = TlsFiles(pki.server.cert, pki.server.key)
     with running_server(tmp_path, "server.auth_mode=none", tls=tls) as server:  # no client auth
         assert server.events("serving")[0]["tls"] is True
         for host in ("127.0.0.1", "localhost"):
             with tls_client(server, pki.ca, host=host) as client:
-                reply = client.step(random_rollout(np.random.default_rng(0)))
+                reply = client.step(random_rollout(rng))
                 assert reply.global_step >= 1 and client.health() == "SERVING"
         with TridentClient(server.target, timeout_s=10) as plaintext:
             # A plaintext HTTP/2 preface where a TLS ClientHello belongs.
@@ -248,13 +250,14 @@ def test_plaintext_client_against_tls_server_fails(
 
 @pytest.mark.usefixtures("core_logs")
 def test_mtls_refuses_unknown_ca_and_missing_client_cert(
-    pki: Pki, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    pki: Pki, tmp_path: Path, rng: np.random.Generator, capsys: pytest.CaptureFixture[str]
 ) -> None:
     tls = TlsFiles(pki.server.cert, pki.server.key, client_ca=pki.ca.cert)
     with running_server(tmp_path, "server.auth_mode=mtls", tls=tls) as server:
         with tls_client(server, pki.ca, pki.client) as client:
             assert status_error(client) is None
-            assert client.act(np.zeros((3, 6), np.float32)).actions.shape == (3,)
+            obs = rng.standard_normal((3, 6)).astype(np.float32)
+            assert client.act(obs).actions.shape == (3,)
         with tls_client(server, pki.ca, pki.other_client) as stranger:
             refused_at_handshake(server, stranger, "CERTIFICATE_VERIFY_FAILED")
         with tls_client(server, pki.ca) as anonymous:

@@ -41,6 +41,7 @@ from serverproc import ServerProcess
 
 from service.checkpoint import MANIFEST, TEMP_PREFIX, read_manifest
 from service.client.client import TridentClient
+from service.types import Rollout
 
 Code = grpc.StatusCode
 TRIALS = int(os.environ.get("TRIDENT_CRASH_TRIALS") or 16)
@@ -81,9 +82,11 @@ class Life:
         return None
 
 
-def traffic(server: ServerProcess, trial: int, saved: dict[str, Saved], life: Life) -> None:
-    """Step, read the digest, checkpoint; again and again until the server is killed."""
-    rollout = random_rollout(np.random.default_rng(trial), T=4, N=4)
+def traffic(
+    server: ServerProcess, trial: int, rollout: Rollout, saved: dict[str, Saved], life: Life
+) -> None:
+    """Step on `rollout`, read the digest, checkpoint; again and again until the server is
+    killed."""
     with TridentClient(server.target, retries=0, timeout_s=10) as client:
         try:
             for index in itertools.count():
@@ -221,7 +224,8 @@ def test_sigkill_at_random_moments_of_checkpoint_saves(
             if trial == TRIALS:
                 break
             life = Life(server.proc.pid)
-            worker = threading.Thread(target=traffic, args=(server, trial, saved, life))
+            rollout = random_rollout(np.random.default_rng([seed, trial]), T=4, N=4)
+            worker = threading.Thread(target=traffic, args=(server, trial, rollout, saved, life))
             worker.start()
             wait_for_attempts(life, chooser.randint(1, 3), worker)
             window = KILL_WINDOW_S

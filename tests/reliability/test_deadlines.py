@@ -57,9 +57,11 @@ def outcome(future: grpc.Future) -> str:
     return "OK" if error is None else error.code().name
 
 
-def test_expired_steps_are_abandoned_or_applied_whole(tmp_path: Path) -> None:
+def test_expired_steps_are_abandoned_or_applied_whole(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
     settings = ("ppo.epochs=16", "server.step_queue_size=48")  # Steps of tens of ms
-    rollout = random_rollout(np.random.default_rng(5), T=8, N=8)
+    rollout = random_rollout(rng, T=8, N=8)
     request = step_request(rollout)
     with running_server(tmp_path, *settings) as server, TridentClient(server.target) as client:
         before = client.status()
@@ -104,11 +106,11 @@ def proc_status(server: ServerProcess) -> tuple[int, int, int]:
     return python_threads, len(names) - python_threads, int(rss_kib) * 1024
 
 
-def abandon_calls(server: ServerProcess, count: int) -> Counter[str]:
+def abandon_calls(server: ServerProcess, count: int, rng: np.random.Generator) -> Counter[str]:
     """`count` Steps and Acts in waves of 24, each with a 1-5 ms deadline or cancelled at once."""
-    rng = np.random.default_rng(count)
     step = step_request(random_rollout(rng, T=2, N=2))
-    act = pb.ActRequest(obs=encode(np.zeros((3, 6), "<f4")), mode=pb.ACT_MODE_SAMPLE)
+    obs = rng.standard_normal((3, 6)).astype("<f4")
+    act = pb.ActRequest(obs=encode(obs), mode=pb.ACT_MODE_SAMPLE)
     codes: Counter[str] = Counter()
     with grpc.insecure_channel(server.target) as channel:
         stub = pb_grpc.TrainerServiceStub(channel)
@@ -126,7 +128,9 @@ def abandon_calls(server: ServerProcess, count: int) -> Counter[str]:
     return codes
 
 
-def test_a_thousand_abandoned_calls_leak_no_threads_or_memory(tmp_path: Path) -> None:
+def test_a_thousand_abandoned_calls_leak_no_threads_or_memory(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
     # The handler pool grows one thread per call that finds none idle, up to its bound of
     # max_concurrent_rpcs + SPARE_HANDLER_THREADS; its last few threads come only from rare
     # races, so the pool may still grow after any warm-up. A leak is growth past that bound.
@@ -136,10 +140,10 @@ def test_a_thousand_abandoned_calls_leak_no_threads_or_memory(tmp_path: Path) ->
     with running_server(tmp_path, *settings) as server, TridentClient(server.target) as client:
         settle(client)
         python_fresh, _, _ = proc_status(server)  # the pool's first thread ran settle's calls
-        abandon_calls(server, 600)  # warm-up: thread pool, caches, replay filled
+        abandon_calls(server, 600, rng)  # warm-up: thread pool, caches, replay filled
         settle(client)
         python_before, core_before, rss_before = proc_status(server)
-        codes = abandon_calls(server, 1000)
+        codes = abandon_calls(server, 1000, rng)
         status = settle(client)
         bound, core_bound = python_fresh + pool_bound - 1, core_before + 2
 
@@ -155,7 +159,7 @@ def test_a_thousand_abandoned_calls_leak_no_threads_or_memory(tmp_path: Path) ->
             lambda: f"threads within {bound} Python, {core_bound} core: {proc_status(server)}",
         )
         # Still consistent and serving: a plain Step lands on top of the applied ones.
-        reply = client.step(random_rollout(np.random.default_rng(0), T=2, N=2))
+        reply = client.step(random_rollout(rng, T=2, N=2))
         assert reply.global_step == status.global_step + 1
 
     assert sum(codes.values()) == 1000

@@ -52,6 +52,7 @@ FUZZ = settings(
 
 
 def _base_step() -> pb.StepRequest:
+    # Fixed, like the fuzz's own draws (derandomize=True): a failing message replays as it was.
     rng = np.random.default_rng(0)
     rollout = random_rollout(rng)
     while not rollout.truncated.any():
