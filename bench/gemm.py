@@ -4,7 +4,7 @@ Each row is one GEMM of the captured update at B (rollout rows + replay rows thr
 encoder, the target network on the replay rows), D=40, H=256, A·Z=459: the NN products of the
 forward, the NT product of the encoder's backward, with cuBLAS SGEMM beside the tensor-core
 kernel at both tile heights and at the height the wrapper picks. The "fused" columns time the
-GEMM with its epilogue (bias + ReLU, or the ReLU gate) against what the update runs now: cuBLAS
+GEMM with its epilogue (bias + ReLU, or the ReLU gate) against what the update runs: cuBLAS
 followed by encoder.cu's separate epilogue kernel (bias_relu_fwd, bias_relu_bwd). Each cell is
 the device time per launch: `--repeats` launches captured in one CUDA graph, the median of
 `--blocks` timed replays. Writes JSON (command, date, device, every cell) and prints a table.

@@ -13,8 +13,9 @@ TF32 off.
     python bench/gpu_step.py --device cpu --sizes 64          # dry run of the eager path
 
 Columns
-    trident   Trident's captured update (see `TRIDENT_ENTRY` below). Until it exists the
-              column reads "not available: ..." and no number is printed or recorded.
+    trident   Trident's captured update (see `TRIDENT_ENTRY` below). Where it cannot be
+              imported the column reads "not available: ..." and no number is printed or
+              recorded.
     eager     the update written plainly in PyTorch eager mode (bench/torch_update.py, shared
               with bench/cpu_step.py's torch twin), default `torch.optim.AdamW` (foreach).
     graph     the same code captured whole in one `torch.cuda.CUDAGraph`: forward, backward,
@@ -29,7 +30,7 @@ device-wide synchronise, wall clock / n) is recorded as a cross-check.
 The floor is the largest of: bytes moved (minimal, see `update_bytes`) / 4.3 TB/s, FLOPs
 (`update_flops`) / the fp32 GEMM rate measured here, and kernel launches per update x 0.9 us,
 the launches counted with the profiler over replays of the torch graph (and, when the
-Trident column exists, over its updates too).
+Trident column is available, over its updates too).
 
 Trident's captured-update interface (looked up by a guarded import of `TRIDENT_ENTRY`,
 "module:Name", default `captured_update:CapturedUpdate` (bench/captured_update.py);
@@ -80,8 +81,8 @@ from torch_update import TorchUpdate, make_torch_update
 
 D, H, DEPTH, A, Z, K = 40, 256, 2, 9, 51, 3
 DEFAULT_SIZES = (256, 1024, 4096, 16384)
-BANDWIDTH_TBS = 4.3  # the HBM rate for the byte term (TB/s)
-LAUNCH_US = 0.9  # the cost of one kernel launch inside a graph (us)
+BANDWIDTH_TBS = 4.3  # the floor's HBM rate for the byte term (TB/s), an assumed figure
+LAUNCH_US = 0.9  # the floor's cost of one kernel launch inside a graph (us), an assumed figure
 TRIDENT_ENTRY = "captured_update:CapturedUpdate"
 NOT_BUILT = "not available: the captured Trident update is not built yet"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -131,7 +132,7 @@ def update_flops(B: int, dims: Dims = Dims()) -> dict[str, int]:
     forward, dW and dX. Online C51 head on B replay rows: forward over all A x Z logits, and
     backward over the taken action's Z logits only (the other logits get zero gradient).
     Target net on B next-observation rows: encoder and the full C51 head, forward only.
-    `floor` is the sum (6.40 GFLOP at B=4096, the issue's figure). `dense_q_bwd` is what
+    `floor` is the sum (6.40 GFLOP at B=4096). `dense_q_bwd` is what
     autograd executes (the backward of the gathered logits is a dense A x Z GEMM);
     `taken_only` would also compute only the taken action's online logits. Elementwise
     FLOPs (softmax, losses, AdamW) are left out: under 1 % of the total.

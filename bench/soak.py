@@ -1,6 +1,6 @@
 """Soak: N `trident actor` processes train one `trident serve` (NumPy backend) for a while.
 
-    make soak                                     # 16 actors, 600 s (the issue's soak)
+    make soak                                     # 16 actors, 600 s
     python bench/soak.py --actors 4 --duration 60
 
 The server is a real subprocess on 127.0.0.1 (ports picked by the OS) with LobSim's model shape

@@ -301,7 +301,8 @@ c51_taken_fwd_bwd(const float* __restrict__ h, const float* __restrict__ W,
         const int r = e / TRIDENT_Z, z = e % TRIDENT_Z;
         float logit = partial[0][r][z];
         for (int g = 1; g < C51_KSPLIT; ++g) logit += partial[g][r][z];
-        grads[r][z] = r < count ? logit + bias[key * TRIDENT_Z + z] : 0.0f;  // logits, for now
+        // the logits (zeros past `count`); the loop below overwrites them with their gradients
+        grads[r][z] = r < count ? logit + bias[key * TRIDENT_Z + z] : 0.0f;
     }
     __syncthreads();
     const int lane = t & 31, warp = t >> 5;

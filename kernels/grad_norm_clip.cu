@@ -67,7 +67,7 @@ extern "C" __global__ void sumsq_finalize(const double* __restrict__ partials, l
 }
 
 // The norms of G groups of consecutive tensors and of all of them, from the partials buffer of
-// sumsq_partials(_multi): block g < G reduces partials [offsets[g], offsets[g + 1]) into
+// sumsq_partials_multi: block g < G reduces partials [offsets[g], offsets[g + 1]) into
 // norms[g]; block G reduces [0, offsets[G]) into norms[G] exactly as sumsq_finalize does (the
 // same bits as the global norm). Grid = G + 1 blocks.
 extern "C" __global__ void sumsq_group_finalize(const double* __restrict__ partials,

@@ -10,8 +10,8 @@
 // first != 0 every total is zeroed first. One thread.
 #include "common.cuh"
 
-#define STEP_STATS 10  // trainer.STATS: 5 head losses, grad norm, entropy, KL, clip share, C51
-#define STEP_HEADS 5   // trainer.LOSS_HEADS, the first STEP_HEADS values
+#define STEP_STATS 10  // update.STATS: 5 head losses, grad norm, entropy, KL, clip share, C51
+#define STEP_HEADS 5   // update.LOSS_HEADS, the first STEP_HEADS values
 #define STEP_NORM 5    // the float64 value
 
 extern "C" __global__ void step_stats_accumulate(

@@ -160,6 +160,21 @@ def build_parser() -> argparse.ArgumentParser:
     actor.add_argument("--rollout-len", type=int, default=16, help="env steps per Step")
     actor.add_argument("--seed", type=int, default=0, help="environment seed")
     actor.add_argument("--log-every", type=int, default=10, help="Steps between progress lines")
+    export = commands.add_parser(
+        "export", help="write a checkpoint's policy as an ONNX model for inference without Trident"
+    )
+    export.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint name")
+    export.add_argument(
+        "--format", default="onnx", help="model format; onnx only (default: %(default)s)"
+    )
+    export.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="folder holding the checkpoint (default: the checkpoint.dir setting)",
+    )
+    export.add_argument(
+        "--out", metavar="FILE", type=Path, help="where to write it (default: CHECKPOINT.onnx)"
+    )
     return parser
 
 
@@ -205,6 +220,25 @@ def run_eval(args: argparse.Namespace) -> int:
     print(report.text())
     print(f"json -> {out_dir / evaluate.JSON_NAME}, plot -> {out_dir / evaluate.PNG_NAME}",
           flush=True)  # fmt: skip
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """Write a checkpoint's policy as a model file (service/export.py: inputs and outputs)."""
+    from service.errors import InvalidInput
+
+    try:
+        from service.export import export
+    except ImportError as error:  # the export extra is optional
+        print(f"trident: error: export needs the {error.name} package: pip install onnx "
+              "(the export extra)", file=sys.stderr)  # fmt: skip
+        return 2
+    root = args.checkpoint_dir or load_config().checkpoint.dir
+    if not root:
+        raise InvalidInput("--checkpoint-dir", "the folder holding the checkpoint "
+                           "(checkpoint.dir is not set)", "none")  # fmt: skip
+    path = export(root, args.checkpoint, args.format, args.out)
+    print(f"trident export: {args.checkpoint} -> {path}", flush=True)
     return 0
 
 
@@ -323,6 +357,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_serve(args)
         if args.command == "actor":
             return run_actor_command(args)
+        if args.command == "export":
+            return run_export(args)
         return run_client(args)
     except (ConfigError, TridentError, OSError) as error:
         print(f"trident: error: {error}", file=sys.stderr)

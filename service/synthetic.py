@@ -1,4 +1,5 @@
-"""A synthetic contextual bandit: the task the main job trains on until LobSim lands.
+"""A synthetic contextual bandit: a task whose best policy is known, for `trident train --env
+bandit` (service/jobs/bandit.py) and the learning test.
 
 Each observation is one of A class prototypes plus Gaussian noise; the rewarded action is a
 fixed (seeded) permutation of the class. Every step ends its episode (terminated), so the

@@ -67,8 +67,8 @@ def decode(tensor: pb.Tensor, field: str, allowed: Collection[int]) -> np.ndarra
         array = np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
     except ValueError:
         # A zero-size shape passes the byte-length check whatever its other dimensions are, but
-        # NumPy refuses more than 64 dimensions or a size*itemsize beyond intp: this was a
-        # ValueError, answered INTERNAL; it is the caller's shape that is wrong.
+        # NumPy refuses more than 64 dimensions or a size*itemsize beyond intp with a
+        # ValueError, which would be answered INTERNAL; it is the caller's shape that is wrong.
         raise InvalidInput(
             f"{field}.shape",
             "at most 64 dimensions whose product times the item size fits in 63 bits",

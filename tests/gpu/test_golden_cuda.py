@@ -1,7 +1,8 @@
 """The CUDA trainer reproduces its golden record byte for byte (tests/golden_record.py with
 --backend cuda): the parameter digest after each of 20 Steps and Act's outputs in every mode,
-as the code computed them before the trainer's redesign (issue 14). The CUDA digests differ
-from the NumPy ones (reduction orders differ); each backend is compared with its own record."""
+as tests/golden/trainer_cuda.json records them, so a change meant to keep the math keeps these
+bytes. The CUDA digests differ from the NumPy ones (reduction orders differ); each backend is
+compared with its own record."""
 
 from __future__ import annotations
 

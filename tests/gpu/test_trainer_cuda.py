@@ -1,4 +1,4 @@
-"""Whole Steps on the CUDA backend against the NumPy trainer (eager launches, no graph yet)."""
+"""Whole Steps and Act on the CUDA backend against the NumPy trainer."""
 
 from __future__ import annotations
 

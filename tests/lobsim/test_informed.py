@@ -1,4 +1,4 @@
-"""LobSim's informed flow (SPEC.md, "Informed flow"): off is today's market, the draws are the
+"""LobSim's informed flow (SPEC.md, "Informed flow"): off is the plain market, the draws are the
 SPEC's, the books stay sound, and it does what it is for — the next mid move becomes predictable
 from the observation and a market maker at the touch is adversely selected."""
 
