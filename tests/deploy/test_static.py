@@ -23,7 +23,9 @@ from .tools import (
     COMPOSE,
     DASHBOARD,
     DOCKERFILE,
-    K8S,
+    K8S_BASE,
+    K8S_CPU,
+    KUSTOMIZATION,
     METRIC_NAME,
     PROMETHEUS,
     SERVICE_MONITOR,
@@ -31,6 +33,8 @@ from .tools import (
     dashboard_targets,
     exported_series,
     find_binary,
+    identity,
+    kustomize,
     load_yaml,
     load_yaml_all,
     require_binary,
@@ -38,6 +42,7 @@ from .tools import (
     run,
 )
 
+PROFILES = ("gpu", "cpu", "actors")  # compose.yaml's
 PROMTOOL_HINT = "apt-get install prometheus (Debian's package ships promtool)"
 # Native gRPC probes are GA from 1.27; validate there and against the newest bundled schema.
 K8S_VERSIONS = ("1.27.0", "latest")
@@ -163,39 +168,61 @@ def test_compose_config_validates() -> None:
     if command is None:
         require_binary("docker-compose", "apt-get install docker-compose")
         return  # unreachable: require_binary skipped or failed
-    # --profile actors: resolve the opt-in actor service too
-    run(*command, "-f", str(COMPOSE), "--profile", "actors", "config", "--quiet")
+    # every profile: resolve both server variants and the opt-in actor service
+    profiles = [arg for name in PROFILES for arg in ("--profile", name)]
+    run(*command, "-f", str(COMPOSE), *profiles, "config", "--quiet")
 
 
 # --- Kubernetes ----------------------------------------------------------------------------
 
 
-def core_manifests() -> list[tuple[str, dict]]:
-    return [(path.name, doc) for path in sorted(K8S.glob("*.yaml")) for doc in load_yaml_all(path)]
+KUSTOMIZATIONS = {"base": K8S_BASE, "cpu": K8S_CPU}
 
 
-def test_core_manifests_are_the_expected_kinds() -> None:
-    kinds = sorted(doc["kind"] for _, doc in core_manifests())
+def test_base_kustomization_lists_every_manifest() -> None:
+    """`kubectl apply -k deploy/k8s/base/` applies each file there, not only some."""
+    files = {path.name for path in K8S_BASE.glob("*.yaml")} - {KUSTOMIZATION}
+    assert set(load_yaml(K8S_BASE / KUSTOMIZATION)["resources"]) == files
+
+
+@pytest.mark.parametrize("variant", KUSTOMIZATIONS)
+def test_kustomizations_render_the_expected_kinds(variant: str) -> None:
+    kinds = sorted(doc["kind"] for doc in kustomize(KUSTOMIZATIONS[variant]))
     assert kinds == ["Deployment", "Deployment", "PersistentVolumeClaim", "Service"]
 
 
+@pytest.mark.parametrize("variant", KUSTOMIZATIONS)
+def test_kubectl_kustomize_renders_the_same(variant: str) -> None:
+    """Where kubectl is installed, its kustomize renders what tools.kustomize does, so the
+    schema checks below see what a cluster would get. Not in the test extra (no Debian
+    package is recent enough), so this test skips without it, in CI too."""
+    kubectl = find_binary("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not found; tools.kustomize renders the overlays without it")
+    directory = KUSTOMIZATIONS[variant]
+    rendered = yaml.safe_load_all(run(kubectl, "kustomize", str(directory)).stdout)
+    assert sorted(rendered, key=identity) == sorted(kustomize(directory), key=identity)
+
+
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-def test_kubernetes_validate_core_manifests(version: str) -> None:
+@pytest.mark.parametrize("variant", KUSTOMIZATIONS)
+def test_kubernetes_validate_manifests(variant: str, version: str) -> None:
     """Strict schema validation (unknown fields fail) against the schemas bundled offline."""
     kv = require_module("kubernetes_validate", "pip install kubernetes-validate (test extra)")
     target = kv.latest_version() if version == "latest" else version
-    for name, doc in core_manifests():
+    for doc in kustomize(KUSTOMIZATIONS[variant]):
         try:
             kv.validate(doc, target, strict=True)
         except kv.ValidationError as error:
             path = ".".join(map(str, error.path))
-            pytest.fail(f"{name} {doc['kind']} at {path}: {error.message} (k8s {target})")
+            pytest.fail(f"{variant}: {doc['kind']} {doc['metadata']['name']} at {path}: "
+                        f"{error.message} (k8s {target})")  # fmt: skip
 
 
 def test_service_monitor_structure() -> None:
     """A CRD: kubernetes-validate has no schema for it, so check what the Operator reads."""
     (monitor,) = load_yaml_all(SERVICE_MONITOR)
-    (service,) = load_yaml_all(K8S / "service.yaml")
+    (service,) = load_yaml_all(K8S_BASE / "service.yaml")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["kind"] == "ServiceMonitor"
     assert monitor["metadata"]["name"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,13 +22,15 @@ from .tools import (
     DASHBOARD,
     DEPLOY,
     GRAFANA_PROVISIONING,
-    K8S,
+    K8S_BASE,
+    K8S_CPU,
     PROMETHEUS,
     dashboard_targets,
     dockerfile_instructions,
     final_stage,
+    identity,
+    kustomize,
     load_yaml,
-    load_yaml_all,
 )
 
 SERVER = ServerConfig()
@@ -102,12 +105,25 @@ def compose_services() -> dict[str, Any]:
     return compose()["services"]
 
 
-def test_compose_trident_service() -> None:
-    trident = compose()["services"]["trident"]
+# compose.yaml's server variants: service name -> (profile, image variant, backend)
+VARIANTS = {"trident": ("gpu", "cuda", "auto"), "trident-cpu": ("cpu", "cpu", "numpy")}
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_compose_trident_service(name: str) -> None:
+    profile, variant, backend = VARIANTS[name]
+    trident = compose_services()[name]
+    assert trident["profiles"] == [profile]
+    assert trident["image"] == f"trident:{variant}"
+    assert trident["build"]["args"]["VARIANT"] == variant
     assert trident["build"]["dockerfile"] == "deploy/Dockerfile"
     assert (DEPLOY / trident["build"]["context"] / trident["build"]["dockerfile"]).is_file()
-    (device,) = trident["deploy"]["resources"]["reservations"]["devices"]
-    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+    devices = trident.get("deploy", {}).get("resources", {}).get("reservations", {})
+    if variant == "cuda":
+        (device,) = devices["devices"]
+        assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+    else:
+        assert not devices  # schedules on a host without a GPU
     assert f"checkpoints:{CHECKPOINTS}" in trident["volumes"]
     assert trident["healthcheck"]["test"][1 : 1 + len(HEALTH)] == HEALTH
     published = {p.rsplit(":", 1)[-1] for p in trident["ports"]}
@@ -118,14 +134,19 @@ def test_compose_trident_service() -> None:
     env["TRIDENT_SERVER__AUTH_TOKEN"] = "a-token"
     assert_config_env_loads(env)
     assert load_config(env=env).server.auth_mode == "token"
+    assert load_config(env=env).train.backend == backend
     grace = load_config(env=env).server.shutdown_grace_s
     assert seconds(trident["stop_grace_period"]) > grace + 30  # drain, then the final checkpoint
 
 
-def test_compose_monitoring_waits_for_healthy_trident() -> None:
-    services = compose()["services"]
-    for name in ("prometheus", "grafana"):
-        assert services[name]["depends_on"]["trident"]["condition"] == "service_healthy"
+def test_compose_variants_answer_as_trident() -> None:
+    """Prometheus scrapes, and actors dial, the host name `trident`: the GPU service's name and
+    the CPU service's alias. Nothing depends on one variant, so either profile starts the rest."""
+    services = compose_services()
+    assert services["trident-cpu"]["networks"]["default"]["aliases"] == ["trident"]
+    for name in ("prometheus", "grafana", "actor"):
+        assert not set(services[name].get("depends_on", {})) & set(VARIANTS), name
+        assert set(services[name].get("profiles", [])) <= {"actors"}, name
 
 
 def test_compose_mounts_the_deploy_files() -> None:
@@ -157,7 +178,7 @@ def test_prometheus_scrapes_trident() -> None:
     (job,) = [job for job in config["scrape_configs"] if job["job_name"] == "trident"]
     (static,) = job["static_configs"]
     assert static["targets"] == [f"trident:{SERVER.metrics_port}"]
-    assert "trident" in compose()["services"]  # the target's host name on the compose network
+    assert "trident" in compose_services()  # the target's host name on the compose network
 
 
 def test_dashboard_uses_the_provisioned_datasource() -> None:
@@ -200,14 +221,15 @@ def test_dashboard_has_the_issue_panels() -> None:
 # --- Kubernetes ----------------------------------------------------------------------------
 
 
-def manifest(kind: str, name: str) -> dict[str, Any]:
-    (doc,) = [
-        d
-        for p in K8S.glob("*.yaml")
-        for d in load_yaml_all(p)
-        if d["kind"] == kind and d["metadata"]["name"] == name
-    ]
+def manifest(kind: str, name: str, directory: Path = K8S_BASE) -> dict[str, Any]:
+    """One manifest as `kubectl kustomize directory` renders it."""
+    (doc,) = [d for d in kustomize(directory) if identity(d) == (kind, name)]
     return doc
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    (only,) = deployment["spec"]["template"]["spec"]["containers"]
+    return only
 
 
 def test_deployment_contract() -> None:
@@ -247,6 +269,31 @@ def test_service_routes_to_the_pod() -> None:
     assert {port["targetPort"] for port in service["spec"]["ports"]} == names
 
 
+def test_cpu_overlay_changes_only_the_device() -> None:
+    """The CPU overlay drops the GPU request, runs the NumPy backend on the CPU image, and
+    leaves every other field of the base as it is."""
+    base = manifest("Deployment", "trident")
+    cpu = manifest("Deployment", "trident", K8S_CPU)
+    server = container(cpu)
+    assert server["image"] == "trident:cpu"
+    assert "nvidia.com/gpu" not in json.dumps(cpu)
+    assert server["resources"]["requests"]["cpu"]
+    env = {item["name"]: item.get("value", "token") for item in server["env"]}
+    assert_config_env_loads(env)
+    assert load_config(env=env).train.backend == "numpy"
+    assert container(manifest("Deployment", "trident-actor", K8S_CPU))["image"] == "trident:cpu"
+    original = container(base)
+    assert [item for item in server["env"] if item["name"] != "TRIDENT_TRAIN__BACKEND"] == (
+        original["env"]
+    )
+    changed = ("image", "resources", "env")
+    assert {k: v for k, v in server.items() if k not in changed} == {
+        k: v for k, v in original.items() if k not in changed
+    }
+    cpu["spec"]["template"]["spec"]["containers"] = base["spec"]["template"]["spec"]["containers"]
+    assert cpu == base  # outside the container, nothing changed
+
+
 def test_actors_reach_the_service_and_fit_the_model() -> None:
     """Compose's and Kubernetes' actors name the server's service and gRPC port, and the
     server's model is shaped for LobSim (`trident actor` refuses a misfit at start)."""
@@ -269,4 +316,49 @@ def test_actors_reach_the_service_and_fit_the_model() -> None:
     assert service["command"][:2] == ["--server", f"trident:{SERVER.port}"]
     assert service["healthcheck"] == {"disable": True}
     assert service["profiles"] == ["actors"]
-    assert service["depends_on"]["trident"]["condition"] == "service_healthy"
+    assert service["restart"] == "on-failure"  # until the server answers
+    assert service["image"] == "trident:cpu" and service["build"]["args"]["VARIANT"] == "cpu"
+
+
+# --- deploy/README.md ----------------------------------------------------------------------
+
+
+def readme_commands() -> list[str]:
+    """deploy/README.md's shell commands, continuation lines joined, comments dropped."""
+    text = (DEPLOY / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL)
+    joined = "\n".join(blocks).replace("\\\n", " ")
+    return [line.split(" #", 1)[0].strip() for line in joined.splitlines() if line.strip()]
+
+
+def test_docker_run_examples_require_a_token() -> None:
+    """Every `docker run` of the server publishes gRPC with a token it insists on."""
+    commands = readme_commands()
+    servers = [c for c in commands if c.startswith("docker run") and "--entrypoint" not in c]
+    assert len(servers) == 2
+    for command in servers:
+        argv = shlex.split(command.replace('"$TRIDENT_TOKEN"', "a-token"))
+        env = dict(argv[i + 1].split("=", 1) for i, arg in enumerate(argv) if arg == "-e")
+        assert env["TRIDENT_SERVER__AUTH_MODE"] == "token", command
+        assert load_config(env=env).server.auth_token == "a-token", command
+        with pytest.raises(ConfigError, match=r"server\.auth_token"):  # empty $TRIDENT_TOKEN
+            load_config(env={**env, "TRIDENT_SERVER__AUTH_TOKEN": ""})
+
+
+def test_the_secret_the_pods_read_is_created_as_required() -> None:
+    """deploy/README.md creates the Secret every secretKeyRef names, and does not call it
+    optional: without it the pods do not start."""
+    refs = [
+        item["valueFrom"]["secretKeyRef"]
+        for directory in (K8S_BASE, K8S_CPU)
+        for doc in kustomize(directory)
+        if doc["kind"] == "Deployment"
+        for item in container(doc).get("env", [])
+        if "secretKeyRef" in item.get("valueFrom", {})
+    ]
+    assert len(refs) == 4  # the server's and the actors', in both kustomizations
+    assert all(ref == {"name": "trident", "key": "token"} for ref in refs), refs  # not optional
+    text = (DEPLOY / "README.md").read_text()
+    (line,) = [line for line in text.splitlines() if "kubectl create secret" in line]
+    assert "--from-literal=token=" in line and "generic trident " in line
+    assert "optional" not in line
