@@ -58,14 +58,15 @@ PathLike = str | os.PathLike[str]
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """A committed checkpoint. `seconds` is how long the save or restore that returned it took
-    (0.0 in listings)."""
+    """A committed checkpoint. `save_ms` is how long its save took, from the start until the
+    state files were written and fsynced (recorded in the manifest, so listings have it too);
+    None for a checkpoint whose manifest records none."""
 
     name: str
     global_step: int
     path: Path
     size_bytes: int
-    seconds: float
+    save_ms: float | None
     created_unix: float
 
 
@@ -167,6 +168,9 @@ def _check_manifest(body: Any, path: Path) -> None:
             raise CheckpointCorrupt(f"{path}: malformed entry for {filename!r}")
     if CONFIG not in body["files"]:
         raise CheckpointCorrupt(f"{path}: does not list {CONFIG}")
+    save_ms = body.get("save_ms")
+    if save_ms is not None and (type(save_ms) not in (int, float) or not save_ms >= 0):
+        raise CheckpointCorrupt(f"{path}: field 'save_ms' is malformed")
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
@@ -210,14 +214,14 @@ def _check_listing(directory: Path, manifest: Mapping[str, Any]) -> None:
         raise CheckpointCorrupt(f"{directory}: files not in the manifest: {extra}")
 
 
-def _info(directory: Path, manifest: Mapping[str, Any], seconds: float) -> CheckpointInfo:
+def _info(directory: Path, manifest: Mapping[str, Any]) -> CheckpointInfo:
     size = sum(entry["bytes"] for entry in manifest["files"].values())
     return CheckpointInfo(
         name=directory.name,
         global_step=manifest["global_step"],
         path=directory,
         size_bytes=size + (directory / MANIFEST).stat().st_size,
-        seconds=seconds,
+        save_ms=manifest.get("save_ms"),
         created_unix=float(manifest["created_unix"]),
     )
 
@@ -277,6 +281,7 @@ def save_checkpoint(
             "created_unix": time.time(),
             "backend": trainer.backend.name,
             "files": files,
+            "save_ms": round((time.perf_counter() - started) * 1000, 3),
         }
         _write_file(temp / MANIFEST, _seal(manifest))
         _commit(temp, target)
@@ -284,7 +289,7 @@ def save_checkpoint(
         shutil.rmtree(temp, ignore_errors=True)
         raise
     prune(root, keep, protect=name)
-    return _info(target, manifest, time.perf_counter() - started)
+    return _info(target, manifest)
 
 
 # ------------------------------------------------------------------------------ listing
@@ -302,7 +307,7 @@ def list_checkpoints(root: PathLike) -> list[CheckpointInfo]:
             continue
         directory = root / entry.name
         try:
-            found.append(_info(directory, read_manifest(directory), 0.0))
+            found.append(_info(directory, read_manifest(directory)))
         except (CheckpointNotFound, CheckpointCorrupt, CheckpointIncompatible, OSError):
             continue
     return sorted(found, key=lambda c: (c.global_step, c.created_unix, c.name), reverse=True)
@@ -433,7 +438,6 @@ def _apply(
 
 def restore_checkpoint(trainer: Trainer, root: PathLike, name: str) -> CheckpointInfo:
     """Replace the trainer's state (and hot settings) with checkpoint `name`, all or nothing."""
-    started = time.perf_counter()
     directory = _committed_dir(root, name)
     manifest = read_manifest(directory)
     _check_listing(directory, manifest)
@@ -443,7 +447,7 @@ def restore_checkpoint(trainer: Trainer, root: PathLike, name: str) -> Checkpoin
     hot = {key: _setting(saved, key) for key in HOT_KEYS}
     state = _load_state(directory, manifest, blobs)
     _apply(trainer, state, hot, manifest["param_digest"], name)
-    return _info(directory, manifest, time.perf_counter() - started)
+    return _info(directory, manifest)
 
 
 def load_policy(root: PathLike, name: str) -> tuple[Config, dict[str, np.ndarray]]:

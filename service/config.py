@@ -217,6 +217,14 @@ class LobsimConfig(_Section):
 
     price_levels: int = _f(64, ge=24)  # ticks in each book's price window
     visible_levels: int = _f(10, ge=1)  # levels per side in the observation
+    def client_auth(self) -> str:
+        """auth_mode with 'auto' resolved: what auth_token and tls_client_ca turn on."""
+        if self.auth_mode != "auto":
+            return self.auth_mode
+        on = [mode for mode, setting in (("token", self.auth_token), ("mtls", self.tls_client_ca))
+              if setting]  # fmt: skip
+        return "+".join(on) or "none"
+
     events_per_step: int = _f(13, ge=1)  # background events between two agent decisions
     horizon: int = _f(400, ge=2)  # agent steps per episode; ends with liquidation
     max_inventory: int = _f(20, ge=1)  # |inventory| at which market orders are masked
@@ -306,11 +314,14 @@ class Config:
         return asdict(self)
 
     def public_dict(self) -> dict[str, dict[str, Any]]:
-        """`to_dict()` without credentials — server.auth_token empty, server.auth_mode "auto" —
-        for what leaves the process: checkpoints' config.json and the service's config replies.
-        A restore keeps the running server's own server section, so nothing is lost."""
+        """`to_dict()` without server.auth_token and server.auth_mode (`from_dict` reads them
+        back as their defaults: no token, 'auto'), for what leaves the process: checkpoints'
+        config.json and the service's config replies. Left out rather than blanked, since a
+        blank token reads as "no token"; GetStatus states the auth mode instead. A restore keeps
+        the running server's own server section, so nothing is lost."""
         public = self.to_dict()
-        public["server"].update(auth_token="", auth_mode="auto")
+        for key in ("auth_token", "auth_mode"):
+            del public["server"][key]
         return public
 
     @classmethod

@@ -13,12 +13,11 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
 
-from service import logs
+from service import logs, trident_version
 from service.checkpoint import (
     CheckpointInfo,
     clean_temporaries,
@@ -36,13 +35,6 @@ from service.trainer.trainer import Trainer
 from service.types import ActMode, ActResult, Rollout, StepResult
 
 
-def trident_version() -> str:
-    try:
-        return version("trident")
-    except PackageNotFoundError:
-        return "unknown"
-
-
 @dataclass(frozen=True)
 class Status:
     global_step: int
@@ -55,6 +47,8 @@ class Status:
     replay_size: int
     version: str
     kernel_abi_version: int
+    auth_mode: str
+    auth_token_set: bool
 
 
 class Engine:
@@ -185,7 +179,7 @@ class Engine:
             name=info.name,
             step=info.global_step,
             bytes=info.size_bytes,
-            seconds=round(info.seconds, 3),
+            save_ms=info.save_ms,
         )
         return info
 
@@ -225,6 +219,8 @@ class Engine:
                 replay_size=len(trainer.state.replay),
                 version=trident_version(),
                 kernel_abi_version=trainer.backend.kernel_abi_version,
+                auth_mode=trainer.config.server.client_auth(),
+                auth_token_set=bool(trainer.config.server.auth_token),
             )
 
     # ------------------------------------------------------------------------ lifecycle

@@ -111,7 +111,8 @@ class Metrics:
         self.act_duration.observe(seconds)
 
     def observe_checkpoint(self, info: CheckpointInfo) -> None:
-        self.checkpoint_duration.observe(info.seconds)
+        if info.save_ms is not None:  # a save always records it; old checkpoints may not
+            self.checkpoint_duration.observe(info.save_ms / 1000)
         self.checkpoint_bytes.set(info.size_bytes)
         self.checkpoint_timestamp.set(time.time())
 

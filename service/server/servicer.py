@@ -49,7 +49,7 @@ def checkpoint_message(info: CheckpointInfo) -> pb.CheckpointInfo:
         global_step=info.global_step,
         size_bytes=info.size_bytes,
         created_unix=info.created_unix,
-        seconds=info.seconds,
+        save_ms=info.save_ms,
     )
 
 

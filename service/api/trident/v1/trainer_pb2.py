@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$service/api/trident/v1/trainer.proto\x12\ntrident.v1\"G\n\x06Tensor\x12\r\n\x05shape\x18\x01 \x03(\x03\x12 \n\x05\x64type\x18\x02 \x01(\x0e\x32\x11.trident.v1.DType\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xcc\x03\n\x0bStepRequest\x12\x1f\n\x03obs\x18\x01 \x01(\x0b\x32\x12.trident.v1.Tensor\x12#\n\x07\x61\x63tions\x18\x02 \x01(\x0b\x32\x12.trident.v1.Tensor\x12#\n\x07rewards\x18\x03 \x01(\x0b\x32\x12.trident.v1.Tensor\x12&\n\nterminated\x18\x04 \x01(\x0b\x32\x12.trident.v1.Tensor\x12%\n\ttruncated\x18\x05 \x01(\x0b\x32\x12.trident.v1.Tensor\x12.\n\x12\x62\x65havior_log_probs\x18\x06 \x01(\x0b\x32\x12.trident.v1.Tensor\x12%\n\tfinal_obs\x18\x07 \x01(\x0b\x32\x12.trident.v1.Tensor\x12+\n\x0f\x66inal_obs_index\x18\x08 \x01(\x0b\x32\x12.trident.v1.Tensor\x12\x1b\n\x0epolicy_version\x18\t \x01(\x03H\x00\x88\x01\x01\x12&\n\nbce_labels\x18\n \x01(\x0b\x32\x12.trident.v1.Tensor\x12\'\n\x0b\x61ux_targets\x18\x0b \x01(\x0b\x32\x12.trident.v1.TensorB\x11\n\x0f_policy_version\"\xb1\x03\n\x0cStepResponse\x12\x34\n\x06losses\x18\x01 \x03(\x0b\x32$.trident.v1.StepResponse.LossesEntry\x12\x11\n\tgrad_norm\x18\x02 \x01(\x02\x12\x0f\n\x07\x65ntropy\x18\x03 \x01(\x02\x12\x11\n\tapprox_kl\x18\x04 \x01(\x02\x12\x15\n\rclip_fraction\x18\x05 \x01(\x02\x12\x0f\n\x07skipped\x18\x06 \x01(\x08\x12\x13\n\x0bskip_reason\x18\x07 \x01(\t\x12\x13\n\x0bglobal_step\x18\x08 \x01(\x03\x12\x12\n\npolicy_lag\x18\t \x01(\x03\x12;\n\ntimings_ms\x18\n \x03(\x0b\x32\'.trident.v1.StepResponse.TimingsMsEntry\x12\x17\n\x0fupdates_applied\x18\x0b \x01(\x05\x12\x17\n\x0fupdates_skipped\x18\x0c \x01(\x05\x1a-\n\x0bLossesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\":\n\x11StreamStepRequest\x12%\n\x04step\x18\x01 \x01(\x0b\x32\x17.trident.v1.StepRequest\"<\n\x12StreamStepResponse\x12&\n\x04step\x18\x01 \x01(\x0b\x32\x18.trident.v1.StepResponse\"a\n\nActRequest\x12\x1f\n\x03obs\x18\x01 \x01(\x0b\x32\x12.trident.v1.Tensor\x12!\n\x04mode\x18\x02 \x01(\x0e\x32\x13.trident.v1.ActMode\x12\x0f\n\x07\x65psilon\x18\x03 \x01(\x02\"\x95\x01\n\x0b\x41\x63tResponse\x12#\n\x07\x61\x63tions\x18\x01 \x01(\x0b\x32\x12.trident.v1.Tensor\x12%\n\tlog_probs\x18\x02 \x01(\x0b\x32\x12.trident.v1.Tensor\x12\"\n\x06values\x18\x03 \x01(\x0b\x32\x12.trident.v1.Tensor\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\"n\n\x0e\x43heckpointInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bglobal_step\x18\x02 \x01(\x03\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12\x14\n\x0c\x63reated_unix\x18\x04 \x01(\x01\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\"/\n\x11\x43heckpointRequest\x12\x11\n\x04name\x18\x01 \x01(\tH\x00\x88\x01\x01\x42\x07\n\x05_name\"D\n\x12\x43heckpointResponse\x12.\n\ncheckpoint\x18\x01 \x01(\x0b\x32\x1a.trident.v1.CheckpointInfo\"\x1e\n\x0eRestoreRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"W\n\x0fRestoreResponse\x12.\n\ncheckpoint\x18\x01 \x01(\x0b\x32\x1a.trident.v1.CheckpointInfo\x12\x14\n\x0cparam_digest\x18\x02 \x01(\t\"\x18\n\x16ListCheckpointsRequest\"J\n\x17ListCheckpointsResponse\x12/\n\x0b\x63heckpoints\x18\x01 \x03(\x0b\x32\x1a.trident.v1.CheckpointInfo\"\x12\n\x10GetStatusRequest\"\xe8\x01\n\x11GetStatusResponse\x12\x13\n\x0bglobal_step\x18\x01 \x01(\x03\x12\x0f\n\x07\x62\x61\x63kend\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x04 \x01(\t\x12\x14\n\x0cparam_digest\x18\x05 \x01(\t\x12\x16\n\x0einference_only\x18\x06 \x01(\x08\x12\x18\n\x10step_queue_depth\x18\x07 \x01(\x05\x12\x13\n\x0breplay_size\x18\x08 \x01(\x03\x12\x0f\n\x07version\x18\t \x01(\t\x12\x1a\n\x12kernel_abi_version\x18\n \x01(\x05\"\x8b\x01\n\x18UpdateHyperparamsRequest\x12@\n\x06values\x18\x01 \x03(\x0b\x32\x30.trident.v1.UpdateHyperparamsRequest.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"0\n\x19UpdateHyperparamsResponse\x12\x13\n\x0b\x63onfig_json\x18\x01 \x01(\t*\x8e\x01\n\x05\x44Type\x12\x16\n\x12\x44_TYPE_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x44_TYPE_FLOAT32\x10\x01\x12\x12\n\x0e\x44_TYPE_FLOAT64\x10\x02\x12\x10\n\x0c\x44_TYPE_INT32\x10\x03\x12\x10\n\x0c\x44_TYPE_INT64\x10\x04\x12\x10\n\x0c\x44_TYPE_UINT8\x10\x05\x12\x0f\n\x0b\x44_TYPE_BOOL\x10\x06*\x84\x01\n\x07\x41\x63tMode\x12\x18\n\x14\x41\x43T_MODE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x41\x43T_MODE_SAMPLE\x10\x01\x12\x16\n\x12\x41\x43T_MODE_GREEDY_PI\x10\x02\x12\x15\n\x11\x41\x43T_MODE_GREEDY_Q\x10\x03\x12\x1b\n\x17\x41\x43T_MODE_EPSILON_GREEDY\x10\x04\x32\xed\x04\n\x0eTrainerService\x12\x39\n\x04Step\x12\x17.trident.v1.StepRequest\x1a\x18.trident.v1.StepResponse\x12O\n\nStreamStep\x12\x1d.trident.v1.StreamStepRequest\x1a\x1e.trident.v1.StreamStepResponse(\x01\x30\x01\x12\x36\n\x03\x41\x63t\x12\x16.trident.v1.ActRequest\x1a\x17.trident.v1.ActResponse\x12K\n\nCheckpoint\x12\x1d.trident.v1.CheckpointRequest\x1a\x1e.trident.v1.CheckpointResponse\x12\x42\n\x07Restore\x12\x1a.trident.v1.RestoreRequest\x1a\x1b.trident.v1.RestoreResponse\x12Z\n\x0fListCheckpoints\x12\".trident.v1.ListCheckpointsRequest\x1a#.trident.v1.ListCheckpointsResponse\x12H\n\tGetStatus\x12\x1c.trident.v1.GetStatusRequest\x1a\x1d.trident.v1.GetStatusResponse\x12`\n\x11UpdateHyperparams\x12$.trident.v1.UpdateHyperparamsRequest\x1a%.trident.v1.UpdateHyperparamsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$service/api/trident/v1/trainer.proto\x12\ntrident.v1\"G\n\x06Tensor\x12\r\n\x05shape\x18\x01 \x03(\x03\x12 \n\x05\x64type\x18\x02 \x01(\x0e\x32\x11.trident.v1.DType\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xcc\x03\n\x0bStepRequest\x12\x1f\n\x03obs\x18\x01 \x01(\x0b\x32\x12.trident.v1.Tensor\x12#\n\x07\x61\x63tions\x18\x02 \x01(\x0b\x32\x12.trident.v1.Tensor\x12#\n\x07rewards\x18\x03 \x01(\x0b\x32\x12.trident.v1.Tensor\x12&\n\nterminated\x18\x04 \x01(\x0b\x32\x12.trident.v1.Tensor\x12%\n\ttruncated\x18\x05 \x01(\x0b\x32\x12.trident.v1.Tensor\x12.\n\x12\x62\x65havior_log_probs\x18\x06 \x01(\x0b\x32\x12.trident.v1.Tensor\x12%\n\tfinal_obs\x18\x07 \x01(\x0b\x32\x12.trident.v1.Tensor\x12+\n\x0f\x66inal_obs_index\x18\x08 \x01(\x0b\x32\x12.trident.v1.Tensor\x12\x1b\n\x0epolicy_version\x18\t \x01(\x03H\x00\x88\x01\x01\x12&\n\nbce_labels\x18\n \x01(\x0b\x32\x12.trident.v1.Tensor\x12\'\n\x0b\x61ux_targets\x18\x0b \x01(\x0b\x32\x12.trident.v1.TensorB\x11\n\x0f_policy_version\"\xb1\x03\n\x0cStepResponse\x12\x34\n\x06losses\x18\x01 \x03(\x0b\x32$.trident.v1.StepResponse.LossesEntry\x12\x11\n\tgrad_norm\x18\x02 \x01(\x02\x12\x0f\n\x07\x65ntropy\x18\x03 \x01(\x02\x12\x11\n\tapprox_kl\x18\x04 \x01(\x02\x12\x15\n\rclip_fraction\x18\x05 \x01(\x02\x12\x0f\n\x07skipped\x18\x06 \x01(\x08\x12\x13\n\x0bskip_reason\x18\x07 \x01(\t\x12\x13\n\x0bglobal_step\x18\x08 \x01(\x03\x12\x12\n\npolicy_lag\x18\t \x01(\x03\x12;\n\ntimings_ms\x18\n \x03(\x0b\x32\'.trident.v1.StepResponse.TimingsMsEntry\x12\x17\n\x0fupdates_applied\x18\x0b \x01(\x05\x12\x17\n\x0fupdates_skipped\x18\x0c \x01(\x05\x1a-\n\x0bLossesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\":\n\x11StreamStepRequest\x12%\n\x04step\x18\x01 \x01(\x0b\x32\x17.trident.v1.StepRequest\"<\n\x12StreamStepResponse\x12&\n\x04step\x18\x01 \x01(\x0b\x32\x18.trident.v1.StepResponse\"a\n\nActRequest\x12\x1f\n\x03obs\x18\x01 \x01(\x0b\x32\x12.trident.v1.Tensor\x12!\n\x04mode\x18\x02 \x01(\x0e\x32\x13.trident.v1.ActMode\x12\x0f\n\x07\x65psilon\x18\x03 \x01(\x02\"\x95\x01\n\x0b\x41\x63tResponse\x12#\n\x07\x61\x63tions\x18\x01 \x01(\x0b\x32\x12.trident.v1.Tensor\x12%\n\tlog_probs\x18\x02 \x01(\x0b\x32\x12.trident.v1.Tensor\x12\"\n\x06values\x18\x03 \x01(\x0b\x32\x12.trident.v1.Tensor\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\"\x8e\x01\n\x0e\x43heckpointInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bglobal_step\x18\x02 \x01(\x03\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12\x14\n\x0c\x63reated_unix\x18\x04 \x01(\x01\x12\x14\n\x07save_ms\x18\x06 \x01(\x01H\x00\x88\x01\x01\x42\n\n\x08_save_msJ\x04\x08\x05\x10\x06R\x07seconds\"/\n\x11\x43heckpointRequest\x12\x11\n\x04name\x18\x01 \x01(\tH\x00\x88\x01\x01\x42\x07\n\x05_name\"D\n\x12\x43heckpointResponse\x12.\n\ncheckpoint\x18\x01 \x01(\x0b\x32\x1a.trident.v1.CheckpointInfo\"\x1e\n\x0eRestoreRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"W\n\x0fRestoreResponse\x12.\n\ncheckpoint\x18\x01 \x01(\x0b\x32\x1a.trident.v1.CheckpointInfo\x12\x14\n\x0cparam_digest\x18\x02 \x01(\t\"\x18\n\x16ListCheckpointsRequest\"J\n\x17ListCheckpointsResponse\x12/\n\x0b\x63heckpoints\x18\x01 \x03(\x0b\x32\x1a.trident.v1.CheckpointInfo\"\x12\n\x10GetStatusRequest\"\x93\x02\n\x11GetStatusResponse\x12\x13\n\x0bglobal_step\x18\x01 \x01(\x03\x12\x0f\n\x07\x62\x61\x63kend\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x04 \x01(\t\x12\x14\n\x0cparam_digest\x18\x05 \x01(\t\x12\x16\n\x0einference_only\x18\x06 \x01(\x08\x12\x18\n\x10step_queue_depth\x18\x07 \x01(\x05\x12\x13\n\x0breplay_size\x18\x08 \x01(\x03\x12\x0f\n\x07version\x18\t \x01(\t\x12\x1a\n\x12kernel_abi_version\x18\n \x01(\x05\x12\x11\n\tauth_mode\x18\x0b \x01(\t\x12\x16\n\x0e\x61uth_token_set\x18\x0c \x01(\x08\"\x8b\x01\n\x18UpdateHyperparamsRequest\x12@\n\x06values\x18\x01 \x03(\x0b\x32\x30.trident.v1.UpdateHyperparamsRequest.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"0\n\x19UpdateHyperparamsResponse\x12\x13\n\x0b\x63onfig_json\x18\x01 \x01(\t*\x8e\x01\n\x05\x44Type\x12\x16\n\x12\x44_TYPE_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x44_TYPE_FLOAT32\x10\x01\x12\x12\n\x0e\x44_TYPE_FLOAT64\x10\x02\x12\x10\n\x0c\x44_TYPE_INT32\x10\x03\x12\x10\n\x0c\x44_TYPE_INT64\x10\x04\x12\x10\n\x0c\x44_TYPE_UINT8\x10\x05\x12\x0f\n\x0b\x44_TYPE_BOOL\x10\x06*\x84\x01\n\x07\x41\x63tMode\x12\x18\n\x14\x41\x43T_MODE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x41\x43T_MODE_SAMPLE\x10\x01\x12\x16\n\x12\x41\x43T_MODE_GREEDY_PI\x10\x02\x12\x15\n\x11\x41\x43T_MODE_GREEDY_Q\x10\x03\x12\x1b\n\x17\x41\x43T_MODE_EPSILON_GREEDY\x10\x04\x32\xed\x04\n\x0eTrainerService\x12\x39\n\x04Step\x12\x17.trident.v1.StepRequest\x1a\x18.trident.v1.StepResponse\x12O\n\nStreamStep\x12\x1d.trident.v1.StreamStepRequest\x1a\x1e.trident.v1.StreamStepResponse(\x01\x30\x01\x12\x36\n\x03\x41\x63t\x12\x16.trident.v1.ActRequest\x1a\x17.trident.v1.ActResponse\x12K\n\nCheckpoint\x12\x1d.trident.v1.CheckpointRequest\x1a\x1e.trident.v1.CheckpointResponse\x12\x42\n\x07Restore\x12\x1a.trident.v1.RestoreRequest\x1a\x1b.trident.v1.RestoreResponse\x12Z\n\x0fListCheckpoints\x12\".trident.v1.ListCheckpointsRequest\x1a#.trident.v1.ListCheckpointsResponse\x12H\n\tGetStatus\x12\x1c.trident.v1.GetStatusRequest\x1a\x1d.trident.v1.GetStatusResponse\x12`\n\x11UpdateHyperparams\x12$.trident.v1.UpdateHyperparamsRequest\x1a%.trident.v1.UpdateHyperparamsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,10 +37,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STEPRESPONSE_TIMINGSMSENTRY']._serialized_options = b'8\001'
   _globals['_UPDATEHYPERPARAMSREQUEST_VALUESENTRY']._loaded_options = None
   _globals['_UPDATEHYPERPARAMSREQUEST_VALUESENTRY']._serialized_options = b'8\001'
-  _globals['_DTYPE']._serialized_start=2299
-  _globals['_DTYPE']._serialized_end=2441
-  _globals['_ACTMODE']._serialized_start=2444
-  _globals['_ACTMODE']._serialized_end=2576
+  _globals['_DTYPE']._serialized_start=2375
+  _globals['_DTYPE']._serialized_end=2517
+  _globals['_ACTMODE']._serialized_start=2520
+  _globals['_ACTMODE']._serialized_end=2652
   _globals['_TENSOR']._serialized_start=52
   _globals['_TENSOR']._serialized_end=123
   _globals['_STEPREQUEST']._serialized_start=126
@@ -59,30 +59,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ACTREQUEST']._serialized_end=1243
   _globals['_ACTRESPONSE']._serialized_start=1246
   _globals['_ACTRESPONSE']._serialized_end=1395
-  _globals['_CHECKPOINTINFO']._serialized_start=1397
-  _globals['_CHECKPOINTINFO']._serialized_end=1507
-  _globals['_CHECKPOINTREQUEST']._serialized_start=1509
-  _globals['_CHECKPOINTREQUEST']._serialized_end=1556
-  _globals['_CHECKPOINTRESPONSE']._serialized_start=1558
-  _globals['_CHECKPOINTRESPONSE']._serialized_end=1626
-  _globals['_RESTOREREQUEST']._serialized_start=1628
-  _globals['_RESTOREREQUEST']._serialized_end=1658
-  _globals['_RESTORERESPONSE']._serialized_start=1660
-  _globals['_RESTORERESPONSE']._serialized_end=1747
-  _globals['_LISTCHECKPOINTSREQUEST']._serialized_start=1749
-  _globals['_LISTCHECKPOINTSREQUEST']._serialized_end=1773
-  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_start=1775
-  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_end=1849
-  _globals['_GETSTATUSREQUEST']._serialized_start=1851
-  _globals['_GETSTATUSREQUEST']._serialized_end=1869
-  _globals['_GETSTATUSRESPONSE']._serialized_start=1872
-  _globals['_GETSTATUSRESPONSE']._serialized_end=2104
-  _globals['_UPDATEHYPERPARAMSREQUEST']._serialized_start=2107
-  _globals['_UPDATEHYPERPARAMSREQUEST']._serialized_end=2246
-  _globals['_UPDATEHYPERPARAMSREQUEST_VALUESENTRY']._serialized_start=2201
-  _globals['_UPDATEHYPERPARAMSREQUEST_VALUESENTRY']._serialized_end=2246
-  _globals['_UPDATEHYPERPARAMSRESPONSE']._serialized_start=2248
-  _globals['_UPDATEHYPERPARAMSRESPONSE']._serialized_end=2296
-  _globals['_TRAINERSERVICE']._serialized_start=2579
-  _globals['_TRAINERSERVICE']._serialized_end=3200
+  _globals['_CHECKPOINTINFO']._serialized_start=1398
+  _globals['_CHECKPOINTINFO']._serialized_end=1540
+  _globals['_CHECKPOINTREQUEST']._serialized_start=1542
+  _globals['_CHECKPOINTREQUEST']._serialized_end=1589
+  _globals['_CHECKPOINTRESPONSE']._serialized_start=1591
+  _globals['_CHECKPOINTRESPONSE']._serialized_end=1659
+  _globals['_RESTOREREQUEST']._serialized_start=1661
+  _globals['_RESTOREREQUEST']._serialized_end=1691
+  _globals['_RESTORERESPONSE']._serialized_start=1693
+  _globals['_RESTORERESPONSE']._serialized_end=1780
+  _globals['_LISTCHECKPOINTSREQUEST']._serialized_start=1782
+  _globals['_LISTCHECKPOINTSREQUEST']._serialized_end=1806
+  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_start=1808
+  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_end=1882
+  _globals['_GETSTATUSREQUEST']._serialized_start=1884
+  _globals['_GETSTATUSREQUEST']._serialized_end=1902
+  _globals['_GETSTATUSRESPONSE']._serialized_start=1905
+  _globals['_GETSTATUSRESPONSE']._serialized_end=2180
+  _globals['_UPDATEHYPERPARAMSREQUEST']._serialized_start=2183
+  _globals['_UPDATEHYPERPARAMSREQUEST']._serialized_end=2322
+  _globals['_UPDATEHYPERPARAMSREQUEST_VALUESENTRY']._serialized_start=2277
+  _globals['_UPDATEHYPERPARAMSREQUEST_VALUESENTRY']._serialized_end=2322
+  _globals['_UPDATEHYPERPARAMSRESPONSE']._serialized_start=2324
+  _globals['_UPDATEHYPERPARAMSRESPONSE']._serialized_end=2372
+  _globals['_TRAINERSERVICE']._serialized_start=2655
+  _globals['_TRAINERSERVICE']._serialized_end=3276
 # @@protoc_insertion_point(module_scope)

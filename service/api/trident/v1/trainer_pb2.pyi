@@ -150,18 +150,18 @@ class ActResponse(_message.Message):
     def __init__(self, actions: _Optional[_Union[Tensor, _Mapping]] = ..., log_probs: _Optional[_Union[Tensor, _Mapping]] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ..., policy_version: _Optional[int] = ...) -> None: ...
 
 class CheckpointInfo(_message.Message):
-    __slots__ = ("name", "global_step", "size_bytes", "created_unix", "seconds")
+    __slots__ = ("name", "global_step", "size_bytes", "created_unix", "save_ms")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     CREATED_UNIX_FIELD_NUMBER: _ClassVar[int]
-    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SAVE_MS_FIELD_NUMBER: _ClassVar[int]
     name: str
     global_step: int
     size_bytes: int
     created_unix: float
-    seconds: float
-    def __init__(self, name: _Optional[str] = ..., global_step: _Optional[int] = ..., size_bytes: _Optional[int] = ..., created_unix: _Optional[float] = ..., seconds: _Optional[float] = ...) -> None: ...
+    save_ms: float
+    def __init__(self, name: _Optional[str] = ..., global_step: _Optional[int] = ..., size_bytes: _Optional[int] = ..., created_unix: _Optional[float] = ..., save_ms: _Optional[float] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
     __slots__ = ("name",)
@@ -204,7 +204,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("global_step", "backend", "device", "config_json", "param_digest", "inference_only", "step_queue_depth", "replay_size", "version", "kernel_abi_version")
+    __slots__ = ("global_step", "backend", "device", "config_json", "param_digest", "inference_only", "step_queue_depth", "replay_size", "version", "kernel_abi_version", "auth_mode", "auth_token_set")
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
@@ -215,6 +215,8 @@ class GetStatusResponse(_message.Message):
     REPLAY_SIZE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     KERNEL_ABI_VERSION_FIELD_NUMBER: _ClassVar[int]
+    AUTH_MODE_FIELD_NUMBER: _ClassVar[int]
+    AUTH_TOKEN_SET_FIELD_NUMBER: _ClassVar[int]
     global_step: int
     backend: str
     device: str
@@ -225,7 +227,9 @@ class GetStatusResponse(_message.Message):
     replay_size: int
     version: str
     kernel_abi_version: int
-    def __init__(self, global_step: _Optional[int] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., config_json: _Optional[str] = ..., param_digest: _Optional[str] = ..., inference_only: _Optional[bool] = ..., step_queue_depth: _Optional[int] = ..., replay_size: _Optional[int] = ..., version: _Optional[str] = ..., kernel_abi_version: _Optional[int] = ...) -> None: ...
+    auth_mode: str
+    auth_token_set: bool
+    def __init__(self, global_step: _Optional[int] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., config_json: _Optional[str] = ..., param_digest: _Optional[str] = ..., inference_only: _Optional[bool] = ..., step_queue_depth: _Optional[int] = ..., replay_size: _Optional[int] = ..., version: _Optional[str] = ..., kernel_abi_version: _Optional[int] = ..., auth_mode: _Optional[str] = ..., auth_token_set: _Optional[bool] = ...) -> None: ...
 
 class UpdateHyperparamsRequest(_message.Message):
     __slots__ = ("values",)
