@@ -50,7 +50,7 @@ from service.vector_env import collect_rollout
 CARTPOLE = ("model.obs_dim=4", "model.num_actions=2", "model.aux_dim=0")
 SOLVED = 475.0  # CartPole-v1's reward threshold
 WINDOW = 100  # finished episodes averaged for the solved test
-EVAL_JSON = Path("trident_eval", "eval.json")  # what the main job writes into its folder
+EVAL_JSON = "eval.json"  # what the main job writes into its run folder (--run-dir)
 
 
 # ------------------------------------------------------------------------------ CartPole
@@ -116,10 +116,10 @@ def cartpole(args: argparse.Namespace) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------ LobSim
 def lobsim_run(seed: int, sets: list[str], workdir: Path, timeout_s: float) -> dict[str, Any]:
-    """The main job for one seed in its own folder; its evaluation JSON and wall time."""
+    """The main job for one seed in its own run folder; its evaluation JSON and wall time."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"seed{seed}-", dir=workdir))
     command = [sys.executable, "-m", "service.cli", "train", "--no-checkpoint",
-               "--set", f"train.seed={seed}"]  # fmt: skip
+               "--run-dir", str(run_dir), "--set", f"train.seed={seed}"]  # fmt: skip
     for setting in sets:
         command += ["--set", setting]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIDENT_")}

@@ -78,19 +78,43 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         const="latest",
         metavar="NAME",
-        help="lobsim: restore the newest checkpoint (or NAME) first, then run up to train.steps",
+        help="lobsim: restore the newest checkpoint of --run-dir (or NAME) first, then run up "
+        "to train.steps",
     )
-    train_cmd.add_argument("--log-csv", default="trident_train.csv", help="lobsim: per-Step log")
     train_cmd.add_argument(
-        "--curve-png", default="trident_train.png", help="lobsim: learning curve written at the end"
+        "--run-dir",
+        metavar="DIR",
+        help="run folder: config.toml, checkpoints/ (unless checkpoint.dir is set) and for "
+        "lobsim train.csv, train.png, eval.json, eval.txt, eval.png (default: runs/<env>-<UTC "
+        "time>, printed at the start)",
+    )
+    train_cmd.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="lobsim: also write every train.csv column as TensorBoard scalars train/<column> "
+        "to DIR (pip install '.[tensorboard]')",
     )
 
     eval_cmd = commands.add_parser(
-        "eval", help="a LobSim checkpoint's greedy policy against baselines on held-out markets"
+        "eval",
+        help="a LobSim checkpoint's greedy policy against baselines on held-out markets",
+        description="Play a LobSim checkpoint's greedy policy and the baselines on the same "
+        "held-out markets; print the table and the verdict, write eval.json, eval.txt and "
+        "eval.png.",
+        epilog=evaluate.columns_help(),
     )
     _add_config_flags(eval_cmd)  # the lobsim section: the markets played
-    eval_cmd.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint name")
-    eval_cmd.add_argument("--checkpoint-dir", help="checkpoint root (default checkpoint.dir)")
+    eval_cmd.add_argument(
+        "checkpoint",
+        metavar="CHECKPOINT",
+        help="a checkpoint's folder, as `trident train` prints it, or its name under "
+        "--checkpoint-dir",
+    )
+    eval_cmd.add_argument(
+        "--checkpoint-dir",
+        help="where CHECKPOINT is (default checkpoint.dir, or the current directory where that "
+        "is empty)",
+    )
     eval_cmd.add_argument(
         "--episodes",
         type=int,
@@ -107,7 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="training markets per Avellaneda-Stoikov (gamma, k) pair in its grid search",
     )
     eval_cmd.add_argument(
-        "--out-dir", default="eval", help="directory for eval.json (every number) and eval.png"
+        "--out-dir",
+        default="eval",
+        help="directory for eval.json (every number), eval.txt (what is printed) and eval.png",
     )
 
     serve = commands.add_parser("serve", help="run the gRPC trainer service")
@@ -194,7 +220,8 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.tune_markets < 2:
         raise InvalidInput("--tune-markets", "an integer >= 2", args.tune_markets)
     config = load_config(args.config, overrides=args.overrides)
-    saved, params = load_policy(args.checkpoint_dir or config.checkpoint.dir, args.checkpoint)
+    checkpoint = Path(args.checkpoint_dir or config.checkpoint.dir or ".", args.checkpoint)
+    saved, params = load_policy(checkpoint.parent, checkpoint.name)
     # the checkpoint's model must be shaped for the markets of this config
     check_compatible(saved, lobsim_model(replace(saved, lobsim=config.lobsim)), args.checkpoint)
     train_seed = saved.train.seed
@@ -207,7 +234,7 @@ def run_eval(args: argparse.Namespace) -> int:
     trainer.load_params(params)
     agent = lambda obs, mask: trainer.act(obs, ActMode.GREEDY_PI).actions  # noqa: E731
     print(
-        f"trident eval: checkpoint {args.checkpoint}, {args.episodes} held-out markets, "
+        f"trident eval: checkpoint {checkpoint}, {args.episodes} held-out markets, "
         f"seed {seed}, horizon {config.lobsim.horizon}",
         flush=True,
     )
@@ -218,9 +245,27 @@ def run_eval(args: argparse.Namespace) -> int:
         title=args.checkpoint,
     )  # fmt: skip
     print(report.text())
-    print(f"json -> {out_dir / evaluate.JSON_NAME}, plot -> {out_dir / evaluate.PNG_NAME}",
-          flush=True)  # fmt: skip
+    names = (evaluate.JSON_NAME, evaluate.TEXT_NAME, evaluate.PNG_NAME)
+    print(f"evaluation -> {', '.join(str(out_dir / name) for name in names)}", flush=True)
     return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """`trident train`: the main job (LobSim) or the bandit job, into a run folder."""
+    from service.errors import InvalidInput
+    from service.jobs.run_folder import new_run_dir
+
+    config = load_config(args.config, overrides=args.overrides)
+    if args.resume and not (args.run_dir or config.checkpoint.dir):
+        raise InvalidInput("--resume", "--run-dir naming the run to continue", "no --run-dir")
+    if args.env == "bandit" and (args.resume or args.tensorboard):
+        flag = "--resume" if args.resume else "--tensorboard"
+        raise InvalidInput(flag, "--env lobsim (the bandit job has no per-Step log)", "bandit")
+    run_dir = Path(args.run_dir) if args.run_dir else new_run_dir(args.env)
+    if args.env == "bandit":
+        return run_train_bandit(config, run_dir, write_checkpoint=not args.no_checkpoint)
+    tensorboard = Path(args.tensorboard) if args.tensorboard else None
+    return run_train_lobsim(config, run_dir, not args.no_checkpoint, args.resume, tensorboard)
 
 
 def run_export(args: argparse.Namespace) -> int:
@@ -341,16 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "train":
-            config = load_config(args.config, overrides=args.overrides)
-            if args.env == "lobsim":
-                return run_train_lobsim(
-                    config,
-                    write_checkpoint=not args.no_checkpoint,
-                    resume=args.resume,
-                    log_csv=Path(args.log_csv),
-                    curve_png=Path(args.curve_png),
-                )
-            return run_train_bandit(config, write_checkpoint=not args.no_checkpoint)
+            return run_train(args)
         if args.command == "eval":
             return run_eval(args)
         if args.command == "serve":

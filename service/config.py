@@ -6,6 +6,7 @@ Each field declares its constraint once, next to it (``_f(default, ge=..., choic
 every section validates itself on construction, so invalid configs cannot exist.
 """
 
+import json
 import math
 import os
 import tomllib
@@ -27,10 +28,14 @@ __all__ = [
     "TrainConfig",
     "load_config",
     "sized_for",
+    "with_checkpoint_dir",
     "with_overrides",
 ]
 
 ENV_PREFIX = "TRIDENT_"
+# `trident serve`'s checkpoint.dir when it is left empty: one fixed folder, so a restarted
+# server's `--restore NAME` finds the previous one's checkpoints, apart from training runs'
+SERVE_CHECKPOINT_DIR = "runs/serve/checkpoints"
 _BOOL_WORDS = {"true": True, "false": False, "1": True, "0": False,
                "yes": True, "no": False, "on": True, "off": False}
 
@@ -182,7 +187,9 @@ class ReplayConfig(_Section):
 class CheckpointConfig(_Section):
     """Checkpoint location and retention."""
 
-    dir: str = "checkpoints"  # directory for checkpoint files
+    # directory for checkpoint files; empty: the command's own (`trident train`: the run
+    # folder's checkpoints/, `trident serve`: SERVE_CHECKPOINT_DIR, stable across restarts)
+    dir: str = ""
     keep_last: int = _f(5, ge=1)  # newest checkpoints kept on disk
     every_steps: int = _f(0, ge=0)  # training steps between checkpoints; 0 disables
 
@@ -324,12 +331,35 @@ class Config:
             del public["server"][key]
         return public
 
+    def to_toml(self) -> str:
+        """`public_dict()` as a TOML document that `load_config` reads back to this config."""
+        lines = []
+        for section, table in self.public_dict().items():
+            lines += ["", f"[{section}]"] if lines else [f"[{section}]"]
+            lines += [f"{key} = {_toml_value(value)}" for key, value in table.items()]
+        return "\n".join(lines) + "\n"
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Config":
         """Validated config from a nested dict (e.g. a checkpoint's); missing keys default."""
         raw: dict[str, dict[str, Any]] = {}
         _merge_tables(raw, d, source=None)
         return _build(raw)
+
+
+def _toml_value(value: str | int | float | bool) -> str:
+    """One setting as TOML: a JSON string is a TOML basic string; floats keep their repr (the
+    config holds finite ones only); bool before int, since bool is an int."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value)
+
+
+def with_checkpoint_dir(cfg: Config, default: str | os.PathLike[str]) -> Config:
+    """`cfg` with checkpoint.dir set to the command's `default` where it is left empty."""
+    return cfg if cfg.checkpoint.dir else with_overrides(cfg, [f"checkpoint.dir={default}"])
 
 
 def _check_auth_mode(server: ServerConfig) -> None:

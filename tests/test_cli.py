@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,19 +29,22 @@ def test_train_prints_progress_and_writes_a_checkpoint(tmp_path: Path) -> None:
         '[model]\nobs_dim = 12\nhidden_dim = 32\n[train]\nbackend = "numpy"\nsteps = 6\n'
         "log_every = 2\nnum_envs = 8\nrollout_len = 4\n[replay]\nmin_size = 16\nbatch_size = 16\n"
     )
-    done = trident(
-        "train", "--env", "bandit", "--config", "small.toml", "--set", "checkpoint.dir=ckpt",
-        cwd=tmp_path,
-    )  # fmt: skip
+    done = trident("train", "--env", "bandit", "--config", "small.toml", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("trident train: backend=numpy")
+    # the default run folder, printed at the start: runs/<env>-<UTC time>
+    (run,) = (tmp_path / "runs").iterdir()
+    assert re.fullmatch(r"bandit-\d{8}-\d{6}", run.name)
+    assert lines[1].startswith(f"run folder {Path('runs', run.name)}: config.toml")
+    assert (run / "config.toml").is_file()
     progress = [line for line in lines if line.startswith("step ")]
     assert [line.split()[1] for line in progress] == ["2/6", "4/6", "6/6"]
     assert all("greedy-π" in line and "samples/s" in line for line in progress)
     assert "done: 6 steps, 192 samples" in done.stdout
-    (saved,) = list_checkpoints(tmp_path / "ckpt")
+    (saved,) = list_checkpoints(run / "checkpoints")
     assert saved.global_step == 6 and saved.name in done.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs", "small.toml"]
 
 
 def test_train_on_lobsim_compares_with_the_baselines(tmp_path: Path) -> None:
@@ -49,13 +53,15 @@ def test_train_on_lobsim_compares_with_the_baselines(tmp_path: Path) -> None:
         "num_envs = 8\nrollout_len = 4\n[replay]\nmin_size = 16\nbatch_size = 16\n"
         "[lobsim]\nhorizon = 6\n"
     )
-    done = trident("train", "--config", "small.toml", "--set", "checkpoint.dir=ckpt", cwd=tmp_path)
+    done = trident("train", "--config", "small.toml", "--run-dir", "run", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("trident train: backend=numpy env=lobsim")
+    assert lines[1].startswith("run folder run: config.toml, train.csv, train.png, eval.json")
     progress = [line for line in lines if line.startswith("step ")]
     assert [line.split()[1] for line in progress] == ["2/4", "4/4"]
     assert all("env steps/s" in line and "episode return" in line for line in progress)
+    assert "\r" not in done.stdout  # no progress bar outside a terminal
     (header,) = [line for line in lines if line.startswith("evaluation: ")]
     assert header.startswith("evaluation: 256 held-out markets, seed 1000003;")
     policies = ("trained (greedy-π)", "hold", "random", "quote(0,0)", "inventory-skew",
@@ -63,31 +69,47 @@ def test_train_on_lobsim_compares_with_the_baselines(tmp_path: Path) -> None:
     for policy in policies:  # its metrics row first; a baseline's paired row follows
         row = next(line for line in lines if line.startswith(policy))
         assert row.count("±") + row.count("n/a") == 8, row
-    (verdict,) = [line for line in lines if line.startswith("verdict: the best baseline is ")]
-    assert "the trained agent" in verdict
-    saved_eval = json.loads((tmp_path / "trident_eval" / "eval.json").read_text())
+    (verdict,) = [line for line in lines if line.startswith("verdict (256 held-out markets, "
+                                                            "seed 1000003): the trained agent")]
+    assert "the best baseline" in verdict
+    run = tmp_path / "run"
+    saved_eval = json.loads((run / "eval.json").read_text())
     assert saved_eval["seed"] == 1_000_003 and saved_eval["verdict"] == verdict
-    assert (tmp_path / "trident_eval" / "eval.png").read_bytes().startswith(b"\x89PNG")
-    (saved,) = list_checkpoints(tmp_path / "ckpt")
+    assert (run / "eval.txt").read_text().splitlines()[-1] == verdict
+    assert (run / "eval.png").read_bytes().startswith(b"\x89PNG")
+    (saved,) = list_checkpoints(run / "checkpoints")
     assert saved.global_step == 4
-    assert (tmp_path / "trident_train.png").read_bytes().startswith(b"\x89PNG")
-    log = (tmp_path / "trident_train.csv").read_text().splitlines()
+    assert (run / "train.png").read_bytes().startswith(b"\x89PNG")
+    log = (run / "train.csv").read_text().splitlines()
     assert log[0].startswith("step,elapsed_s")
     assert [row.split(",")[0] for row in log[1:]] == list("1234")
-    # --resume: the newest checkpoint, then the Steps left up to train.steps
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "small.toml"]
+    # --resume: the run's newest checkpoint, then the Steps left up to train.steps
     resumed = trident(
-        "train", "--config", "small.toml", "--set", "checkpoint.dir=ckpt",
-        "--set", "train.steps=6", "--resume", cwd=tmp_path,
+        "train", "--config", "small.toml", "--run-dir", "run", "--set", "train.steps=6",
+        "--resume", cwd=tmp_path,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed from {saved.name} at step 4" in resumed.stdout
-    log = (tmp_path / "trident_train.csv").read_text().splitlines()
+    log = (run / "train.csv").read_text().splitlines()
     assert [row.split(",")[0] for row in log[1:]] == list("123456")
-    assert max(c.global_step for c in list_checkpoints(tmp_path / "ckpt")) == 6
+    assert max(c.global_step for c in list_checkpoints(run / "checkpoints")) == 6
+    # an explicit checkpoint.dir wins over the run folder's
+    elsewhere = trident(
+        "train", "--config", "small.toml", "--run-dir", "run2", "--set", "checkpoint.dir=ckpt",
+        "--resume", cwd=tmp_path,
+    )  # fmt: skip
+    assert elsewhere.returncode == 2 and "a checkpoint in ckpt" in elsewhere.stderr
 
 
 def test_bad_setting_fails_naming_the_key(tmp_path: Path) -> None:
     done = trident("train", "--set", "ppo.clip_eps=-1", cwd=tmp_path)
     assert done.returncode == 2
     assert "ppo.clip_eps" in done.stderr and "-1" in done.stderr
-    assert not (tmp_path / "checkpoints").exists()
+    assert not list(tmp_path.iterdir())
+
+
+def test_resume_needs_the_run_to_continue(tmp_path: Path) -> None:
+    done = trident("train", "--resume", cwd=tmp_path)
+    assert done.returncode == 2 and "--resume: expected --run-dir" in done.stderr
+    assert not list(tmp_path.iterdir())

@@ -52,7 +52,7 @@ def test_defaults() -> None:
     assert cfg.optim.lr == 0 and cfg.optim.eps == 1e-8 and cfg.optim.max_grad_norm == 1.0
     assert cfg.optim.clip_scope == "group" and cfg.ppo.value_norm is True
     assert (cfg.replay.capacity, cfg.replay.batch_size, cfg.replay.min_size) == (100_000, 256, 1000)
-    assert cfg.checkpoint.dir == "checkpoints" and cfg.checkpoint.every_steps == 0
+    assert cfg.checkpoint.dir == "" and cfg.checkpoint.every_steps == 0  # the command's own
     assert cfg.server.port == 50051 and cfg.server.metrics_port == 9464
     assert cfg.server.act_max_wait_ms == 0.0 and cfg.server.auth_token == ""
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 
 from service.backend.blas import single_blas_thread
 from service.checkpoint import save_checkpoint
 from service.config import Config
-from service.jobs.loop import Progress, train
+from service.jobs.loop import LoopProgress, train
+from service.jobs.progress import Progress
+from service.jobs.run_folder import RunFolder
 from service.synthetic import ContextualBandit
 from service.trainer.sizing import sized_backend
 from service.trainer.trainer import Trainer
@@ -24,14 +27,17 @@ def greedy_accuracy(trainer: Trainer, env: ContextualBandit, mode: ActMode) -> f
     return float(np.mean(trainer.act(obs, mode).actions == correct))
 
 
-def run_train_bandit(config: Config, write_checkpoint: bool) -> int:
-    """`trident train --env bandit`: the contextual bandit, greedy accuracy per log line."""
+def run_train_bandit(config: Config, run_dir: Path, write_checkpoint: bool = True) -> int:
+    """`trident train --env bandit`: the contextual bandit, greedy accuracy per log line, its
+    config and checkpoints in the run folder `run_dir`."""
     config, backend = sized_backend(config)
+    folder = RunFolder(run_dir)
+    config = folder.prepare(config)
     with single_blas_thread(backend.name):
-        return _train_bandit(Trainer(config, backend), write_checkpoint)
+        return _train_bandit(Trainer(config, backend), folder, write_checkpoint)
 
 
-def _train_bandit(trainer: Trainer, write_checkpoint: bool) -> int:
+def _train_bandit(trainer: Trainer, folder: RunFolder, write_checkpoint: bool) -> int:
     config = trainer.config
     train_cfg = config.train
     env = ContextualBandit(
@@ -40,30 +46,33 @@ def _train_bandit(trainer: Trainer, write_checkpoint: bool) -> int:
     samples_per_step = train_cfg.num_envs * train_cfg.rollout_len
     print(
         f"trident train: backend={trainer.backend.name} env=bandit steps={train_cfg.steps} "
-        f"rollout={train_cfg.rollout_len}x{train_cfg.num_envs} seed={train_cfg.seed}",
+        f"rollout={train_cfg.rollout_len}x{train_cfg.num_envs} seed={train_cfg.seed}\n"
+        f"run folder {folder.root}: config.toml; checkpoints in {config.checkpoint.dir}",
         flush=True,
     )
     started = time.perf_counter()
     every = config.checkpoint.every_steps
 
-    def report(progress: Progress) -> None:
-        step, result = progress.step, progress.result
+    def report(done: LoopProgress) -> None:
+        step, result = done.step, done.result
         if every and step % every == 0:
             save_checkpoint(trainer, config.checkpoint.dir)
+        elapsed = time.perf_counter() - started
+        status = (f"{step * samples_per_step / elapsed:.0f} samples/s | reward "
+                  f"{done.mean_reward:.3f}")  # fmt: skip
+        bar.step(status)
         if step % train_cfg.log_every and step != train_cfg.steps:
             return
-        elapsed = time.perf_counter() - started
         losses = " ".join(f"{k} {v:.3f}" for k, v in result.losses.items())
         skipped = f" | skipped: {result.skip_reason}" if result.skipped else ""
-        print(
-            f"step {step:>5}/{train_cfg.steps} | {step * samples_per_step / elapsed:8.0f} "
-            f"samples/s | reward {progress.mean_reward:.3f} | {losses}"
+        bar.log(
+            f"step {step}/{train_cfg.steps} | {status} | {losses}"
             f" | greedy-π {greedy_accuracy(trainer, env, ActMode.GREEDY_PI):.1%}"
-            f" greedy-Q {greedy_accuracy(trainer, env, ActMode.GREEDY_Q):.1%}{skipped}",
-            flush=True,
+            f" greedy-Q {greedy_accuracy(trainer, env, ActMode.GREEDY_Q):.1%}{skipped}"
         )
 
-    train(trainer, env, train_cfg.steps, train_cfg.rollout_len, report)
+    with Progress(train_cfg.steps) as bar:
+        train(trainer, env, train_cfg.steps, train_cfg.rollout_len, report)
     elapsed = time.perf_counter() - started
     print(
         f"done: {trainer.global_step} steps, {trainer.global_step * samples_per_step} samples "

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,8 @@ PolicyFactory = Callable[[LobSim], Policy]  # a policy for the markets it will p
 TRAINED = "trained (greedy-π)"  # the row of the policy under test
 EVAL_MARKETS = 256  # held-out markets per policy (one episode each) by default
 Z95 = 1.96  # two-sided 95 % quantile of the normal distribution
-JSON_NAME, PNG_NAME = "eval.json", "eval.png"  # written beside each other into out_dir
+# written beside each other into out_dir: every number, the printed report, the plot
+JSON_NAME, TEXT_NAME, PNG_NAME = "eval.json", "eval.txt", "eval.png"
 
 # Avellaneda–Stoikov defaults (see `avellaneda_stoikov_actions`), used where no tuning ran.
 # γ, risk aversion per tick·lot: at LobSim's typical variance (about 0.005 ticks² per step) and
@@ -400,9 +402,10 @@ def mean_abs_inventory(inventory: np.ndarray) -> np.ndarray:
 
 # column key: (header, legend)
 METRICS = {
-    "return": ("return", "episode return: PnL less taker fees, speculation damping and the "
-                         "inventory penalty, plus maker rebates (the env's reward; ticks)"),
-    "pnl": ("final PnL", "cash after liquidation at the far touch (ticks)"),
+    "return": ("return", "the env's reward summed over the episode: final PnL less taker "
+                         "fees, speculation damping and the inventory penalty, plus maker "
+                         "rebates (ticks; the formula is below)"),
+    "pnl": ("final PnL", "cash after liquidation at the far touch, fees not counted (ticks)"),
     "map": ("MAP", "mean |inventory| held per step (lots)"),
     "pnl_per_map": ("PnL/MAP", "mean final PnL / mean MAP over the markets (ratio of means, "
                                "delta-method interval; n/a where MAP is always 0)"),
@@ -411,6 +414,30 @@ METRICS = {
     "taker_lots": ("taker lots", "lots the agent's market orders took"),
     "passive_lots": ("passive lots", "lots of the agent's resting quotes filled"),
 }  # fmt: skip
+
+
+def return_formula(cfg: LobsimConfig | None = None) -> str:
+    """What the return subtracts from the final PnL, with `cfg`'s numbers (or the settings'
+    names): the env's per-step reward (service/lobsim/env.py) summed over the episode, where
+    the per-step Δ(cash + inventory·mid) sum to the final PnL."""
+    fee, rebate, damping, penalty = (
+        ("lobsim.taker_fee", "lobsim.maker_rebate", "lobsim.damping", "lobsim.inventory_penalty")
+        if cfg is None
+        else (f"{cfg.taker_fee:g}", f"{cfg.maker_rebate:g}", f"{cfg.damping:g}",
+              f"{cfg.inventory_penalty:g}")
+    )  # fmt: skip
+    return (f"return = final PnL − {fee} × taker lots + {rebate} × passive lots − {damping} × "
+            f"Σ max(0, inventory × Δmid) − {penalty} × Σ inventory², sums over the episode's "
+            "steps")  # fmt: skip
+
+
+def columns_help(width: int = 79) -> str:
+    """Each column of the table, for `trident eval --help`, wrapped to `width`."""
+    entries = [f"{header}: {legend}" for header, legend in METRICS.values()]
+    lines = ["columns (mean ± 95 % interval over markets):"]
+    for entry in [*entries, return_formula()]:
+        lines += textwrap.wrap(entry, width, initial_indent="  ", subsequent_indent="    ")
+    return "\n".join(lines)
 
 
 def metrics(trace: Trace) -> dict[str, Interval]:
@@ -494,25 +521,32 @@ class Report:
         return self.paired[baseline].verdict == "better"
 
     def verdict(self) -> str:
-        """One line: the trained policy against the best baseline."""
+        """One line: the trained policy against the best baseline, and the markets it played."""
         best = self.best_baseline
-        line = f"verdict: the best baseline is {best} (return {self.metrics[best]['return']})"
+        head = f"verdict ({self.markets} held-out markets, seed {self.seed}):"
+        level = self.metrics[best]["return"]
         if not self.paired:
-            return line
-        same = [name for name, p in self.paired.items() if p.identical]
-        diff = self.paired[best].episode_return
-        if best in same:
-            return (f"{line}; the trained agent plays exactly like it on all {self.markets} "
-                    "markets (identical PnL and inventory paths): it does not beat it")  # fmt: skip
+            return f"{head} the best baseline is {best} (return {level})"
+        trained, mine = self.metrics[TRAINED]["return"], self.paired[best]
+        if mine.identical:
+            line = (f"{head} the trained agent equals the best baseline, {best}: it plays "
+                    f"exactly like it (identical PnL and inventory paths on every market; "
+                    f"return {trained}), so it does not beat it")  # fmt: skip
+        else:
+            outcome = {
+                "better": "beats",
+                "worse": "is worse than",
+                "no significant difference": "does not differ significantly from",
+            }[mine.verdict]
+            line = (f"{head} the trained agent {outcome} the best baseline, {best}: return "
+                    f"{trained} against {level}, paired difference {mine.episode_return} "
+                    "ticks per episode")  # fmt: skip
+            if mine.verdict == "no significant difference":
+                line += " (its 95 % interval includes 0)"
+        same = [name for name, p in self.paired.items() if p.identical and name != best]
         if same:
-            line += (f"; the trained agent plays exactly like {', '.join(same)} on all "
-                     f"{self.markets} markets (identical PnL and inventory paths)")  # fmt: skip
-        outcome = {
-            "better": "beats it",
-            "worse": "is worse than it",
-            "no significant difference": "does not beat it (the interval includes 0)",
-        }[self.paired[best].verdict]
-        return f"{line}; the trained agent {outcome}: paired return difference {diff} ticks"
+            line += f"; it plays exactly like {', '.join(same)}"
+        return line
 
     def table(self) -> str:
         """The policies x metrics table, the paired-difference table and their legends."""
@@ -522,6 +556,7 @@ class Report:
         lines.append(f"mean ± 95 % interval (1.96 standard errors) over {self.markets} markets, "
                      "one episode each:")  # fmt: skip
         lines += [f"  {METRICS[key][0]}: {METRICS[key][1]}" for key in METRICS]
+        lines.append(f"  {return_formula(self.cfg)}")
         if self.paired:
             header = ["baseline", "Δ return", "Δ final PnL", "verdict"]
             rows = [[name, str(p.episode_return), str(p.pnl), p.verdict]
@@ -557,6 +592,7 @@ class Report:
             "lobsim": dataclasses.asdict(self.cfg),
             "avellaneda_stoikov": self.tuning.to_json(),
             "metrics": {key: legend for key, (_, legend) in METRICS.items()},
+            "return_formula": return_formula(self.cfg),
             "policies": {
                 name: {key: value.to_json() for key, value in row.items()}
                 for name, row in self.metrics.items()
@@ -592,8 +628,8 @@ def compare(
 ) -> Report:
     """The evaluation: tune Avellaneda–Stoikov on training seed `train_seed`, then play the
     trained policy `agent` (None: baselines only) and every baseline for one episode on the
-    same `markets` held-out markets of seed `seed`; with `out_dir`, write JSON_NAME and
-    PNG_NAME there."""
+    same `markets` held-out markets of seed `seed`; with `out_dir`, write JSON_NAME, TEXT_NAME
+    and PNG_NAME there."""
     if isinstance(markets, bool) or not isinstance(markets, int) or markets < 2:
         raise ValueError(f"markets: expected an integer >= 2 (an interval needs two markets), "
                          f"got {markets!r}")  # fmt: skip
@@ -613,20 +649,22 @@ def compare(
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / JSON_NAME).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        (out_dir / TEXT_NAME).write_text(report.text() + "\n")
         plot(traces, out_dir / PNG_NAME, f"{title}: {markets} held-out markets, seed {seed}")
     return report
 
 
 # colour, dashes and marker of each baseline; markers at staggered steps keep baselines that
 # coincide apart. The trained policy is drawn last, black, solid and thicker, on top.
-_STYLES = [("tab:blue", "--", "o"), ("tab:orange", ":", "v"), ("tab:green", "-.", "s"),
+STYLES = [("tab:blue", "--", "o"), ("tab:orange", ":", "v"), ("tab:green", "-.", "s"),
            ("tab:red", (0, (5, 1)), "^"), ("tab:purple", (0, (3, 1, 1, 1, 1, 1)), "D"),
            ("tab:brown", (0, (1, 2)), "x")]  # fmt: skip
 
 
 def plot(traces: Mapping[str, Trace], path: Path, title: str) -> None:
     """PNG: mean PnL and mean |inventory| over the markets against the step, one line per
-    policy (both start at 0 before the first step); TRAINED, if present, on top."""
+    policy (both start at 0 before the first step); TRAINED, if present, on top, and a baseline
+    it plays exactly like says so in the legend (its markers show beside the trained line)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -640,12 +678,15 @@ def plot(traces: Mapping[str, Trace], path: Path, title: str) -> None:
         if name == TRAINED:
             style = {"color": "black", "linestyle": "-", "linewidth": 2.4, "zorder": 10}
         else:
-            color, dash, marker = _STYLES[i % len(_STYLES)]
+            color, dash, marker = STYLES[i % len(STYLES)]
             every = max(1, steps.size // 10)
             style = {"color": color, "linestyle": dash, "linewidth": 1.6, "zorder": 2 + i,
                      "marker": marker, "markersize": 5,
-                     "markevery": (i * every // len(_STYLES) % every, every)}  # fmt: skip
-        top.plot(steps, np.concatenate([[0.0], trace.pnl.mean(axis=1)]), label=name, **style)
+                     "markevery": (i * every // len(STYLES) % every, every)}  # fmt: skip
+        label = name
+        if name != TRAINED and TRAINED in traces and paired(traces[TRAINED], trace).identical:
+            label += " (same as trained)"
+        top.plot(steps, np.concatenate([[0.0], trace.pnl.mean(axis=1)]), label=label, **style)
         bottom.plot(steps, np.concatenate([[0.0], np.abs(trace.inventory).mean(axis=1)]), **style)
     top.set_ylabel("mean PnL (ticks)")
     top.legend(fontsize="small")

@@ -11,7 +11,7 @@ from service.vector_env import VectorEnv, collect_rollout
 
 
 @dataclass(frozen=True)
-class Progress:
+class LoopProgress:
     step: int
     result: StepResult
     mean_reward: float  # mean reward per env step over the rollout
@@ -22,10 +22,10 @@ def train(
     env: VectorEnv,
     steps: int,
     horizon: int,
-    on_step: Callable[[Progress], None] = lambda progress: None,
+    on_step: Callable[[LoopProgress], None] = lambda progress: None,
 ) -> None:
     """Run `steps` Steps, calling `on_step` after each."""
     for _ in range(steps):
         rollout = collect_rollout(lambda obs: trainer.act(obs, ActMode.SAMPLE), env, horizon)
         result = trainer.step(rollout)
-        on_step(Progress(trainer.global_step, result, float(rollout.rewards.mean())))
+        on_step(LoopProgress(trainer.global_step, result, float(rollout.rewards.mean())))

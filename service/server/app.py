@@ -19,7 +19,7 @@ from service import logs
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.backend.host_memory import limit_malloc_arenas
-from service.config import Config, ConfigError
+from service.config import SERVE_CHECKPOINT_DIR, Config, ConfigError, with_checkpoint_dir
 from service.server.auth import BearerTokenInterceptor
 from service.server.engine import Engine
 from service.server.metrics import Metrics
@@ -88,6 +88,7 @@ def start(config: Config, inference_only: bool = False, restore: str | None = No
     """Bind, start and mark SERVING once the trainer is built. Misconfiguration fails first."""
     if inference_only and restore is None:
         raise ConfigError("--inference-only: expected --restore NAME, got none")
+    config = with_checkpoint_dir(config, SERVE_CHECKPOINT_DIR)
     credentials = server_credentials(config)  # before binding anything
     server_cfg = config.server
     registry = CollectorRegistry()
@@ -160,6 +161,7 @@ def start(config: Config, inference_only: bool = False, restore: str | None = No
         backend=engine.trainer.backend.name,
         tls=credentials is not None,
         inference_only=inference_only,
+        checkpoint_dir=config.checkpoint.dir,
     )
     return running
 

@@ -277,7 +277,8 @@ def test_compare_writes_every_number_and_judges_the_agent(
         low = report.paired[name].episode_return.low
         assert report.beats(name) == (low > 0 and not report.paired[name].identical)
     best = max(BASELINES, key=lambda name: report.traces[name].episode_return.mean())
-    assert report.best_baseline == best and f"best baseline is {best}" in report.verdict()
+    assert report.best_baseline == best and f"the best baseline, {best}" in report.verdict()
+    assert report.verdict().startswith(f"verdict ({markets} held-out markets, seed {seed}): ")
     with pytest.raises(KeyError, match="baseline"):
         report.beats("nope")
 
@@ -300,6 +301,7 @@ def test_compare_writes_every_number_and_judges_the_agent(
     assert saved["beats"] == {name: report.beats(name) for name in BASELINES}
     assert saved["best_baseline"] == best and saved["verdict"] == report.verdict()
     assert (tmp_path / "out" / evaluate.PNG_NAME).read_bytes().startswith(b"\x89PNG")
+    assert (tmp_path / "out" / evaluate.TEXT_NAME).read_text() == report.text() + "\n"
 
     text = report.text().splitlines()
     rows = metric_rows(text)
@@ -311,7 +313,9 @@ def test_compare_writes_every_number_and_judges_the_agent(
 def test_compare_without_an_agent_names_the_best_baseline() -> None:
     report = evaluate.compare(None, LobsimConfig(horizon=4), 9, 2, markets=4, grid=TINY_GRID)
     assert tuple(report.metrics) == BASELINES and report.paired == {}
-    assert report.verdict().startswith(f"verdict: the best baseline is {report.best_baseline}")
+    assert report.verdict() == (f"verdict (4 held-out markets, seed 9): the best baseline is "
+                                f"{report.best_baseline} "
+                                f"(return {report.metrics[report.best_baseline]['return']})")
 
 
 # ------------------------------------------------------------------------------ the CLI
@@ -321,23 +325,26 @@ def test_eval_cli_prints_the_tables_and_writes_json_and_png(tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
     (saved,) = list_checkpoints(tmp_path / "ckpt")
     done = trident(
-        "eval", saved.name, "--checkpoint-dir", "ckpt", "--config", "small.toml",
-        "--episodes", "8", "--tune-markets", "2", "--out-dir", "out", cwd=tmp_path,
+        "eval", f"ckpt/{saved.name}", "--config", "small.toml", "--episodes", "8",
+        "--tune-markets", "2", "--out-dir", "out", cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].startswith(f"trident eval: checkpoint {saved.name}, 8 held-out markets")
+    assert lines[0].startswith(f"trident eval: checkpoint ckpt/{saved.name}, 8 held-out markets")
     assert "seed 1000003" in lines[0]
     assert lines[1].startswith("Avellaneda-Stoikov: gamma ") and "training seed 0" in lines[1]
     rows = metric_rows(lines)
     assert set(rows) == set(POLICIES)
     assert all(row.count("±") + row.count("n/a") == len(evaluate.METRICS) for row in rows.values())
-    (verdict,) = [line for line in lines if line.startswith("verdict: the best baseline is ")]
-    assert "the trained agent" in verdict
+    (verdict,) = [line for line in lines if line.startswith("verdict (8 held-out markets, seed "
+                                                            "1000003): the trained agent ")]
+    (formula,) = [line for line in lines if line.startswith("  return = final PnL − 0.1 × ")]
+    assert "0.01 × Σ inventory²" in formula  # the markets' own settings
     report = json.loads((tmp_path / "out" / "eval.json").read_text())
     assert report["markets"] == 8 and report["seed"] == 1_000_003
     assert set(report["paired"]) == set(BASELINES) and report["verdict"] == verdict
     assert (tmp_path / "out" / "eval.png").read_bytes().startswith(b"\x89PNG")
+    assert (tmp_path / "out" / "eval.txt").read_text().splitlines()[-1] == verdict
 
     missing = trident("eval", "nope", "--checkpoint-dir", "ckpt", cwd=tmp_path)
     assert missing.returncode == 2 and "no checkpoint named 'nope'" in missing.stderr
@@ -353,3 +360,11 @@ def test_eval_cli_prints_the_tables_and_writes_json_and_png(tmp_path: Path) -> N
         "--seed", "0", cwd=tmp_path,
     )  # fmt: skip
     assert tuning_seed.returncode == 2 and "--seed" in tuning_seed.stderr
+
+
+def test_eval_help_explains_every_column() -> None:
+    done = trident("eval", "--help", cwd=Path.cwd())
+    assert done.returncode == 0, done.stderr
+    for header, _ in evaluate.METRICS.values():
+        assert f"\n  {header}: " in done.stdout
+    assert "return = final PnL − lobsim.taker_fee × taker lots" in done.stdout

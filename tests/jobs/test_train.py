@@ -1,4 +1,4 @@
-"""The main job on the CPU: a short fixed-seed run that must beat holding, and the job's files."""
+"""The main job on the CPU: a short fixed-seed run that must beat holding, and its run folder."""
 
 from __future__ import annotations
 
@@ -12,9 +12,18 @@ import pytest
 from service.backend.blas import single_blas_thread
 from service.config import BACKEND_DEFAULTS, load_config, sized_for
 from service.jobs import evaluate
-from service.jobs.train import HELD_OUT, job_stepper, lobsim_model, run_train_lobsim
+from service.jobs.run_folder import RunFolder
+from service.jobs.train import (
+    CSV_COLUMNS,
+    HELD_OUT,
+    job_stepper,
+    lobsim_model,
+    run_train_lobsim,
+    smoothed,
+)
 from service.trainer.trainer import Trainer
 from service.types import ActMode
+from tests.jobs.test_scalars import read_events
 
 SEED = 0
 MARKETS = 64  # held-out markets of the verdict
@@ -51,9 +60,9 @@ def test_the_default_job_beats_holding() -> None:
     assert margin.mean - margin.half > 0, margin
 
 
-def test_the_job_writes_its_log_curve_and_evaluation(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_the_job_fills_its_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Config, CSV, learning curve, evaluation (JSON, text, PNG) and checkpoints land in the
+    run folder; the TensorBoard directory holds every CSV scalar at every Step."""
     config = load_config(
         env={},
         overrides=[
@@ -65,25 +74,46 @@ def test_the_job_writes_its_log_curve_and_evaluation(
             "train.rollout_len=8",
             "replay.min_size=64",
             "lobsim.horizon=20",
-            f"checkpoint.dir={tmp_path / 'ckpt'}",
         ],
     )
-    paths = {"log_csv": tmp_path / "log.csv", "curve_png": tmp_path / "curve.png",
-             "eval_dir": tmp_path / "eval"}  # fmt: skip
-    assert run_train_lobsim(config, True, **paths) == 0
+    run = tmp_path / "run"
+    assert run_train_lobsim(config, run, True, tensorboard=tmp_path / "tb") == 0
     out = capsys.readouterr().out
-    rows = list(csv.DictReader(paths["log_csv"].open()))
+    folder = RunFolder(run)
+    used = load_config(folder.config, env={})
+    assert used.checkpoint.dir == str(folder.checkpoints) and used.train.seed == 5
+    assert used.train.lr_schedule == "linear" and used.model.obs_dim == 56  # sized for LobSim
+    rows = list(csv.DictReader(folder.log_csv.open()))
     assert [int(r["step"]) for r in rows] == [1, 2, 3, 4]
     lr = BACKEND_DEFAULTS["numpy"]["optim.lr"]  # optim.lr = 0: NumPy's rate, on a linear schedule
     assert [float(r["lr"]) for r in rows] == pytest.approx([lr, 0.75 * lr, 0.5 * lr, 0.25 * lr])
     assert all(np.isfinite(float(r["loss_pi"])) for r in rows)
-    assert paths["curve_png"].stat().st_size > 0
-    report = json.loads((paths["eval_dir"] / evaluate.JSON_NAME).read_text())
+    assert folder.curve_png.read_bytes().startswith(b"\x89PNG")
+    report = json.loads((run / evaluate.JSON_NAME).read_text())
     assert report["seed"] == 5 + HELD_OUT and report["markets"] == evaluate.EVAL_MARKETS
     assert "trained (greedy-π)" in report["policies"] and "hold" in report["paired"]
-    assert (paths["eval_dir"] / evaluate.PNG_NAME).stat().st_size > 0
-    assert f"seed {5 + HELD_OUT}" in out and "verdict:" in out
-    assert list((tmp_path / "ckpt").iterdir())  # the final checkpoint
+    assert (run / evaluate.PNG_NAME).read_bytes().startswith(b"\x89PNG")
+    text = (run / evaluate.TEXT_NAME).read_text()
+    assert text.rstrip().endswith(report["verdict"]) and text.rstrip() in out
+    assert report["verdict"].startswith(f"verdict ({evaluate.EVAL_MARKETS} held-out markets, "
+                                        f"seed {5 + HELD_OUT}):")  # fmt: skip
+    assert f"run folder {run}:" in out
+    assert list(folder.checkpoints.iterdir())  # the final checkpoint
+    events = read_events(tmp_path / "tb")
+    for column in CSV_COLUMNS[1:]:
+        logged = [(int(r["step"]), float(r[column])) for r in rows if r[column]]
+        assert [step for step, _ in events[f"train/{column}"]] == [s for s, _ in logged]
+        assert [v for _, v in events[f"train/{column}"]] == pytest.approx(
+            [v for _, v in logged], rel=1e-5
+        )
+
+
+def test_the_smoothed_curve_averages_one_window() -> None:
+    values = np.array([4.0, -2.0, 7.0, 1.0, 0.5])
+    window = 3
+    expected = [values[max(0, i - window + 1) : i + 1].mean() for i in range(values.size)]
+    assert smoothed(values, window) == pytest.approx(expected)
+    assert smoothed(values, 1) == pytest.approx(values)
 
 
 SMALL_JOB = ["train.backend=numpy", "train.seed=3", "train.steps=4", "train.num_envs=8",
