@@ -217,13 +217,6 @@ class ServerConfig(_Section):
     shutdown_grace_s: float = _f(30.0, ge=0)  # SIGTERM: seconds in-flight RPCs get to finish
     log_level: str = _f("INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))  # log threshold
 
-
-@dataclass(frozen=True, slots=True)
-class LobsimConfig(_Section):
-    """LobSim markets (service/lobsim): book, background flow, agent, reward."""
-
-    price_levels: int = _f(64, ge=24)  # ticks in each book's price window
-    visible_levels: int = _f(10, ge=1)  # levels per side in the observation
     def client_auth(self) -> str:
         """auth_mode with 'auto' resolved: what auth_token and tls_client_ca turn on."""
         if self.auth_mode != "auto":
@@ -232,6 +225,13 @@ class LobsimConfig(_Section):
               if setting]  # fmt: skip
         return "+".join(on) or "none"
 
+
+@dataclass(frozen=True, slots=True)
+class LobsimConfig(_Section):
+    """LobSim markets (service/lobsim): book, background flow, agent, reward."""
+
+    price_levels: int = _f(64, ge=24)  # ticks in each book's price window
+    visible_levels: int = _f(10, ge=1)  # levels per side in the observation
     events_per_step: int = _f(13, ge=1)  # background events between two agent decisions
     horizon: int = _f(400, ge=2)  # agent steps per episode; ends with liquidation
     max_inventory: int = _f(20, ge=1)  # |inventory| at which market orders are masked
