@@ -33,7 +33,9 @@ from service.trainer.state import VALUE_NORM
 from service.trainer.value_norm import moments
 
 FORMATS = ("onnx",)
-OPSET = 17  # onnxruntime 1.14 and newer run it
+# ai.onnx opset 17 (ReduceMax takes its axes as an attribute up to 17), saved at the oldest IR
+# version that carries it (8), so older onnxruntime releases load the file too
+OPSET = helper.make_opsetid("", 17)
 OUTPUTS = (
     "log_probs", "greedy_pi_action", "greedy_pi_log_prob",
     "q_values", "greedy_q_action", "greedy_q_log_prob", "value",
@@ -120,7 +122,10 @@ def policy_model(config: Config, params: dict[str, np.ndarray]) -> onnx.ModelPro
         initializer=g.constants,
     )
     onnx_model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="trident"
+        graph,
+        opset_imports=[OPSET],
+        ir_version=helper.find_min_ir_version_for([OPSET]),
+        producer_name="trident",
     )
     onnx.checker.check_model(onnx_model, full_check=True)
     return onnx_model

@@ -22,11 +22,12 @@ TOLERANCE = 1e-5
 
 
 def trained(
-    rng: np.random.Generator, steps: int, scale: float = 1.0, shift: float = 0.0
-) -> Trainer:
-    """A small trainer after `steps` Steps on random rollouts with rewards `scale r + shift`
-    (the return statistics follow)."""
-    trainer = Trainer(small_config())
+    rng: np.random.Generator, steps: int, scale: float = 1.0, shift: float = 0.0,
+    dtype: str = "float32",
+) -> Trainer:  # fmt: skip
+    """A small trainer in `dtype` after `steps` Steps on random rollouts with rewards
+    `scale r + shift` (the return statistics follow)."""
+    trainer = Trainer(small_config(f"model.dtype={dtype}"))
     for _ in range(steps):
         rollout = random_rollout(rng)
         rewards = (rollout.rewards * scale + shift).astype(np.float32)
@@ -63,9 +64,10 @@ def assert_answers_as_act(trainer: Trainer, session: onnxruntime.InferenceSessio
     np.testing.assert_array_equal(got["greedy_q_action"], got["q_values"].argmax(axis=1))
 
 
-def test_onnx_policy_matches_act(rng: np.random.Generator, tmp_path: Path) -> None:
-    trainer = trained(rng, steps=3)
-    obs = rng.standard_normal((ROWS, trainer.config.model.obs_dim)).astype(np.float32)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_onnx_policy_matches_act(rng: np.random.Generator, tmp_path: Path, dtype: str) -> None:
+    trainer = trained(rng, steps=3, dtype=dtype)
+    obs = rng.standard_normal((ROWS, trainer.config.model.obs_dim)).astype(dtype)
     assert_answers_as_act(trainer, exported(trainer, tmp_path), obs)
 
 
