@@ -33,9 +33,10 @@ __all__ = [
 ]
 
 ENV_PREFIX = "TRIDENT_"
-# `trident serve`'s checkpoint.dir when it is left empty: one fixed folder, so a restarted
-# server's `--restore NAME` finds the previous one's checkpoints, apart from training runs'
-SERVE_CHECKPOINT_DIR = "runs/serve/checkpoints"
+# `trident serve`'s checkpoint.dir when it is left empty, by its server.port: fixed, so a server
+# restarted on its port finds its predecessor's checkpoints with `--restore NAME`; apart from
+# training runs' folders and from another server's on this machine (a LobSim and a CartPole one)
+SERVE_CHECKPOINT_DIR = "runs/serve-{port}/checkpoints"
 _BOOL_WORDS = {"true": True, "false": False, "1": True, "0": False,
                "yes": True, "no": False, "on": True, "off": False}
 
@@ -188,7 +189,7 @@ class CheckpointConfig(_Section):
     """Checkpoint location and retention."""
 
     # directory for checkpoint files; empty: the command's own (`trident train`: the run
-    # folder's checkpoints/, `trident serve`: SERVE_CHECKPOINT_DIR, stable across restarts)
+    # folder's checkpoints/, `trident serve`: SERVE_CHECKPOINT_DIR, runs/serve-<port>/...)
     dir: str = ""
     keep_last: int = _f(5, ge=1)  # newest checkpoints kept on disk
     every_steps: int = _f(0, ge=0)  # training steps between checkpoints; 0 disables

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.config import SERVE_CHECKPOINT_DIR, Config, load_config
+from service.config import Config, load_config
 from service.jobs.run_folder import RUNS, RunFolder, new_run_dir
 from service.server.app import start, stop
 from tests.conftest import SMALL, small_config
@@ -59,10 +59,10 @@ def test_serve_keeps_checkpoints_apart_from_runs_unless_told(
                                             "server.shutdown_grace_s=1", *chosen])  # fmt: skip
     running = start(config)
     try:
-        expected = "mine" if explicit else SERVE_CHECKPOINT_DIR
+        expected = "mine" if explicit else "runs/serve-0/checkpoints"  # server.port 0
         assert running.engine.trainer.config.checkpoint.dir == expected
         assert running.engine.root == Path(expected)
     finally:
         stop(running, 0.0)
-    # the drain's final checkpoint lands there, so a restarted server's --restore latest finds it
+    # the drain's final checkpoint lands there, where a server restarted on the port looks
     assert list((tmp_path / expected).iterdir())

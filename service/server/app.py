@@ -88,7 +88,7 @@ def start(config: Config, inference_only: bool = False, restore: str | None = No
     """Bind, start and mark SERVING once the trainer is built. Misconfiguration fails first."""
     if inference_only and restore is None:
         raise ConfigError("--inference-only: expected --restore NAME, got none")
-    config = with_checkpoint_dir(config, SERVE_CHECKPOINT_DIR)
+    config = with_checkpoint_dir(config, SERVE_CHECKPOINT_DIR.format(port=config.server.port))
     credentials = server_credentials(config)  # before binding anything
     server_cfg = config.server
     registry = CollectorRegistry()
