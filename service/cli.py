@@ -11,16 +11,18 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
-import numpy as np
-from google.protobuf.json_format import MessageToDict
 
+from service import trident_version
 from service.actor import run_actor
-from service.client.client import TridentClient, channel_credentials
-from service.config import ConfigError, load_config
+from service.api.messages import to_plain
+from service.client.client import DEFAULT_PORT, TridentClient, answered, channel_credentials
+from service.client.observations import load_observations
+from service.config import Config, ConfigError, load_config
 from service.errors import TridentError
 from service.jobs import evaluate
 from service.jobs.bandit import run_train_bandit
@@ -28,14 +30,51 @@ from service.jobs.train import run_train_lobsim
 from service.trainer.trainer import Trainer
 from service.types import ActMode
 
-# `trident serve` flags and the settings they stand for.
+DESCRIPTION = """\
+Trident: a reinforcement-learning trainer (C51, PPO and value heads on one encoder) and the
+gRPC service around it. `trident COMMAND --help` describes a command's options."""
+
+UNAVAILABLE, DEADLINE_EXCEEDED = grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED
+
+# `trident serve` options that stand for one setting each: flag -> (setting, metavar, what it
+# is). A value given here beats --set, the config file and TRIDENT_* variables; an error names
+# the flag.
 SERVE_FLAGS = {
-    "host": "server.host",
-    "port": "server.port",
-    "metrics_port": "server.metrics_port",
-    "checkpoint_dir": "checkpoint.dir",
-    "backend": "train.backend",
+    "--host": ("server.host", "HOST", "bind address"),
+    "--port": ("server.port", "PORT", "gRPC port; 0 picks a free one"),
+    "--metrics-port": ("server.metrics_port", "PORT", "Prometheus port; 0 picks a free one"),
+    "--checkpoint-dir": ("checkpoint.dir", "DIR", "checkpoint root"),
+    "--backend": ("train.backend", "NAME", "auto (cuda where CuPy sees a GPU), numpy or cuda"),
+    "--tls-cert": ("server.tls_cert", "PEM", "server certificate; with --tls-key, serves TLS"),
+    "--tls-key": ("server.tls_key", "PEM", "server private key"),
+    "--tls-ca": ("server.tls_client_ca", "PEM", "CA of client certificates; requires them (mTLS)"),
 }
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, except where there is none to show (None, an
+    off switch, an empty list); descriptions and epilogs keep their line breaks."""
+
+    # argparse's hook for the defaults (ArgumentDefaultsHelpFormatter overrides it too)
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False or action.default == []:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose subcommands' parsers are built with the same help formatter."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def _setting_help(text: str, setting: str) -> str:
+    """`text`, the setting an option stands for and the setting's default."""
+    section, key = setting.split(".")
+    default = getattr(getattr(Config(), section), key)
+    return f"{text} ({setting}; default: {default})" if default != "" else f"{text} ({setting})"
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -51,19 +90,26 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_client_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--server", default="127.0.0.1:50051", help="HOST:PORT of the server")
     parser.add_argument(
-        "--token", default=os.environ.get("TRIDENT_TOKEN"), help="bearer token ($TRIDENT_TOKEN)"
+        "--server",
+        default=f"127.0.0.1:{DEFAULT_PORT}",
+        metavar="HOST[:PORT]",
+        help=f"the server's address; PORT defaults to {DEFAULT_PORT}",
     )
-    parser.add_argument("--tls-ca", help="CA PEM to verify the server (enables TLS)")
-    parser.add_argument("--tls-cert", help="client certificate PEM (mTLS)")
-    parser.add_argument("--tls-key", help="client key PEM (mTLS)")
+    parser.add_argument(
+        "--token", help="bearer token, when the server requires one (default: $TRIDENT_TOKEN)"
+    )
+    parser.add_argument("--tls-ca", metavar="PEM", help="CA that signed the server's certificate; "
+                        "connects with TLS (without it: plaintext)")  # fmt: skip
+    parser.add_argument("--tls-cert", metavar="PEM", help="client certificate (mTLS)")
+    parser.add_argument("--tls-key", metavar="PEM", help="client private key (mTLS)")
     parser.add_argument("--timeout", type=float, default=30.0, help="deadline per call (s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="trident", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="trident", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"trident {trident_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     train_cmd = commands.add_parser("train", help="train in-process (LobSim or a bandit)")
     _add_config_flags(train_cmd)
     train_cmd.add_argument(
@@ -138,11 +184,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the gRPC trainer service")
     _add_config_flags(serve)
-    serve.add_argument("--host", help="bind address (server.host, default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="gRPC port (server.port; 0 picks one)")
-    serve.add_argument("--metrics-port", type=int, help="Prometheus port (server.metrics_port)")
-    serve.add_argument("--checkpoint-dir", help="checkpoint root (checkpoint.dir)")
-    serve.add_argument("--backend", help="auto, numpy or cuda (train.backend)")
+    for flag, (setting, metavar, text) in SERVE_FLAGS.items():
+        kind = int if metavar == "PORT" else str
+        serve.add_argument(flag, type=kind, metavar=metavar, help=_setting_help(text, setting))
+    serve.add_argument(
+        "--auth-token-file",
+        metavar="FILE",
+        help="file holding the bearer token clients must send (server.auth_token; a file keeps "
+        "it out of the process list)",
+    )
     serve.add_argument("--restore", metavar="NAME", help="restore this checkpoint at start")
     serve.add_argument(
         "--inference-only",
@@ -151,24 +201,47 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     for name, helptext in (
-        ("status", "print the server's status as JSON"),
-        ("health", "exit 0 when the server reports SERVING"),
-    ):
+        ("status", "print the server's status as JSON: step, backend, auth mode (never the "
+         "token), configuration"),
+        ("health", "print the server's health (SERVING, NOT_SERVING); exit 0 when SERVING"),
+    ):  # fmt: skip
         _add_client_flags(commands.add_parser(name, help=helptext))
     act = commands.add_parser("act", help="ask the server for actions; prints JSON")
     _add_client_flags(act)
-    act.add_argument("obs", help=".npy file of observations [N, D]")
-    act.add_argument("--mode", choices=[m.value for m in ActMode], default="sample")
-    act.add_argument("--epsilon", type=float, default=0.0)
+    act.add_argument(
+        "obs",
+        metavar="OBS.npy",
+        help="observations [N, D], saved by numpy.save as float32 (other integer and float "
+        "dtypes are converted, with a note on stderr)",
+    )
+    act.add_argument(
+        "--mode",
+        choices=[m.value for m in ActMode],
+        default="sample",
+        help="sample: draw from the policy; greedy_pi: its most likely action; greedy_q: the "
+        "highest mean of the C51 Q head; epsilon_greedy: greedy_q, or a uniform random action "
+        "with probability --epsilon",
+    )
+    act.add_argument(
+        "--epsilon",
+        type=float,
+        default=0.0,
+        help="random-action probability of --mode epsilon_greedy, in [0, 1]",
+    )
     checkpoint = commands.add_parser("checkpoint", help="save, list or restore checkpoints")
-    checkpoint_cmds = checkpoint.add_subparsers(dest="action", required=True)
-    for action in ("save", "list", "restore"):
-        sub = checkpoint_cmds.add_parser(action)
+    checkpoint_cmds = checkpoint.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, helptext in (
+        ("save", "save the server's whole state; prints the checkpoint as JSON"),
+        ("list", "list the server's checkpoints as JSON, newest first"),
+        ("restore", "replace the server's state with a checkpoint; prints it and the "
+         "parameter digest as JSON"),
+    ):  # fmt: skip
+        sub = checkpoint_cmds.add_parser(action, help=helptext)
         _add_client_flags(sub)
         if action == "save":
-            sub.add_argument("--name", help="checkpoint name (default step-<global step>)")
+            sub.add_argument("--name", help="checkpoint name (default: step-<global step>)")
         if action == "restore":
-            sub.add_argument("name")
+            sub.add_argument("name", metavar="NAME", help="checkpoint name, as `list` prints it")
     actor = commands.add_parser(
         "actor", help="run N environments here, trained by a server (Act + Step)"
     )
@@ -290,96 +363,131 @@ def run_export(args: argparse.Namespace) -> int:
 def run_serve(args: argparse.Namespace) -> int:
     from service.server.app import serve  # the server's dependencies load only when serving
 
-    flags = [
-        f"{key}={getattr(args, flag)}"
-        for flag, key in SERVE_FLAGS.items()
-        if getattr(args, flag) is not None
-    ]
-    config = load_config(args.config, overrides=[*args.overrides, *flags])
+    flags = {}
+    for flag, (setting, _, _) in SERVE_FLAGS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            flags[flag] = (setting, str(value))
+    if args.auth_token_file is not None:
+        flags["--auth-token-file"] = ("server.auth_token", _read_token(args.auth_token_file))
+    config = load_config(args.config, overrides=args.overrides, flags=flags)
     return serve(config, inference_only=args.inference_only, restore=args.restore)
+
+
+def _read_token(path: str) -> str:
+    """The token in `path`, without the line break an editor or `echo` leaves."""
+    try:
+        token = Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(
+            f"--auth-token-file {path}: expected a readable text file ({error})"
+        ) from None
+    if not token:
+        raise ConfigError(f"--auth-token-file {path}: expected a token, got an empty file")
+    return token
 
 
 def _client(args: argparse.Namespace) -> TridentClient:
     credentials = None
     if args.tls_ca or args.tls_cert:
         credentials = channel_credentials(args.tls_ca, args.tls_cert, args.tls_key)
-    return TridentClient(
-        args.server, token=args.token, credentials=credentials, timeout_s=args.timeout
+    token = args.token or os.environ.get("TRIDENT_TOKEN")
+    return TridentClient(args.server, token=token, credentials=credentials, timeout_s=args.timeout)
+
+
+def _rpc_failure(error: grpc.RpcError, target: str, args: argparse.Namespace) -> str:
+    """The line to print for a failed call: the server's own status and message, or, when no
+    server answered, which address was tried and what to check."""
+    code, details = error.code(), error.details() or ""
+    if answered(error) or code not in (UNAVAILABLE, DEADLINE_EXCEEDED):
+        return f"{code.name}: {details}"
+    if code is DEADLINE_EXCEEDED:
+        return (
+            f"no answer from {target} within {args.timeout:g} s (--timeout): the server is busy, "
+            "or cannot be reached from here (a firewall, a wrong --server)"
+        )
+    if "Connection refused" in details:
+        why = "connection refused (nothing listens on that port)"
+    elif "resolv" in details:
+        why = "the host name does not resolve"
+    elif "andshake" in details or "Socket closed" in details:
+        why = "the connection failed during the TLS handshake"
+    else:
+        why = f"gRPC says: {details}"
+    tls = (
+        "the server serves TLS with a certificate that --tls-ca signed for that host name "
+        "(drop --tls-ca for a plaintext server)"
+        if args.tls_ca
+        else "the server is plaintext (a TLS server needs --tls-ca)"
     )
+    return (
+        f"cannot reach a Trident server at {target}: {why}. Check that `trident serve` runs "
+        f"there on that port (--server HOST[:PORT]; PORT defaults to {DEFAULT_PORT}), and that "
+        f"{tls}"
+    )
+
+
+def run_remote(
+    args: argparse.Namespace, command: Callable[[argparse.Namespace, TridentClient], int]
+) -> int:
+    """Run a command that talks to a server; a failed call prints one line (exit 1)."""
+    with _client(args) as client:
+        try:
+            return command(args, client)
+        except grpc.RpcError as error:
+            print(f"trident: error: {_rpc_failure(error, client.target, args)}", file=sys.stderr)
+            return 1
 
 
 def _print_json(value: object) -> None:
     print(json.dumps(value, indent=2, sort_keys=True))
 
 
-def run_client(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        if args.command == "health":
-            status = client.health()
-            print(status)
-            return 0 if status == "SERVING" else 1
-        if args.command == "status":
-            status = MessageToDict(
-                client.status(),
-                preserving_proto_field_name=True,
-                always_print_fields_with_no_presence=True,
-            )
-            status["config"] = json.loads(status.pop("config_json", "{}"))
-            _print_json(status)
-        elif args.command == "act":
-            result = client.act(np.load(args.obs), ActMode(args.mode), args.epsilon)
-            _print_json(
-                {
-                    "actions": result.actions.tolist(),
-                    "log_probs": result.log_probs.tolist(),
-                    "values": result.values.tolist(),
-                    "policy_version": result.policy_version,
-                }
-            )
-        elif args.action == "save":
-            _print_json(
-                MessageToDict(
-                    client.checkpoint(args.name),
-                    preserving_proto_field_name=True,
-                    always_print_fields_with_no_presence=True,
-                )
-            )
-        elif args.action == "list":
-            _print_json(
-                [
-                    MessageToDict(
-                        info,
-                        preserving_proto_field_name=True,
-                        always_print_fields_with_no_presence=True,
-                    )
-                    for info in client.list_checkpoints()
-                ]
-            )
-        else:
-            _print_json(
-                MessageToDict(
-                    client.restore(args.name),
-                    preserving_proto_field_name=True,
-                    always_print_fields_with_no_presence=True,
-                )
-            )
+def run_client(args: argparse.Namespace, client: TridentClient) -> int:
+    if args.command == "health":
+        health = client.health()
+        print(health)
+        return 0 if health == "SERVING" else 1
+    if args.command == "status":
+        status = to_plain(client.status())
+        status["config"] = json.loads(status.pop("config_json") or "{}")
+        _print_json(status)
+    elif args.command == "act":
+        obs, converted_from = load_observations(args.obs)
+        if converted_from is not None:
+            print(f"trident act: {args.obs} holds {converted_from} observations; sending them "
+                  "as float32", file=sys.stderr)  # fmt: skip
+        result = client.act(obs, ActMode(args.mode), args.epsilon)
+        _print_json(
+            {
+                "actions": result.actions.tolist(),
+                "log_probs": result.log_probs.tolist(),
+                "values": result.values.tolist(),
+                "policy_version": result.policy_version,
+            }
+        )
+    elif args.action == "save":
+        _print_json(to_plain(client.checkpoint(args.name)))
+    elif args.action == "list":
+        _print_json([to_plain(info) for info in client.list_checkpoints()])
+    else:
+        _print_json(to_plain(client.restore(args.name)))
     return 0
 
 
-def run_actor_command(args: argparse.Namespace) -> int:
+def run_actor_command(args: argparse.Namespace, client: TridentClient) -> int:
     lobsim = load_config(args.config, overrides=args.overrides).lobsim
-    with _client(args) as client:
-        return run_actor(
-            client,
-            args.env,
-            lobsim,
-            num_envs=args.num_envs,
-            steps=args.steps,
-            rollout_len=args.rollout_len,
-            seed=args.seed,
-            log_every=args.log_every,
-            duration_s=args.duration,
-        )
+    return run_actor(
+        client,
+        args.env,
+        lobsim,
+        num_envs=args.num_envs,
+        steps=args.steps,
+        rollout_len=args.rollout_len,
+        seed=args.seed,
+        log_every=args.log_every,
+        duration_s=args.duration,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -392,16 +500,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             return run_serve(args)
         if args.command == "actor":
-            return run_actor_command(args)
+            return run_remote(args, run_actor_command)
         if args.command == "export":
             return run_export(args)
-        return run_client(args)
+        return run_remote(args, run_client)
     except (ConfigError, TridentError, OSError) as error:
         print(f"trident: error: {error}", file=sys.stderr)
         return 2
-    except grpc.RpcError as error:
-        print(f"trident: {error.code().name}: {error.details()}", file=sys.stderr)
-        return 1
 
 
 if __name__ == "__main__":

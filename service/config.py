@@ -481,6 +481,15 @@ def _merge_overrides(raw: dict[str, dict[str, Any]], overrides: Sequence[str]) -
             _put(raw, section, key, value, text=True)
 
 
+def _merge_flags(raw: dict[str, dict[str, Any]], flags: Mapping[str, tuple[str, str]]) -> None:
+    """Merge command-line options that stand for one setting each, ``{"--port": ("server.port",
+    "70000")}``. An error names the option alone: its value may be a secret read from a file."""
+    for flag, (setting, value) in flags.items():
+        section, _, key = setting.partition(".")
+        with _origin(flag):
+            _put(raw, section, key, value, text=True)
+
+
 def _read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Parse a TOML file, turning I/O and syntax errors into ConfigError naming the file."""
     try:
@@ -500,13 +509,16 @@ def _build(raw: Mapping[str, Mapping[str, Any]]) -> Config:
 
 
 def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None,
-                overrides: Sequence[str] = ()) -> Config:
-    """Defaults < TOML file at ``path`` < ``env`` (default os.environ) < ``overrides``."""
+                overrides: Sequence[str] = (),
+                flags: Mapping[str, tuple[str, str]] | None = None) -> Config:
+    """Defaults < TOML file at ``path`` < ``env`` (default os.environ) < ``overrides`` (``--set``)
+    < ``flags``: options that stand for one setting, ``{"--port": ("server.port", "70000")}``."""
     raw: dict[str, dict[str, Any]] = {}
     if path is not None:
         _merge_tables(raw, _read_toml(path), source=f"config file {os.fspath(path)}")
     _merge_env(raw, os.environ if env is None else env)
     _merge_overrides(raw, overrides)
+    _merge_flags(raw, flags or {})
     return _build(raw)
 
 

@@ -227,6 +227,11 @@ def test_cli_against_a_running_server(
     assert status["backend"] == "numpy" and status["device"] == "cpu"
     assert status["param_digest"] == client.status().param_digest
     assert status["config"]["train"]["gamma"] == 0.97
+    # int64 fields print as JSON numbers (protobuf's own JSON mapping makes them strings)
+    assert status["global_step"] == client.status().global_step
+    assert type(status["global_step"]) is int and type(status["replay_size"]) is int
+    assert status["auth_mode"] == "none" and status["auth_token_set"] is False
+    assert "auth_token" not in status["config"]["server"]
 
     obs = rng.standard_normal((5, 6)).astype(np.float32)
     np.save(tmp_path / "obs.npy", obs)
@@ -236,12 +241,21 @@ def test_cli_against_a_running_server(
     assert acted["actions"] == expected.actions.tolist()
     np.testing.assert_allclose(acted["values"], expected.values, rtol=1e-6)
     assert acted["policy_version"] == expected.policy_version
+    np.save(tmp_path / "obs64.npy", obs.astype(np.float64))  # converted, and said so
+    converted = trident_cli("act", str(tmp_path / "obs64.npy"), "--mode", "greedy_pi",
+                            "--server", server.target)  # fmt: skip
+    assert converted.returncode == 0, converted.stderr
+    assert json.loads(converted.stdout)["actions"] == acted["actions"]
+    assert "holds float64 observations; sending them as float32" in converted.stderr
 
     saved = run_cli(server, "checkpoint", "save", "--name", "from-cli")
     assert isinstance(saved, dict) and saved["name"] == "from-cli"
-    assert int(saved["global_step"]) == client.status().global_step
+    assert saved["global_step"] == client.status().global_step
+    assert type(saved["size_bytes"]) is int and saved["save_ms"] > 0
     listed = run_cli(server, "checkpoint", "list")
-    assert isinstance(listed, list) and "from-cli" in [c["name"] for c in listed]
+    assert isinstance(listed, list)
+    (from_cli,) = [c for c in listed if c["name"] == "from-cli"]
+    assert from_cli == saved  # the save time as the save measured it, not 0
     digest = client.status().param_digest
     client.step(random_rollout(rng, T=3, N=4))
     restored = run_cli(server, "checkpoint", "restore", "from-cli")
@@ -254,7 +268,10 @@ def test_cli_against_a_running_server(
     bad_name = trident_cli("checkpoint", "save", "--name", "../x", "--server", server.target)
     assert bad_name.returncode == 1 and "INVALID_ARGUMENT" in bad_name.stderr
     nowhere = trident_cli("health", "--server", "127.0.0.1:1", "--timeout", "5")
-    assert nowhere.returncode != 0 and "UNAVAILABLE" in nowhere.stderr
+    assert nowhere.returncode == 1 and nowhere.stderr.startswith(
+        "trident: error: cannot reach a Trident server at 127.0.0.1:1: connection refused"
+    )
+    assert "--server HOST[:PORT]" in nowhere.stderr and len(nowhere.stderr.splitlines()) == 1
 
 
 def test_reflection_and_health(server: ServerProcess) -> None:

@@ -91,8 +91,8 @@ def select_backend(name: str, dims: Mapping[str, int]) -> Backend:
     if name in ("auto", "cuda"):
         if not cuda_available():
             raise BackendUnavailable(
-                "train.backend: 'cuda' needs CuPy (pip install 'trident[cuda]') and a CUDA "
-                "device it can see; none is visible here"
+                "train.backend: 'cuda' needs CuPy (pip install '.[cuda]' in Trident's checkout) "
+                "and a CUDA device it can see; none is visible here"
             )
         return _cuda_backend(dims)
     raise BackendUnavailable(f"train.backend: expected one of {BACKEND_CHOICES}, got {name!r}")

@@ -21,9 +21,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from service.api.tensors import decode, encode
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
+from service.config import ServerConfig
 from service.types import ActMode, ActResult, Rollout
 
 Reply = TypeVar("Reply")
+
+DEFAULT_PORT = ServerConfig().port  # what `trident serve` listens on unless told otherwise
+# gRPC target schemes (gRPC's naming doc); a target with one is passed on as it is
+SCHEMES = ("dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:", "xds:")
 
 MODES = {
     ActMode.SAMPLE: pb.ACT_MODE_SAMPLE,
@@ -88,6 +93,27 @@ def step_request(rollout: Rollout) -> pb.StepRequest:
     return pb.StepRequest(**fields)
 
 
+def with_default_port(target: str) -> str:
+    """`target` with DEFAULT_PORT where it names a host alone ("localhost", "10.0.0.5", "::1",
+    "[::1]"): gRPC would try port 443 there, where no Trident server listens."""
+    if target.startswith(SCHEMES):
+        return target
+    if target.startswith("["):  # a bracketed IPv6 address, with or without a port
+        return target if "]:" in target else f"{target}:{DEFAULT_PORT}"
+    colons = target.count(":")
+    if colons == 0:
+        return f"{target}:{DEFAULT_PORT}"
+    return f"[{target}]:{DEFAULT_PORT}" if colons > 1 else target  # bare IPv6, or HOST:PORT
+
+
+def answered(error: grpc.RpcError) -> bool:
+    """Whether a Trident server's handler answered with `error`: they send the call's
+    x-request-id back in trailing metadata. False when gRPC failed before one ran: nothing
+    listening, a name that does not resolve, a TLS mismatch, a deadline spent connecting."""
+    trailing = error.trailing_metadata() or ()  # type: ignore[attr-defined]
+    return any(key == "x-request-id" for key, _ in trailing)
+
+
 def channel_credentials(
     root_cert: str | None, client_cert: str | None, client_key: str | None
 ) -> grpc.ChannelCredentials:
@@ -97,7 +123,9 @@ def channel_credentials(
 
 
 class TridentClient:
-    """One channel to one server. Use as a context manager or call `close()`."""
+    """One channel to one server. Use as a context manager or call `close()`.
+
+    `target` is HOST:PORT (HOST alone means port DEFAULT_PORT) or a gRPC target URI."""
 
     RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
 
@@ -116,10 +144,11 @@ class TridentClient:
             ("grpc.max_send_message_length", limit),
             ("grpc.max_receive_message_length", limit),
         ]
+        self.target = with_default_port(target)
         if credentials is None:
-            self._channel = grpc.insecure_channel(target, options=options)
+            self._channel = grpc.insecure_channel(self.target, options=options)
         else:
-            self._channel = grpc.secure_channel(target, credentials, options=options)
+            self._channel = grpc.secure_channel(self.target, credentials, options=options)
         self._stub = pb_grpc.TrainerServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._token = token

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import ssl
+import sys
+import tempfile
 import threading
 from concurrent import futures
 from dataclasses import dataclass
+from errno import EACCES, EADDRINUSE, EADDRNOTAVAIL
 from pathlib import Path
 
 import grpc
@@ -73,6 +77,43 @@ def server_credentials(config: Config) -> grpc.ServerCredentials | None:
     )
 
 
+def _bind(
+    server: grpc.Server, host: str, port: int, credentials: grpc.ServerCredentials | None
+) -> int:
+    """Listen on host:port and return the port bound, or raise one ConfigError naming the
+    settings, their flags and the OS's reason. gRPC core logs a failed bind on stderr before it
+    raises; that line says nothing the error does not, so it is held back (on success, whatever
+    core wrote is passed on)."""
+    address = f"{host}:{port}"
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            if credentials is None:
+                bound = server.add_insecure_port(address)
+            else:
+                bound = server.add_secure_port(address, credentials)
+        except RuntimeError:
+            bound = None
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        held.seek(0)
+        logged = held.read()
+    if bound is None:
+        # core's line quotes the OS's reason (strerror) for the failed bind
+        reasons = [os.strerror(code) for code in (EADDRINUSE, EADDRNOTAVAIL, EACCES)]
+        reason = next((r for r in reasons if r.encode() in logged), "gRPC could not bind it")
+        raise ConfigError(
+            f"server.host:server.port = {address} (--host, --port): {reason}; expected a free "
+            "address to bind (stop what holds the port, or pick another --port; 0 picks a free "
+            "one)"
+        )
+    os.write(2, logged)
+    return bound
+
+
 @dataclass
 class Running:
     """A started server: its ports and the pieces shutdown needs."""
@@ -122,24 +163,16 @@ def start(config: Config, inference_only: bool = False, restore: str | None = No
     reflection.enable_server_reflection(
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    address = f"{server_cfg.host}:{server_cfg.port}"
-    try:
-        if credentials is None:
-            port = server.add_insecure_port(address)
-        else:
-            port = server.add_secure_port(address, credentials)
-    except RuntimeError as error:
-        raise ConfigError(
-            f"server.host/server.port = {address!r}: expected a free address to bind ({error})"
-        ) from None
+    port = _bind(server, server_cfg.host, server_cfg.port, credentials)
     try:
         http_server, _ = start_http_server(
             server_cfg.metrics_port, addr=server_cfg.host, registry=registry
         )
     except OSError as error:
         raise ConfigError(
-            f"server.metrics_port = {server_cfg.metrics_port}: expected a free port on "
-            f"{server_cfg.host} ({error})"
+            f"server.metrics_port = {server_cfg.metrics_port} on {server_cfg.host} "
+            f"(--metrics-port): {error.strerror or error}; expected a free port (stop what holds "
+            "it, or pick another --metrics-port; 0 picks a free one)"
         ) from None
     server.start()
 
@@ -160,6 +193,7 @@ def start(config: Config, inference_only: bool = False, restore: str | None = No
         metrics_port=running.metrics_port,
         backend=engine.trainer.backend.name,
         tls=credentials is not None,
+        auth=server_cfg.client_auth(),
         inference_only=inference_only,
         checkpoint_dir=config.checkpoint.dir,
     )
