@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from serverproc import trident_cli
 
+from service.backend import cuda_available
 from service.cli import main
 from service.client.client import with_default_port
 
@@ -148,3 +149,13 @@ def test_a_host_without_a_port_means_the_server_port() -> None:
         assert with_default_port(target) == target
     done = trident_cli("health", "--server", "127.0.0.1", "--timeout", "5")
     assert done.returncode == 1 and "at 127.0.0.1:50051: connection refused" in done.stderr
+
+
+@pytest.mark.skipif(cuda_available(), reason="a GPU is visible: --backend cuda would serve")
+def test_backend_cuda_without_a_gpu_says_how_to_install(tmp_path: Path) -> None:
+    done = trident_cli("serve", "--backend", "cuda", "--port", "0", "--metrics-port", "0",
+                       cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("trident: error: train.backend: 'cuda' needs CuPy")
+    assert "pip install '.[cuda]'" in line  # as README says
