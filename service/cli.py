@@ -262,17 +262,26 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser(
         "export", help="write a checkpoint's policy as an ONNX model for inference without Trident"
     )
-    export.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint name")
+    export.add_argument(
+        "checkpoint",
+        metavar="CHECKPOINT",
+        help="a checkpoint's folder, as `trident train` prints it, or its name under "
+        "--checkpoint-dir",
+    )
     export.add_argument(
         "--format", default="onnx", help="model format; onnx only (default: %(default)s)"
     )
     export.add_argument(
         "--checkpoint-dir",
         metavar="DIR",
-        help="folder holding the checkpoint (default: the checkpoint.dir setting)",
+        help="where CHECKPOINT is (default checkpoint.dir, or the current directory where that "
+        "is empty)",
     )
     export.add_argument(
-        "--out", metavar="FILE", type=Path, help="where to write it (default: CHECKPOINT.onnx)"
+        "--out",
+        metavar="FILE",
+        type=Path,
+        help="where to write it (default: the checkpoint's name + .onnx, here)",
     )
     return parser
 
@@ -343,20 +352,15 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_export(args: argparse.Namespace) -> int:
     """Write a checkpoint's policy as a model file (service/export.py: inputs and outputs)."""
-    from service.errors import InvalidInput
-
     try:
         from service.export import export
     except ImportError as error:  # the export extra is optional
         print(f"trident: error: export needs the {error.name} package: pip install onnx "
               "(the export extra)", file=sys.stderr)  # fmt: skip
         return 2
-    root = args.checkpoint_dir or load_config().checkpoint.dir
-    if not root:
-        raise InvalidInput("--checkpoint-dir", "the folder holding the checkpoint "
-                           "(checkpoint.dir is not set)", "none")  # fmt: skip
-    path = export(root, args.checkpoint, args.format, args.out)
-    print(f"trident export: {args.checkpoint} -> {path}", flush=True)
+    checkpoint = Path(args.checkpoint_dir or load_config().checkpoint.dir or ".", args.checkpoint)
+    path = export(checkpoint.parent, checkpoint.name, args.format, args.out)
+    print(f"trident export: {checkpoint} -> {path}", flush=True)
     return 0
 
 

@@ -36,12 +36,11 @@ def trained(
 
 
 def exported(trainer: Trainer, tmp_path: Path) -> onnxruntime.InferenceSession:
-    """The trainer's policy through a checkpoint and `trident export`, loaded in onnxruntime."""
-    save_checkpoint(trainer, tmp_path / "ckpt", "policy")
+    """The trainer's policy through a checkpoint and `trident export` of its folder, loaded in
+    onnxruntime."""
+    info = save_checkpoint(trainer, tmp_path / "ckpt", "policy")
     out = tmp_path / "policy.onnx"
-    argv = ["export", "policy", "--format", "onnx", "--checkpoint-dir", str(tmp_path / "ckpt"),
-            "--out", str(out)]  # fmt: skip
-    assert main(argv) == 0
+    assert main(["export", str(info.path), "--format", "onnx", "--out", str(out)]) == 0
     return onnxruntime.InferenceSession(out, providers=["CPUExecutionProvider"])
 
 
@@ -90,3 +89,6 @@ def test_export_errors_name_what_is_wrong(
     assert main(["export", "other", "--checkpoint-dir", str(root)]) == 2
     assert f"no checkpoint named 'other' in {root}" in capsys.readouterr().err
     assert not list(tmp_path.glob("*.onnx"))
+    out = tmp_path / "by-name.onnx"
+    assert main(["export", "policy", "--checkpoint-dir", str(root), "--out", str(out)]) == 0
+    assert out.is_file()
