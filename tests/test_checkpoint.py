@@ -410,7 +410,8 @@ def test_load_policy_is_verified(tmp_path: Path, config: Config, seed: int) -> N
 
 # ------------------------------------------------------------------------------ compatibility
 def test_incompatible_config_names_each_key(tmp_path: Path, config: Config, seed: int) -> None:
-    info = save_checkpoint(trained(config, seed, 1), tmp_path)
+    source = trained(config, seed, 1)
+    info = save_checkpoint(source, tmp_path)
     other = Trainer(
         checkpoint_config("model.hidden_dim=32", "c51.num_atoms=21", "ppo.value_norm=false")
     )
@@ -425,7 +426,7 @@ def test_incompatible_config_names_each_key(tmp_path: Path, config: Config, seed
     # Settings that do not shape the state may differ; the checkpoint's hot ones win.
     relaxed = Trainer(checkpoint_config("ppo.epochs=3", "optim.lr=0.01"))
     restore_checkpoint(relaxed, tmp_path, info.name)
-    assert relaxed.config.ppo.epochs == 3 and relaxed.config.optim.lr == config.optim.lr
+    assert relaxed.config.ppo.epochs == 3 and relaxed.config.optim.lr == source.config.optim.lr
 
 
 def test_other_format_version_is_incompatible(tmp_path: Path, config: Config, seed: int) -> None:
