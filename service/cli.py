@@ -403,6 +403,8 @@ def _rpc_failure(error: grpc.RpcError, target: str, args: argparse.Namespace) ->
     """The line to print for a failed call: the server's own status and message, or, when no
     server answered, which address was tried and what to check."""
     code, details = error.code(), error.details() or ""
+    if code is grpc.StatusCode.UNAUTHENTICATED:
+        return f"{code.name}: {details} (pass the server's token: --token or $TRIDENT_TOKEN)"
     if answered(error) or code not in (UNAVAILABLE, DEADLINE_EXCEEDED):
         return f"{code.name}: {details}"
     if code is DEADLINE_EXCEEDED:
@@ -419,8 +421,9 @@ def _rpc_failure(error: grpc.RpcError, target: str, args: argparse.Namespace) ->
     else:
         why = f"gRPC says: {details}"
     tls = (
-        "the server serves TLS with a certificate that --tls-ca signed for that host name "
-        "(drop --tls-ca for a plaintext server)"
+        "the server serves TLS with a certificate that --tls-ca signed for that host name, "
+        "and for mTLS that --tls-cert / --tls-key hold a client certificate it trusts (drop "
+        "--tls-ca for a plaintext server)"
         if args.tls_ca
         else "the server is plaintext (a TLS server needs --tls-ca)"
     )

@@ -45,6 +45,7 @@ def test_serve_takes_token_file_and_tls_flags(server: ServerProcess, pki: Pki) -
     denied = trident_cli("status", *tls)
     assert denied.returncode == 1
     assert denied.stderr.startswith("trident: error: UNAUTHENTICATED: ")
+    assert denied.stderr.endswith("(pass the server's token: --token or $TRIDENT_TOKEN)\n")
 
 
 def test_plaintext_client_is_told_to_check_tls(server: ServerProcess) -> None:
