@@ -44,14 +44,15 @@ def _train_bandit(trainer: Trainer, folder: RunFolder, write_checkpoint: bool) -
         train_cfg.num_envs, config.model.obs_dim, config.model.num_actions, train_cfg.seed
     )
     samples_per_step = train_cfg.num_envs * train_cfg.rollout_len
+    every = config.checkpoint.every_steps
     print(
         f"trident train: backend={trainer.backend.name} env=bandit steps={train_cfg.steps} "
         f"rollout={train_cfg.rollout_len}x{train_cfg.num_envs} seed={train_cfg.seed}\n"
-        f"run folder {folder.root}: config.toml; checkpoints in {config.checkpoint.dir}",
+        f"run folder {folder.root}: config.toml"
+        + (f"; checkpoints in {config.checkpoint.dir}" if write_checkpoint or every else ""),
         flush=True,
     )
     started = time.perf_counter()
-    every = config.checkpoint.every_steps
 
     def report(done: LoopProgress) -> None:
         step, result = done.step, done.result

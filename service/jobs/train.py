@@ -96,12 +96,14 @@ def _train_lobsim(
     next_step = job_stepper(trainer, config, seed)
     samples_per_step = train_cfg.num_envs * train_cfg.rollout_len
     remaining = max(0, train_cfg.steps - trainer.global_step)
+    saves = write_checkpoint or config.checkpoint.every_steps
     print(
         f"trident train: backend={trainer.backend.name} env=lobsim steps={train_cfg.steps} "
         f"rollout={train_cfg.rollout_len}x{train_cfg.num_envs} horizon={lob.horizon} "
         f"seed={train_cfg.seed}\n"
         f"run folder {folder.root}: config.toml, train.csv, train.png, eval.json, eval.txt, "
-        f"eval.png; checkpoints in {config.checkpoint.dir}"
+        "eval.png"
+        + (f"; checkpoints in {config.checkpoint.dir}" if saves else "")
         + (f"; TensorBoard events in {tensorboard}" if tensorboard else ""),
         flush=True,
     )
