@@ -43,7 +43,9 @@ SERVE_FLAGS = {
     "--host": ("server.host", "HOST", "bind address"),
     "--port": ("server.port", "PORT", "gRPC port; 0 picks a free one"),
     "--metrics-port": ("server.metrics_port", "PORT", "Prometheus port; 0 picks a free one"),
-    "--checkpoint-dir": ("checkpoint.dir", "DIR", "checkpoint root"),
+    "--checkpoint-dir": (
+        "checkpoint.dir", "DIR", "checkpoint root (default runs/serve-<port>/checkpoints)"
+    ),
     "--backend": ("train.backend", "NAME", "auto (cuda where CuPy sees a GPU), numpy or cuda"),
     "--tls-cert": ("server.tls_cert", "PEM", "server certificate; with --tls-key, serves TLS"),
     "--tls-key": ("server.tls_key", "PEM", "server private key"),
