@@ -227,7 +227,7 @@ def test_window_recentres_on_a_drifting_mid() -> None:
     cfg = LobsimConfig(price_levels=24, visible_levels=4, initial_depth=4, recentre_ticks=3,
                        max_inventory=10_000, market_size=4, horizon=10_000)  # fmt: skip
     env = LobSim(8, cfg, seed=fresh_seed())
-    base = env.books.base.copy()
+    mid = env.books.base + env.mid2 / 2.0  # absolute ticks
     for _ in range(60):
         books = env.books
         absolute = {
@@ -258,4 +258,6 @@ def test_window_recentres_on_a_drifting_mid() -> None:
         assert np.allclose(books.cash + books.inventory * (books.base + env.mid2 / 2.0), value)
         env.step(np.full(8, 7))  # market buys: the real drift
         check_invariants(env.books)
-    assert (env.books.base > base).all()
+    # The buys lift the price on average (by 4.9 to 11 ticks over 150 seeds); a single market's
+    # background flow can absorb them and its window come back where it started.
+    assert (env.books.base + env.mid2 / 2.0).mean() > mid.mean() + 2
