@@ -163,7 +163,10 @@ def test_a_thousand_abandoned_calls_leak_no_threads_or_memory(
         assert reply.global_step == status.global_step + 1
 
     assert sum(codes.values()) == 1000
-    assert codes["CANCELLED"] >= 150 and codes["DEADLINE_EXCEEDED"] >= 300, codes
+    # The calls did end early: cancelled, past their deadline, or refused by a full queue (the
+    # split between the last two follows the machine's load: 278 / 518 on a busy 2-core VM).
+    unanswered = codes["DEADLINE_EXCEEDED"] + codes["RESOURCE_EXHAUSTED"]
+    assert codes["CANCELLED"] >= 150 and unanswered >= 400, codes
     drift = (rss_after - rss_before) / 2**20
     assert drift < 10, f"RSS grew {drift:.1f} MiB over 1,000 abandoned calls"
     print(
