@@ -81,14 +81,22 @@ def _cuda_backend(dims: Mapping[str, int]) -> Backend:
     )
 
 
+def resolve_name(name: str) -> str:
+    """The backend `train.backend` names: 'auto' is 'cuda' where CuPy sees a GPU, else 'numpy'."""
+    if name == "auto":
+        return "cuda" if cuda_available() else "numpy"
+    return name
+
+
 def select_backend(name: str, dims: Mapping[str, int]) -> Backend:
-    """The backend for `train.backend`: 'numpy', 'cuda', or 'auto' (cuda where CuPy sees a GPU).
+    """The backend for `train.backend`: 'numpy', 'cuda', or 'auto' (`resolve_name`).
 
     `dims` (D, H, A, Z, K) are the model's sizes; the CUDA kernels are compiled for them.
     """
-    if name == "numpy" or (name == "auto" and not cuda_available()):
+    name = resolve_name(name)
+    if name == "numpy":
         return _numpy_backend()
-    if name in ("auto", "cuda"):
+    if name == "cuda":
         if not cuda_available():
             raise BackendUnavailable(
                 "train.backend: 'cuda' needs CuPy (pip install '.[cuda]' in Trident's checkout) "
