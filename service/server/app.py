@@ -9,6 +9,7 @@ import ssl
 import sys
 import tempfile
 import threading
+import time
 from concurrent import futures
 from dataclasses import dataclass
 from errno import EACCES, EADDRINUSE, EADDRNOTAVAIL
@@ -120,6 +121,7 @@ class Running:
 
     server: grpc.Server
     health: health.HealthServicer
+    servicer: TrainerServicer
     engine: Engine
     port: int
     metrics_port: int
@@ -184,7 +186,7 @@ def start(config: Config, inference_only: bool = False, restore: str | None = No
     servicer.attach(engine)
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    running = Running(server, health_servicer, engine, port, http_server.server_port)
+    running = Running(server, health_servicer, servicer, engine, port, http_server.server_port)
     logs.event(
         logging.INFO,
         "serving",
@@ -201,11 +203,18 @@ def start(config: Config, inference_only: bool = False, restore: str | None = No
 
 
 def stop(running: Running, grace_s: float) -> None:
-    """Drain: NOT_SERVING at once, refuse new calls, finish in-flight ones, final checkpoint."""
+    """Drain: NOT_SERVING at once, refuse new calls, finish queued ones, final checkpoint.
+
+    The listener stays open until the queued Steps are applied, so their replies go out and a
+    new call meets the servicer's UNAVAILABLE. `grace_s` bounds both: Steps not started by then
+    are answered UNAVAILABLE, and what is still open after it (streams) is cancelled.
+    """
     running.health.enter_graceful_shutdown()
+    running.servicer.refuse_new_calls()
     logs.event(logging.INFO, "draining", grace_s=grace_s)
-    running.server.stop(grace_s).wait()
-    final = running.engine.drain()
+    started = time.monotonic()
+    final = running.engine.drain(grace_s)
+    running.server.stop(max(0.0, grace_s - (time.monotonic() - started))).wait()
     if final is not None:
         logs.event(logging.INFO, "final checkpoint", name=final.name, step=final.global_step)
 

@@ -234,9 +234,10 @@ class Engine:
         if restore is not None:
             self.restore(restore)
 
-    def drain(self) -> CheckpointInfo | None:
-        """Finish every queued Step and Act, then commit a final checkpoint (training servers)."""
-        self._steps.close()
+    def drain(self, grace_s: float = float("inf")) -> CheckpointInfo | None:
+        """Finish queued Steps (those that start within `grace_s`) and Acts, then commit a
+        final checkpoint (training servers)."""
+        self._steps.close(grace_s)
         self._acts.close()
         if self.inference_only:
             return None

@@ -59,13 +59,24 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
         self._engine: Engine | None = None
+        self._draining = False
 
     def attach(self, engine: Engine) -> None:
         """Start answering with `engine`; until then every call is UNAVAILABLE."""
         self._engine = engine
 
+    def refuse_new_calls(self) -> None:
+        """Answer every call that starts from now on UNAVAILABLE, while the server still runs.
+
+        The servicer refuses rather than the closing listener because gRPC core answers a call
+        that races its shutdown with CANCELLED, which a client must not read as retryable.
+        """
+        self._draining = True
+
     @property
     def engine(self) -> Engine:
+        if self._draining:
+            raise Unavailable("the server is draining and takes no new calls; retry elsewhere")
         if self._engine is None:
             raise Unavailable("the trainer is still being built; retry shortly")
         return self._engine

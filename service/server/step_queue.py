@@ -33,6 +33,7 @@ class StepQueue:
         self._capacity = capacity
         self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=capacity)
         self._accepting = True
+        self._deadline = float("inf")  # perf_counter time after which queued Steps are refused
         self._lock = threading.Lock()
         self._worker = threading.Thread(target=self._run, name="trident-steps", daemon=True)
         self._worker.start()
@@ -55,10 +56,15 @@ class StepQueue:
     def depth(self) -> int:
         return self._jobs.qsize()
 
-    def close(self) -> None:
-        """Stop accepting, let the worker finish every queued Step, and wait for it."""
+    def close(self, grace_s: float = float("inf")) -> None:
+        """Stop accepting, let the worker apply queued Steps for up to `grace_s`, and wait for it.
+
+        A Step still queued when the grace runs out is answered UNAVAILABLE, never applied, so
+        its caller can send it again elsewhere.
+        """
         with self._lock:
             self._accepting = False
+            self._deadline = time.perf_counter() + grace_s
         self._jobs.put(None)
         self._worker.join()
 
@@ -66,6 +72,11 @@ class StepQueue:
         while (job := self._jobs.get()) is not None:
             if not job.caller_waiting():
                 job.future.set_exception(Abandoned("caller left before the Step started"))
+                continue
+            if time.perf_counter() > self._deadline:
+                job.future.set_exception(
+                    Unavailable("the server's shutdown grace ran out before this Step started")
+                )
                 continue
             queued_ms = 1e3 * (time.perf_counter() - job.enqueued)
             try:
