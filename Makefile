@@ -9,7 +9,7 @@ export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 soak:
 	python3 bench/soak.py --actors 16 --duration 600
 
-# LobSim's invariants over 10,000 random steps on 64 markets (CI runs 3,000).
+# LobSim's invariants over 10,000 random steps on 64 markets (CI runs 1,600).
 long:
 	TRIDENT_LOBSIM_STEPS=10000 python3 -m pytest tests/lobsim/test_env.py -k invariants -s
 

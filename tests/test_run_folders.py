@@ -45,8 +45,12 @@ def test_config_toml_reads_back_as_the_config_without_the_token(
     assert used.checkpoint.dir == "a \"quoted\" \\ dir"  # set explicitly: it wins
     assert token not in folder.config.read_text()
     assert load_config(folder.config, env={}) == Config.from_dict(used.public_dict())
-    defaulted = RunFolder(tmp_path / "other").prepare(small_config())
+    other = RunFolder(tmp_path / "other")
+    defaulted = other.prepare(small_config())
     assert defaulted.checkpoint.dir == str(tmp_path / "other" / "checkpoints")
+    # Read back, a defaulted dir stays defaulted: a run from this file checkpoints into its own
+    # folder, not into this one's (where its step-N names would collide).
+    assert load_config(other.config, env={}).checkpoint.dir == ""
 
 
 @pytest.mark.parametrize("explicit", [False, True])

@@ -53,9 +53,9 @@ class RunFolder:
         return self.root / "checkpoints"
 
     def prepare(self, config: Config) -> Config:
-        """Create the folder; `config` with checkpoint.dir defaulting to `checkpoints`, written
-        to `config`'s path (without credentials)."""
+        """Create the folder, write `config` to its config.toml (without credentials) and return
+        it with checkpoint.dir defaulting to `checkpoints`. The file keeps checkpoint.dir as
+        given, so `--config` on it starts a run that checkpoints into its own folder."""
         self.root.mkdir(parents=True, exist_ok=True)
-        config = with_checkpoint_dir(config, self.checkpoints)
         self.config.write_text(config.to_toml())
-        return config
+        return with_checkpoint_dir(config, self.checkpoints)

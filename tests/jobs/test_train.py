@@ -1,4 +1,5 @@
-"""The main job on the CPU: a short fixed-seed run that must beat holding, and its run folder."""
+"""The main job on the CPU: its run folder, its learning curve, its lr schedule. That the
+default job beats the baselines is checked where the README runs it (tests/test_readme.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.backend.blas import single_blas_thread
-from service.config import BACKEND_DEFAULTS, load_config, sized_for
+from service.config import BACKEND_DEFAULTS, load_config
 from service.jobs import evaluate
 from service.jobs.run_folder import RunFolder
 from service.jobs.train import (
@@ -22,42 +22,10 @@ from service.jobs.train import (
     smoothed,
 )
 from service.trainer.trainer import Trainer
-from service.types import ActMode
 from tests.jobs.test_scalars import read_events
 
 SEED = 0
 MARKETS = 64  # held-out markets of the verdict
-
-
-@pytest.mark.slow
-def test_the_default_job_beats_holding() -> None:
-    """The README's main job as it trains by default (NumPy: 100 Steps of 256 markets x 32 env
-    steps, the default trainer) on a fixed seed: its greedy policy's return beats HOLD's on
-    held-out markets, the paired 95 % interval above zero. Measured: +16.7 ± 0.9 on 256 markets
-    for this seed, +14.9 and +15.8 for seeds 1 and 2 (bench/README.md), so BLAS rounding on
-    another machine cannot move it below zero; ~100 s here."""
-    config = sized_for(
-        lobsim_model(load_config(env={}, overrides=["train.backend=numpy", f"train.seed={SEED}"])),
-        "numpy",
-    )
-    trainer = Trainer(config)
-    step = job_stepper(trainer, config, SEED)
-    with single_blas_thread("numpy"):
-        for _ in range(config.train.steps):
-            result = step().result
-            assert not result.skipped and np.isfinite(list(result.losses.values())).all()
-    greedy = lambda obs, mask: trainer.act(obs, ActMode.GREEDY_PI).actions  # noqa: E731
-    traces = evaluate.play_all(
-        {"trained": lambda env: greedy, "hold": lambda env: evaluate.constant(0)},
-        config.lobsim,
-        SEED + HELD_OUT,
-        MARKETS,
-    )
-    margin = evaluate.paired_difference(
-        traces["trained"].episode_return, traces["hold"].episode_return
-    )
-    print(f"trained - hold over {MARKETS} markets: {margin}")
-    assert margin.mean - margin.half > 0, margin
 
 
 def test_the_job_fills_its_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -81,7 +49,7 @@ def test_the_job_fills_its_run_folder(tmp_path: Path, capsys: pytest.CaptureFixt
     out = capsys.readouterr().out
     folder = RunFolder(run)
     used = load_config(folder.config, env={})
-    assert used.checkpoint.dir == str(folder.checkpoints) and used.train.seed == 5
+    assert used.checkpoint.dir == "" and used.train.seed == 5  # defaulted: a rerun uses its own
     assert used.train.lr_schedule == "linear" and used.model.obs_dim == 56  # sized for LobSim
     rows = list(csv.DictReader(folder.log_csv.open()))
     assert [int(r["step"]) for r in rows] == [1, 2, 3, 4]
