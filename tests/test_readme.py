@@ -78,7 +78,7 @@ def test_the_readmes_run_as_written(tmp_path: Path) -> None:
                     session.start(command, lambda: installed(venv), "Trident installed")
                 elif bare not in NOT_RUN:
                     session.run(command, COMMAND_TIMEOUT_S)
-        where = session.run("python -c 'import service; print(service.__file__)'", 60)
+        where = session.run("cd / && python -c 'import service; print(service.__file__)'", 60)
         session.finish_jobs(COMMAND_TIMEOUT_S)
     finally:
         exits = session.stop()
