@@ -66,7 +66,9 @@ DONE = re.compile(
     r"^done: (?P<sent>\d+) Steps \((?P<applied>\d+) applied, (?P<dropped>\d+) dropped as stale\), "
     r"(?P<acts>\d+) Acts in (?P<seconds>[\d.]+) s \| "
     r"Step p50 (?P<step_p50>[\d.]+) ms p99 (?P<step_p99>[\d.]+) ms \| "
-    r"Act p50 (?P<act_p50>[\d.]+) ms p99 (?P<act_p99>[\d.]+) ms$"
+    r"Act p50 (?P<act_p50>[\d.]+) ms p99 (?P<act_p99>[\d.]+) ms \| "
+    r"(?P<rollouts>\d+) rollouts, (?P<resent>\d+) resent, (?P<replayed>\d+) replayed, "
+    r"(?P<reconnects>\d+) reconnects, (?P<released>\d+) released unconfirmed$"
 )
 
 

@@ -12,6 +12,12 @@ server with `--set model.obs_dim=<observation_dim(lobsim)> --set model.num_actio
 any env with Discrete actions and 1-D Box observations (model.obs_dim = the observation size,
 model.num_actions = the number of actions; model.aux_dim is free, no aux targets are sent).
 The actor reads the server's model shape first and stops with a message on a mismatch.
+
+Its calls go through `ResilientLink` (service/client/resilient.py): when the server goes away
+(killed, draining, upgraded) the environments wait where they are, the actor reconnects with
+backoff (`--reconnect-timeout`), reads the model shape again, and goes on; every Step carries
+an idempotency key, and Steps the server lost with its state are sent again (or dropped and
+counted when they are more than train.max_policy_lag versions old).
 """
 
 from __future__ import annotations
@@ -23,23 +29,22 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-import grpc
 import numpy as np
 
 from service.api.trident.v1 import trainer_pb2 as pb
-from service.client.client import StepReply, TridentClient
+from service.client.client import TridentClient
+from service.client.resilient import ResilientLink
 from service.config import LobsimConfig
 from service.envs import LobSimVectorEnv
 from service.errors import TridentError
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
-from service.types import ActMode, ActResult, Rollout
+from service.types import ActMode, ActResult
 from service.vector_env import EnvStep, VectorEnv, collect_rollout
 
 if TYPE_CHECKING:  # Gymnasium is optional (pip install 'trident[gym]')
     from gymnasium.vector import VectorEnv as GymnasiumVector
 
 GYMNASIUM = "gymnasium:"
-QUEUE_FULL_RETRIES = 8  # Step attempts on RESOURCE_EXHAUSTED before giving up
 
 
 class ActorError(TridentError):
@@ -175,24 +180,6 @@ def check_dims(status: pb.GetStatusResponse, dims: EnvDims, env: str) -> None:
         )
 
 
-def send_step(client: TridentClient, rollout: Rollout) -> StepReply | None:
-    """Step with the rollout; None when the server dropped it as too stale. A full queue
-    rejects at once without applying anything, so the same rollout is sent again after a
-    back-off."""
-    for attempt in range(QUEUE_FULL_RETRIES):
-        try:
-            return client.step(rollout)
-        except grpc.RpcError as error:
-            code = error.code()
-            if code == grpc.StatusCode.FAILED_PRECONDITION:
-                print(f"rollout dropped: {error.details()}", flush=True)
-                return None
-            if code != grpc.StatusCode.RESOURCE_EXHAUSTED or attempt + 1 == QUEUE_FULL_RETRIES:
-                raise
-            time.sleep(0.05 * 2**attempt)
-    raise AssertionError("unreachable")
-
-
 def latency_ms(name: str, seconds: list[float]) -> str:
     """`NAME p50 X ms p99 Y ms` of the wall times `seconds`."""
     if not seconds:
@@ -212,9 +199,11 @@ def run_actor(
     seed: int,
     log_every: int,
     duration_s: float | None = None,
+    reconnect_s: float = 300.0,
 ) -> int:
     """Send `steps` Steps of `rollout_len` x `num_envs` env steps (or stop after the first Step
-    that ends `duration_s` after the start); print progress, then a `done:` summary line."""
+    that ends `duration_s` after the start); print progress, then a `done:` summary line.
+    A server gone for longer than `reconnect_s` stops the actor (ServerGone)."""
     for name, value in (
         ("--num-envs", num_envs), ("--steps", steps), ("--rollout-len", rollout_len),
         ("--log-every", log_every),
@@ -225,21 +214,26 @@ def run_actor(
         raise ActorError(f"--seed: expected an integer in [0, 2**63), got {seed}")
     if duration_s is not None and not duration_s > 0:
         raise ActorError(f"--duration: expected a positive number of seconds, got {duration_s}")
+    if not reconnect_s > 0:
+        raise ActorError(f"--reconnect-timeout: expected a positive number, got {reconnect_s}")
     with open_env(env, num_envs, lobsim, seed) as (vec_env, dims):
+        link = ResilientLink(
+            client, lambda status: check_dims(status, dims, env), reconnect_s=reconnect_s
+        )
         check_dims(client.status(), dims, env)
         print(
             f"trident actor: env={env} obs_dim={dims.obs_dim} actions={dims.num_actions} "
-            f"rollout={rollout_len}x{num_envs} steps={steps} seed={seed}",
+            f"rollout={rollout_len}x{num_envs} steps={steps} seed={seed} id={link.actor_id}",
             flush=True,
         )
         started = time.perf_counter()
-        sent = applied = dropped = env_steps = 0
+        sent = applied = env_steps = 0
         act_s: list[float] = []
         step_s: list[float] = []
 
         def act(obs: np.ndarray) -> ActResult:
             called = time.perf_counter()
-            result = client.act(obs, ActMode.SAMPLE)
+            result = link.act(obs, ActMode.SAMPLE)
             act_s.append(time.perf_counter() - called)
             return result
 
@@ -249,10 +243,9 @@ def run_actor(
             rollout = collect_rollout(act, vec_env, rollout_len)
             env_steps += rollout_len * num_envs
             called = time.perf_counter()
-            reply = send_step(client, rollout)
+            reply = link.step(rollout)
             step_s.append(time.perf_counter() - called)
-            if reply is None:
-                dropped += 1
+            if reply is None:  # too stale: counted by the link
                 continue
             sent += 1
             if reply.updates_applied:
@@ -269,10 +262,13 @@ def run_actor(
                 f"episode return {episodes} | {losses}{skipped}",
                 flush=True,
             )
+        counts = link.counts
         print(
-            f"done: {sent} Steps ({applied} applied, {dropped} dropped as stale), "
+            f"done: {sent} Steps ({applied} applied, {counts.dropped_stale} dropped as stale), "
             f"{len(act_s)} Acts in {time.perf_counter() - started:.1f} s | "
-            f"{latency_ms('Step', step_s)} | {latency_ms('Act', act_s)}",
+            f"{latency_ms('Step', step_s)} | {latency_ms('Act', act_s)} | "
+            f"{counts.rollouts} rollouts, {counts.resent} resent, {counts.replayed} replayed, "
+            f"{counts.reconnects} reconnects, {counts.released} released unconfirmed",
             flush=True,
         )
     return 0

@@ -1,7 +1,8 @@
 """Checkpoints of a Trainer: one directory per name under a root, committed atomically.
 
 Layout of `root/<name>/`: one `<group>.safetensors` per state group (params, target, optim,
-replay, counters, rng), `config.json`, and `manifest.json` (format version, global step,
+replay, counters, rng), `config.json`, `ledger.json` (the idempotency keys of the Steps the
+state includes, service/step_ledger.py), and `manifest.json` (format version, global step,
 parameter digest, backend, sha256 and size of every other file, and a sha256 of itself).
 A save writes everything into `root/.tmp-<name>-<pid>-<random>`, fsyncs the files, the
 manifest and the directory, renames it to `root/<name>` and fsyncs the root; only then does
@@ -37,12 +38,17 @@ from service.errors import (
     CheckpointNotFound,
     InvalidInput,
 )
+from service.step_ledger import StepLedger
 from service.trainer.trainer import HOT_KEYS, Trainer
 
 # 2: the params group holds the value head's return statistics (params/v/norm).
-FORMAT_VERSION = 2
+# 3: ledger.json holds the keys of the applied Steps. A version-2 checkpoint loads with an
+#    empty ledger (MIGRATED); version 1 lacks the statistics and is refused.
+FORMAT_VERSION = 3
+MIGRATED = (2,)
 MANIFEST = "manifest.json"
 CONFIG = "config.json"
+LEDGER = "ledger.json"
 TEMP_PREFIX = ".tmp-"
 NAME_RULE = "1-128 characters from [A-Za-z0-9._-], starting with a letter or digit, without '..'"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -199,11 +205,15 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     if _seal(body) != raw:
         raise CheckpointCorrupt(f"{path}: manifest_sha256 does not match its contents")
     version = body.get("format_version")
-    if version != FORMAT_VERSION or type(version) is not int:
+    if type(version) is not int or version not in (*MIGRATED, FORMAT_VERSION):
+        readable = " and ".join(str(v) for v in (*MIGRATED, FORMAT_VERSION))
         raise CheckpointIncompatible(
-            f"{path}: format_version {version!r}; this build reads format_version {FORMAT_VERSION}"
+            f"{path}: format_version {version!r}; this build reads format_version {readable} "
+            f"(writes {FORMAT_VERSION})"
         )
     _check_manifest(body, path)
+    if version >= 3 and LEDGER not in body["files"]:
+        raise CheckpointCorrupt(f"{path}: does not list {LEDGER}")
     return body
 
 
@@ -227,8 +237,9 @@ def _info(directory: Path, manifest: Mapping[str, Any]) -> CheckpointInfo:
 
 
 # ------------------------------------------------------------------------------ save
-def _state_files(trainer: Trainer) -> dict[str, bytes]:
-    """The serialized files of a trainer: `<group>.safetensors` per state group, config.json."""
+def _state_files(trainer: Trainer, ledger: StepLedger) -> dict[str, bytes]:
+    """The serialized files of a trainer: `<group>.safetensors` per state group, config.json,
+    ledger.json."""
     groups: dict[str, dict[str, np.ndarray]] = {}
     for key, array in trainer.state_dict().items():
         group, _, rest = key.partition("/")
@@ -236,6 +247,7 @@ def _state_files(trainer: Trainer) -> dict[str, bytes]:
     files = {f"{group}.safetensors": save_tensors(tensors) for group, tensors in groups.items()}
     config = json.dumps(trainer.config.public_dict(), sort_keys=True, indent=1) + "\n"
     files[CONFIG] = config.encode()
+    files[LEDGER] = ledger.to_json()
     return files
 
 
@@ -254,10 +266,15 @@ def _commit(temp: Path, target: Path) -> None:
 
 
 def save_checkpoint(
-    trainer: Trainer, root: PathLike, name: str | None = None, keep_last: int | None = None
+    trainer: Trainer,
+    root: PathLike,
+    name: str | None = None,
+    keep_last: int | None = None,
+    ledger: StepLedger | None = None,
 ) -> CheckpointInfo:
     """Write the trainer's whole state as checkpoint `name` (default `step-<global_step>`),
-    then prune to the newest `keep_last` (default `checkpoint.keep_last`)."""
+    with `ledger` (a server's keys of the Steps in that state; empty for a job), then prune
+    to the newest `keep_last` (default `checkpoint.keep_last`)."""
     started = time.perf_counter()
     name = check_name(f"step-{trainer.global_step:010d}" if name is None else name)
     keep = trainer.config.checkpoint.keep_last if keep_last is None else keep_last
@@ -273,7 +290,10 @@ def save_checkpoint(
     temp = root / f"{TEMP_PREFIX}{name}-{os.getpid()}-{secrets.token_hex(4)}"
     temp.mkdir()
     try:
-        files = {fn: _write_file(temp / fn, data) for fn, data in _state_files(trainer).items()}
+        if ledger is None:
+            ledger = StepLedger(trainer.config.server.step_key_window)
+        state = _state_files(trainer, ledger)
+        files = {fn: _write_file(temp / fn, data) for fn, data in state.items()}
         manifest = {
             "format_version": FORMAT_VERSION,
             "global_step": trainer.global_step,
@@ -436,8 +456,21 @@ def _apply(
         raise
 
 
-def restore_checkpoint(trainer: Trainer, root: PathLike, name: str) -> CheckpointInfo:
-    """Replace the trainer's state (and hot settings) with checkpoint `name`, all or nothing."""
+def _ledger(directory: Path, blobs: Mapping[str, bytes], capacity: int) -> StepLedger:
+    """The checkpoint's ledger; a version-2 checkpoint has none: an empty one."""
+    if LEDGER not in blobs:
+        return StepLedger(capacity)
+    try:
+        return StepLedger.from_json(blobs[LEDGER], capacity)
+    except (ValueError, TypeError, KeyError, AttributeError, InvalidInput) as error:
+        raise CheckpointCorrupt(f"{directory / LEDGER}: malformed ({error})") from None
+
+
+def restore_checkpoint(
+    trainer: Trainer, root: PathLike, name: str, ledger: StepLedger | None = None
+) -> CheckpointInfo:
+    """Replace the trainer's state (and hot settings) with checkpoint `name`, and `ledger`'s
+    keys with the checkpoint's, all or nothing."""
     directory = _committed_dir(root, name)
     manifest = read_manifest(directory)
     _check_listing(directory, manifest)
@@ -446,7 +479,10 @@ def restore_checkpoint(trainer: Trainer, root: PathLike, name: str) -> Checkpoin
     check_compatible(saved, trainer.config, name)
     hot = {key: _setting(saved, key) for key in HOT_KEYS}
     state = _load_state(directory, manifest, blobs)
+    saved_ledger = _ledger(directory, blobs, trainer.config.server.step_key_window)
     _apply(trainer, state, hot, manifest["param_digest"], name)
+    if ledger is not None:
+        ledger.adopt(saved_ledger)
     return _info(directory, manifest)
 
 

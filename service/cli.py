@@ -50,6 +50,9 @@ SERVE_FLAGS = {
     "--tls-cert": ("server.tls_cert", "PEM", "server certificate; with --tls-key, serves TLS"),
     "--tls-key": ("server.tls_key", "PEM", "server private key"),
     "--tls-ca": ("server.tls_client_ca", "PEM", "CA of client certificates; requires them (mTLS)"),
+    "--auth-tokens-file": (
+        "server.auth_tokens_file", "FILE", "role tokens: '<role> sha256:<hex>' (trident token)"
+    ),
 }
 
 
@@ -197,6 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--restore", metavar="NAME", help="restore this checkpoint at start")
     serve.add_argument(
+        "--resume",
+        action="store_true",
+        help="restore the newest checkpoint of the checkpoint dir at start, if there is one "
+        "(a restarted server carries on where its last checkpoint left off)",
+    )
+    serve.add_argument(
         "--inference-only",
         action="store_true",
         help="serve Act from --restore NAME, without optimizer state",
@@ -261,6 +270,26 @@ def build_parser() -> argparse.ArgumentParser:
     actor.add_argument("--rollout-len", type=int, default=16, help="env steps per Step")
     actor.add_argument("--seed", type=int, default=0, help="environment seed")
     actor.add_argument("--log-every", type=int, default=10, help="Steps between progress lines")
+    actor.add_argument(
+        "--reconnect-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="how long to wait for a server that went away (restart, drain, upgrade) before "
+        "giving up; the environments wait where they are",
+    )
+    token = commands.add_parser(
+        "token",
+        help="make a bearer token with a role: prints the token once, appends its hash to the "
+        "server's token file",
+        description="Roles: actor (Act, Step, StreamStep, GetStatus), viewer (GetStatus, "
+        "ListCheckpoints), admin (every method). The file keeps sha256 hashes, never tokens; "
+        "serve it with `trident serve --auth-tokens-file FILE`.",
+    )
+    token.add_argument("--role", required=True, choices=("actor", "viewer", "admin"),
+                       help="what the token may call")  # fmt: skip
+    token.add_argument("--tokens-file", metavar="FILE", required=True,
+                       help="token file to append the hash line to (created 0600)")  # fmt: skip
     export = commands.add_parser(
         "export", help="write a checkpoint's policy as an ONNX model for inference without Trident"
     )
@@ -366,6 +395,20 @@ def run_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_token(args: argparse.Namespace) -> int:
+    from service.server.auth import new_token, token_line
+
+    secret = new_token()
+    path = Path(args.tokens_file)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(descriptor, "a") as tokens:
+        tokens.write(token_line(args.role, secret) + "\n")
+    print(secret)
+    print(f"trident token: a token of role {args.role}; its hash appended to {path} (restart "
+          "the server to load it)", file=sys.stderr)  # fmt: skip
+    return 0
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from service.server.app import serve  # the server's dependencies load only when serving
 
@@ -377,7 +420,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.auth_token_file is not None:
         flags["--auth-token-file"] = ("server.auth_token", _read_token(args.auth_token_file))
     config = load_config(args.config, overrides=args.overrides, flags=flags)
-    return serve(config, inference_only=args.inference_only, restore=args.restore)
+    return serve(
+        config, inference_only=args.inference_only, restore=args.restore, resume=args.resume
+    )
 
 
 def _read_token(path: str) -> str:
@@ -496,6 +541,7 @@ def run_actor_command(args: argparse.Namespace, client: TridentClient) -> int:
         seed=args.seed,
         log_every=args.log_every,
         duration_s=args.duration,
+        reconnect_s=args.reconnect_timeout,
     )
 
 
@@ -512,6 +558,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_remote(args, run_actor_command)
         if args.command == "export":
             return run_export(args)
+        if args.command == "token":
+            return run_token(args)
         return run_remote(args, run_client)
     except (ConfigError, TridentError, OSError) as error:
         print(f"trident: error: {error}", file=sys.stderr)

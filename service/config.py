@@ -204,13 +204,18 @@ class ServerConfig(_Section):
     metrics_port: int = _f(9464, ge=0, le=65535)  # metrics HTTP TCP port
     max_message_mb: int = _f(64, ge=1)  # max gRPC message size (MiB)
     step_queue_size: int = _f(8, ge=1)  # queued rollout batches before backpressure
+    # Idempotency keys of applied Steps remembered, with their answers (saved in checkpoints):
+    # a Step re-sent with a key this old or newer is answered, never applied twice.
+    step_key_window: int = _f(4096, ge=1)
     act_max_batch: int = _f(1024, ge=1)  # max observations per batched act call
     # extra wait to fill an Act batch (ms); 0 batches what queued during the previous forward
     act_max_wait_ms: float = _f(0.0, ge=0)
     # client authentication to enforce, checked at start-up: 'auto' (what auth_token and
     # tls_client_ca turn on) or exactly 'none', 'token', 'mtls' or 'token+mtls' (TLS: tls_cert)
     auth_mode: str = _f("auto", choices=("auto", "none", "token", "mtls", "token+mtls"))
-    auth_token: str = ""  # bearer token required from clients; empty disables auth
+    auth_token: str = ""  # one bearer token (role admin) required from clients; empty: none
+    # role tokens: a file of '<role> sha256:<hex>' lines (actor, viewer, admin; `trident token`)
+    auth_tokens_file: str = ""
     tls_cert: str = ""  # server certificate PEM path; empty disables TLS
     tls_key: str = ""  # server private key PEM path
     tls_client_ca: str = ""  # CA PEM path for client certs (mTLS); empty disables mTLS
@@ -222,7 +227,8 @@ class ServerConfig(_Section):
         """auth_mode with 'auto' resolved: what auth_token and tls_client_ca turn on."""
         if self.auth_mode != "auto":
             return self.auth_mode
-        on = [mode for mode, setting in (("token", self.auth_token), ("mtls", self.tls_client_ca))
+        tokens = self.auth_token or self.auth_tokens_file
+        on = [mode for mode, setting in (("token", tokens), ("mtls", self.tls_client_ca))
               if setting]  # fmt: skip
         return "+".join(on) or "none"
 
@@ -368,14 +374,19 @@ def _check_auth_mode(server: ServerConfig) -> None:
     if server.auth_mode == "auto":
         return
     wanted = server.auth_mode.split("+")
-    for mechanism, key, what in (("token", "auth_token", "a bearer token"),
-                                 ("mtls", "tls_client_ca", "the CA PEM of client certificates")):
-        if mechanism in wanted and not getattr(server, key):
-            raise ConfigError(f"server.auth_mode = {server.auth_mode!r} requires server.{key} "
-                              f"({what}); got none")
-        if mechanism not in wanted and getattr(server, key):
-            raise ConfigError(f"server.auth_mode = {server.auth_mode!r} does not use server.{key}"
-                              f"; expected it empty, or an auth_mode with {mechanism!r}")
+    for mechanism, keys, what in (
+        ("token", ("auth_token", "auth_tokens_file"), "a bearer token, or a file of role tokens"),
+        ("mtls", ("tls_client_ca",), "the CA PEM of client certificates"),
+    ):
+        named = " or ".join(f"server.{key}" for key in keys)
+        if mechanism in wanted and not any(getattr(server, key) for key in keys):
+            raise ConfigError(f"server.auth_mode = {server.auth_mode!r} requires {named} "
+                              f"({what}); got none")  # fmt: skip
+        for key in keys:
+            if mechanism not in wanted and getattr(server, key):
+                raise ConfigError(f"server.auth_mode = {server.auth_mode!r} does not use "
+                                  f"server.{key}; expected it empty, or an auth_mode with "
+                                  f"{mechanism!r}")  # fmt: skip
 
 
 _SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(Config)}

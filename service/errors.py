@@ -49,5 +49,10 @@ class InferenceOnly(TridentError):
     """The server holds no optimizer state: it answers Act, not training calls."""
 
 
+class ForgottenStepKey(TridentError):
+    """A Step's idempotency key is older than the server remembers: it cannot tell whether
+    that Step was applied, so it applies nothing."""
+
+
 class Abandoned(TridentError):
     """The caller went away (deadline or cancellation) before its Step started."""

@@ -45,6 +45,9 @@ class StepResult:
     policy_lag: int = 0
     timings_ms: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # settings that do not fit the data
+    replayed: bool = False  # the answer to a key applied before: nothing was applied now
+    checkpoint_step: int = 0  # global step of the server's newest checkpoint (0: none)
+    state_epoch: int = 0  # the server's id of its current state (new at start and Restore)
 
 
 class _TimeMajor:

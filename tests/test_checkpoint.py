@@ -7,6 +7,7 @@ import json
 import os
 import random
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 from checkpoint_writer import checkpoint_config, rollout
+from conftest import random_rollout, small_config
 from safetensors.numpy import save as save_tensors
 
 from service.checkpoint import (
@@ -36,13 +38,15 @@ from service.errors import (
     CheckpointNotFound,
     InvalidInput,
 )
+from service.step_ledger import StepKey, StepLedger
 from service.trainer.trainer import HOT_KEYS, Trainer
-from service.types import ActMode
+from service.types import ActMode, StepResult
 
 WRITER = Path(__file__).with_name("checkpoint_writer.py")
 FILES = [
     "config.json",
     "counters.safetensors",
+    "ledger.json",
     "manifest.json",
     "optim.safetensors",
     "params.safetensors",
@@ -429,17 +433,6 @@ def test_incompatible_config_names_each_key(tmp_path: Path, config: Config, seed
     assert relaxed.config.ppo.epochs == 3 and relaxed.config.optim.lr == source.config.optim.lr
 
 
-def test_other_format_version_is_incompatible(tmp_path: Path, config: Config, seed: int) -> None:
-    info = save_checkpoint(trained(config, seed, 1), tmp_path)
-    reseal(info.path, lambda body: body.update(format_version=1))  # before params/v/norm
-    victim = Trainer(config)
-    snapshot = Snapshot(victim)
-    expected = "format_version 1; this build reads format_version 2"
-    with pytest.raises(CheckpointIncompatible, match=expected):
-        restore_checkpoint(victim, tmp_path, info.name)
-    snapshot.assert_unchanged()
-
-
 # ------------------------------------------------------------------------------ names
 BAD_NAMES = ["..", "../x", "a/b", "/etc/passwd", "a\\b", "", " ", ".hidden", "a\x00b",
              "x" * 200, "x" * 129, "a..b", "a\n", "-a", "_a", "ü", "a b", ".tmp-x-1-ab", 5]
@@ -560,3 +553,44 @@ def test_listing_ignores_temporaries_and_garbage(tmp_path: Path, config: Config,
     assert names(list_checkpoints(tmp_path)) == [info.name]
     with pytest.raises(CheckpointCorrupt, match="not valid JSON"):
         restore_checkpoint(Trainer(config), tmp_path, "broken")
+
+
+# ------------------------------------------------------------------------------ formats
+FIXTURES = Path(__file__).with_name("fixtures") / "checkpoints"
+FIXTURE_SETTINGS = ("replay.capacity=64", "train.seed=7")  # tests/fixtures/checkpoints/README.md
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_committed_checkpoints_of_each_readable_format_keep_loading(
+    tmp_path: Path, version: int, rng: np.random.Generator
+) -> None:
+    """A checkpoint written by the build of each format: version 2 (before the ledger)
+    migrates to an empty ledger, version 3 brings its keys; both continue training."""
+    root = tmp_path / "checkpoints"
+    shutil.copytree(FIXTURES, root)
+    trainer = Trainer(small_config(*FIXTURE_SETTINGS))
+    ledger = StepLedger(capacity=8)
+    ledger.record(StepKey("before-restore", 0), StepResult())
+    info = restore_checkpoint(trainer, root, f"format-{version}", ledger=ledger)
+    manifest = json.loads((root / f"format-{version}" / "manifest.json").read_text())
+    assert manifest["format_version"] == version
+    assert info.global_step == trainer.global_step == 3
+    assert trainer.param_digest() == manifest["param_digest"]
+    expected = [StepKey("fixture-actor", s) for s in range(3)] if version == 3 else []
+    assert ledger.applied_keys() == expected
+    result = trainer.step(random_rollout(rng))
+    assert result.global_step == 4 and not result.skipped
+
+
+@pytest.mark.parametrize("version", [1, 4])
+def test_a_format_this_build_cannot_read_is_refused_naming_both(
+    tmp_path: Path, config: Config, seed: int, version: int
+) -> None:
+    info = save_checkpoint(trained(config, seed, 1), tmp_path)
+    reseal(info.path, lambda body: body.update(format_version=version))
+    victim = Trainer(config)
+    snapshot = Snapshot(victim)
+    expected = f"format_version {version}; this build reads format_version 2 and 3 (writes 3)"
+    with pytest.raises(CheckpointIncompatible, match=re.escape(expected)):
+        restore_checkpoint(victim, tmp_path, info.name)
+    snapshot.assert_unchanged()

@@ -1,15 +1,18 @@
 """A typed Python client of TrainerService: NumPy in, NumPy out.
 
-Every call has a deadline. Only calls that are safe to repeat (Act, GetStatus,
-ListCheckpoints) are retried, on UNAVAILABLE, with exponential backoff; Step, Checkpoint,
-Restore and UpdateHyperparams are never retried, so they never apply twice.
+Every call has a deadline. Only calls that are safe to repeat are retried, with exponential
+backoff: Act, GetStatus and ListCheckpoints on UNAVAILABLE, and a Step that carries an
+idempotency key (`step(..., key=StepKey(actor, sequence))`) on any transient status, since the
+server answers a key it applied with the original reply instead of applying it again. A Step
+without a key, Checkpoint, Restore and UpdateHyperparams are never retried.
 """
 
 from __future__ import annotations
 
+import random
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,9 +25,11 @@ from service.api.tensors import decode, encode
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.config import ServerConfig
+from service.step_ledger import StepKey
 from service.types import ActMode, ActResult, Rollout
 
 Reply = TypeVar("Reply")
+MAX_BACKOFF_S = 2.0
 
 DEFAULT_PORT = ServerConfig().port  # what `trident serve` listens on unless told otherwise
 # gRPC target schemes (gRPC's naming doc); a target with one is passed on as it is
@@ -52,6 +57,9 @@ class StepReply:
     timings_ms: dict[str, float]
     updates_applied: int
     updates_skipped: int
+    replayed: bool  # answered from the server's ledger: this key was applied before
+    checkpoint_step: int  # the server's newest checkpoint holds every Step up to this one
+    state_epoch: int  # the server's id of its current state: new at each start and Restore
 
     @classmethod
     def from_message(cls, message: pb.StepResponse) -> StepReply:
@@ -68,10 +76,13 @@ class StepReply:
             timings_ms=dict(message.timings_ms),
             updates_applied=message.updates_applied,
             updates_skipped=message.updates_skipped,
+            replayed=message.replayed,
+            checkpoint_step=message.checkpoint_step,
+            state_epoch=message.state_epoch,
         )
 
 
-def step_request(rollout: Rollout) -> pb.StepRequest:
+def step_request(rollout: Rollout, key: StepKey | None = None) -> pb.StepRequest:
     """The StepRequest of a rollout (float32 observations, int32 actions, uint8 flags)."""
     fields: dict[str, Any] = {
         "obs": encode(rollout.obs.astype("<f4")),
@@ -90,6 +101,8 @@ def step_request(rollout: Rollout) -> pb.StepRequest:
         fields["aux_targets"] = encode(rollout.aux_targets.astype("<f4"))
     if rollout.policy_version is not None:
         fields["policy_version"] = rollout.policy_version
+    if key is not None:
+        fields["idempotency_key"] = pb.StepKey(actor_id=key.actor, sequence=key.sequence)
     return pb.StepRequest(**fields)
 
 
@@ -125,9 +138,19 @@ def channel_credentials(
 class TridentClient:
     """One channel to one server. Use as a context manager or call `close()`.
 
-    `target` is HOST:PORT (HOST alone means port DEFAULT_PORT) or a gRPC target URI."""
+    `target` is HOST:PORT (HOST alone means port DEFAULT_PORT) or a gRPC target URI;
+    `interceptors` wrap the unary calls (tracing, or faults in tests)."""
 
     RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
+    # A keyed Step may be sent again whatever became of the last try: one that was applied is
+    # answered from the server's ledger.
+    RETRYABLE_KEYED = (
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.CANCELLED,
+    )
 
     def __init__(
         self,
@@ -138,6 +161,7 @@ class TridentClient:
         timeout_s: float = 60.0,
         retries: int = 3,
         max_message_mb: int = 64,
+        interceptors: Sequence[grpc.UnaryUnaryClientInterceptor] = (),
     ) -> None:
         limit = max_message_mb * 1024 * 1024
         options = [
@@ -149,7 +173,8 @@ class TridentClient:
             self._channel = grpc.insecure_channel(self.target, options=options)
         else:
             self._channel = grpc.secure_channel(self.target, credentials, options=options)
-        self._stub = pb_grpc.TrainerServiceStub(self._channel)
+        intercepted = grpc.intercept_channel(self._channel, *interceptors)
+        self._stub = pb_grpc.TrainerServiceStub(intercepted)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._token = token
         self.timeout_s = timeout_s
@@ -184,6 +209,7 @@ class TridentClient:
         *,
         idempotent: bool,
         timeout_s: float | None = None,
+        retryable: tuple[grpc.StatusCode, ...] = RETRYABLE,
     ) -> Reply:
         attempts = 1 + (self.retries if idempotent else 0)
         for attempt in range(attempts):
@@ -192,15 +218,24 @@ class TridentClient:
                     request, timeout=timeout_s or self.timeout_s, metadata=self._metadata()
                 )
             except grpc.RpcError as error:
-                if attempt + 1 == attempts or error.code() not in self.RETRYABLE:
+                if attempt + 1 == attempts or error.code() not in retryable:
                     raise
-                time.sleep(0.05 * 2**attempt)
+                # Full jitter: retries of many actors after one outage spread out.
+                time.sleep(random.uniform(0, min(MAX_BACKOFF_S, 0.05 * 2**attempt)))
         raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------------ training
-    def step(self, rollout: Rollout, timeout_s: float | None = None) -> StepReply:
+    def step(
+        self, rollout: Rollout, timeout_s: float | None = None, key: StepKey | None = None
+    ) -> StepReply:
+        """Apply one rollout. With a `key` (unique per rollout of this actor) the Step is
+        retried on transient errors and applied once however often it is sent."""
         reply = self._call(
-            self._stub.Step, step_request(rollout), idempotent=False, timeout_s=timeout_s
+            self._stub.Step,
+            step_request(rollout, key),
+            idempotent=key is not None,
+            timeout_s=timeout_s,
+            retryable=self.RETRYABLE_KEYED,
         )
         return StepReply.from_message(reply)
 

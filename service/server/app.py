@@ -25,7 +25,7 @@ from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.backend.host_memory import limit_malloc_arenas
 from service.config import SERVE_CHECKPOINT_DIR, Config, ConfigError, with_checkpoint_dir
-from service.server.auth import BearerTokenInterceptor
+from service.server.auth import BearerTokenInterceptor, TokenTable
 from service.server.engine import Engine
 from service.server.metrics import Metrics
 from service.server.servicer import TrainerServicer
@@ -127,23 +127,27 @@ class Running:
     metrics_port: int
 
 
-def start(config: Config, inference_only: bool = False, restore: str | None = None) -> Running:
+def start(
+    config: Config,
+    inference_only: bool = False,
+    restore: str | None = None,
+    resume: bool = False,
+) -> Running:
     """Bind, start and mark SERVING once the trainer is built. Misconfiguration fails first."""
     if inference_only and restore is None:
         raise ConfigError("--inference-only: expected --restore NAME, got none")
+    if resume and (restore is not None or inference_only):
+        raise ConfigError("--resume: restores the newest checkpoint of a training server; "
+                          "expected neither --restore nor --inference-only with it")
     config = with_checkpoint_dir(config, SERVE_CHECKPOINT_DIR.format(port=config.server.port))
     credentials = server_credentials(config)  # before binding anything
     server_cfg = config.server
     registry = CollectorRegistry()
     metrics = Metrics(registry)
+    tokens = TokenTable.of(server_cfg)  # a malformed token file stops start-up here
     interceptors = []
-    if server_cfg.auth_token:
-        interceptors.append(
-            BearerTokenInterceptor(
-                server_cfg.auth_token,
-                lambda method: metrics.rpc_error(method, grpc.StatusCode.UNAUTHENTICATED),
-            )
-        )
+    if tokens is not None:
+        interceptors.append(BearerTokenInterceptor(tokens, metrics.rpc_error))
     limit = server_cfg.max_message_mb * 1024 * 1024
     handlers = server_cfg.max_concurrent_rpcs + SPARE_HANDLER_THREADS
     server = grpc.server(
@@ -182,7 +186,7 @@ def start(config: Config, inference_only: bool = False, restore: str | None = No
         engine = Engine.for_inference(config, restore, metrics)
     else:
         engine = Engine(Trainer(config), metrics)
-        engine.start(restore)
+        engine.start(restore, resume)
     servicer.attach(engine)
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -219,14 +223,19 @@ def stop(running: Running, grace_s: float) -> None:
         logs.event(logging.INFO, "final checkpoint", name=final.name, step=final.global_step)
 
 
-def serve(config: Config, inference_only: bool = False, restore: str | None = None) -> int:
+def serve(
+    config: Config,
+    inference_only: bool = False,
+    restore: str | None = None,
+    resume: bool = False,
+) -> int:
     """Run until SIGTERM or SIGINT, then drain and exit 0."""
     limit_malloc_arenas()  # before gRPC starts its threads
     logs.configure(config.server.log_level)
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.set())
-    running = start(config, inference_only, restore)
+    running = start(config, inference_only, restore, resume)
     stopping.wait()
     stop(running, config.server.shutdown_grace_s)
     return 0

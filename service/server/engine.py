@@ -1,13 +1,17 @@
 """The data plane behind the servicer: one trainer, its Step queue, Act batching, checkpoints.
 
 Everything that reads or writes the trainer holds `self._lock`, so Steps, Act forwards,
-checkpoints and restores never interleave. Nothing here knows gRPC.
+checkpoints and restores never interleave. A keyed Step is looked up in the ledger of applied
+keys first (and joins the same key's Step while that one is queued), so a Step sent again is
+answered, never applied twice; the ledger changes only with the trainer, under the lock, and
+is saved and restored with it. Nothing here knows gRPC.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -21,6 +25,7 @@ from service import logs, trident_version
 from service.checkpoint import (
     CheckpointInfo,
     clean_temporaries,
+    latest_checkpoint,
     list_checkpoints,
     load_policy,
     restore_checkpoint,
@@ -31,8 +36,26 @@ from service.errors import InferenceOnly, StalePolicy
 from service.server.act_batcher import ActBatcher
 from service.server.metrics import Metrics
 from service.server.step_queue import StepQueue
+from service.step_ledger import StepKey, StepLedger
 from service.trainer.trainer import Trainer
 from service.types import ActMode, ActResult, Rollout, StepResult
+
+
+@dataclass(frozen=True)
+class _Work:
+    rollout: Rollout
+    key: StepKey | None
+
+
+@dataclass
+class _Queued:
+    """A keyed Step in the queue and the callers waiting on it: the first, then any retries."""
+
+    future: Future[StepResult]
+    waiting: list[Callable[[], bool]]
+
+    def anyone_waiting(self) -> bool:
+        return any(waiting() for waiting in self.waiting)
 
 
 @dataclass(frozen=True)
@@ -72,7 +95,12 @@ class Engine:
         self.root = Path(trainer.config.checkpoint.dir)
         self._lock = threading.Lock()
         server = trainer.config.server
-        self._steps = StepQueue(self._apply_step, server.step_queue_size)
+        self.ledger = StepLedger(server.step_key_window)
+        self._keys_lock = threading.RLock()  # the ledger and _queued; taken inside _lock
+        self._queued: dict[StepKey, _Queued] = {}
+        self._checkpoint_step = 0  # global step of the newest checkpoint saved or restored
+        self._state_epoch = secrets.randbits(62)  # new whenever the state is replaced
+        self._steps: StepQueue[_Work] = StepQueue(self._apply_step, server.step_queue_size)
         self._acts = ActBatcher(self._act_batch, server.act_max_batch, server.act_max_wait_ms / 1e3)
         self.metrics.device_memory.set(trainer.memory_bytes())
 
@@ -96,22 +124,54 @@ class Engine:
             raise InferenceOnly(f"{what}: this server is inference-only and answers Act alone")
 
     def submit_step(
-        self, rollout: Rollout, caller_waiting: Callable[[], bool]
+        self, rollout: Rollout, caller_waiting: Callable[[], bool], key: StepKey | None = None
     ) -> Future[StepResult]:
-        """Queue a validated rollout; RESOURCE_EXHAUSTED-style QueueFull when the queue is full."""
+        """Queue a validated rollout; RESOURCE_EXHAUSTED-style QueueFull when the queue is full.
+        A `key` applied before is answered with its result (`replayed`), one still queued is
+        joined; ForgottenStepKey when the key is older than the ledger remembers."""
         self._require_training("Step")
-        future = self._steps.submit(rollout, caller_waiting)
+        if key is None:
+            future = self._steps.submit(_Work(rollout, None), caller_waiting)
+        else:
+            with self._keys_lock:
+                applied = self.ledger.lookup(key)
+                if applied is not None:
+                    applied.replayed, applied.checkpoint_step = True, self._checkpoint_step
+                    applied.state_epoch = self._state_epoch
+                    self.metrics.steps_replayed.inc()
+                    future = Future()
+                    future.set_result(applied)
+                    return future
+                queued = self._queued.get(key)
+                if queued is not None:
+                    queued.waiting.append(caller_waiting)
+                    self.metrics.steps_replayed.inc()
+                    return queued.future
+                queued = _Queued(Future(), [caller_waiting])
+                queued.future = self._steps.submit(_Work(rollout, key), queued.anyone_waiting)
+                self._queued[key] = queued
+            queued.future.add_done_callback(lambda _: self._unqueue(key))
+            future = queued.future
         self.metrics.step_queue_depth.set(self._steps.depth)
         return future
 
-    def _apply_step(self, rollout: Rollout, queued_ms: float) -> StepResult:
+    def _unqueue(self, key: StepKey) -> None:
+        with self._keys_lock:
+            self._queued.pop(key, None)
+
+    def _apply_step(self, work: _Work, queued_ms: float) -> StepResult:
+        rollout = work.rollout
         started = self.clock()
         with self._lock:
             self._check_lag(rollout.policy_version)
             result = self.trainer.step(rollout)
+            if work.key is not None:
+                with self._keys_lock:
+                    self.ledger.record(work.key, result)
             every = self.trainer.config.checkpoint.every_steps
             if every and result.updates_applied and result.global_step % every == 0:
                 self._periodic_checkpoint()
+            result.checkpoint_step, result.state_epoch = self._checkpoint_step, self._state_epoch
         result.timings_ms["queue"] = queued_ms
         samples = rollout.horizon * rollout.num_envs
         self.metrics.observe_step(result, samples, self.clock() - started)
@@ -121,6 +181,7 @@ class Engine:
             "step",
             global_step=result.global_step,
             samples=samples,
+            key=None if work.key is None else str(work.key),
             skipped=result.skip_reason or None,
             ms=round(result.timings_ms.get("total", 0), 2),
         )
@@ -170,8 +231,10 @@ class Engine:
 
     # ------------------------------------------------------------------------ state
     def _save(self, name: str | None) -> CheckpointInfo:
-        """Commit a checkpoint; the caller holds the lock."""
-        info = save_checkpoint(self.trainer, self.root, name)
+        """Commit a checkpoint with the ledger; the caller holds the lock."""
+        with self._keys_lock:
+            info = save_checkpoint(self.trainer, self.root, name, ledger=self.ledger)
+        self._checkpoint_step = info.global_step
         self.metrics.observe_checkpoint(info)
         logs.event(
             logging.INFO,
@@ -191,7 +254,10 @@ class Engine:
     def restore(self, name: str) -> tuple[CheckpointInfo, str]:
         self._require_training("Restore")
         with self._lock:
-            info = restore_checkpoint(self.trainer, self.root, name)
+            with self._keys_lock:
+                info = restore_checkpoint(self.trainer, self.root, name, ledger=self.ledger)
+            self._checkpoint_step = info.global_step
+            self._state_epoch = secrets.randbits(62)
             digest = self.trainer.param_digest()
         logs.event(logging.INFO, "restore", name=info.name, step=info.global_step)
         return info, digest
@@ -220,17 +286,25 @@ class Engine:
                 version=trident_version(),
                 kernel_abi_version=trainer.backend.kernel_abi_version,
                 auth_mode=trainer.config.server.client_auth(),
-                auth_token_set=bool(trainer.config.server.auth_token),
+                auth_token_set=bool(
+                    trainer.config.server.auth_token or trainer.config.server.auth_tokens_file
+                ),
             )
 
     # ------------------------------------------------------------------------ lifecycle
-    def start(self, restore: str | None) -> None:
-        """Clear crashed saves' temporaries, then restore `restore` if named."""
+    def start(self, restore: str | None, resume: bool = False) -> None:
+        """Clear crashed saves' temporaries, then restore `restore` if named, or with `resume`
+        the newest committed checkpoint if there is one (a restarted server carries on)."""
         if self.inference_only:
             return
         removed = clean_temporaries(self.root) if self.root.exists() else 0
         if removed:
             logs.event(logging.WARNING, "removed uncommitted checkpoints", count=removed)
+        if restore is None and resume:
+            newest = latest_checkpoint(self.root) if self.root.exists() else None
+            if newest is None:
+                logs.event(logging.INFO, "resume", checkpoint=None, reason="none committed")
+            restore = None if newest is None else newest.name
         if restore is not None:
             self.restore(restore)
 

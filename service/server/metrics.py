@@ -32,6 +32,11 @@ class Metrics:
         )
         self.loss = Gauge("loss", "Loss of each head in the last Step.", ["head"], **ns)
         self.steps = Counter("steps", "Steps applied.", **ns)
+        self.steps_replayed = Counter(
+            "steps_replayed",
+            "Keyed Steps sent again and answered from the ledger or joined, not applied again.",
+            **ns,
+        )
         self.samples = Counter("samples", "Rollout samples (T x N) trained on.", **ns)
         self.grad_norm = Gauge("grad_norm", "Global gradient norm before clipping.", **ns)
         self.skipped_updates = Counter(

@@ -19,7 +19,7 @@ from service.errors import Unavailable
 from service.server.engine import Engine
 from service.server.metrics import Metrics
 from service.server.status import status_of
-from service.server.validation import act_inputs, rollout_from_request
+from service.server.validation import act_inputs, key_from_request, rollout_from_request
 from service.types import StepResult
 
 Handler = TypeVar("Handler", bound=Callable[..., Any])
@@ -126,8 +126,8 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
     @_rpc("Step")
     def Step(self, request: pb.StepRequest, context: grpc.ServicerContext) -> pb.StepResponse:
         rollout = rollout_from_request(request, self.engine.trainer.config)
-        future = self.engine.submit_step(rollout, context.is_active)
-        return step_response(future.result())
+        key = key_from_request(request)
+        return step_response(self.engine.submit_step(rollout, context.is_active, key).result())
 
     def StreamStep(
         self, request_iterator: Iterator[pb.StreamStepRequest], context: grpc.ServicerContext
@@ -137,7 +137,8 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         try:
             for request in request_iterator:
                 rollout = rollout_from_request(request.step, self.engine.trainer.config)
-                result = self.engine.submit_step(rollout, context.is_active).result()
+                key = key_from_request(request.step)
+                result = self.engine.submit_step(rollout, context.is_active, key).result()
                 yield pb.StreamStepResponse(step=step_response(result))
         except Exception as error:
             self._fail("StreamStep", error, context, request_id)

@@ -12,6 +12,7 @@ STATUS_OF: dict[type[Exception], grpc.StatusCode] = {
     errors.CheckpointCorrupt: grpc.StatusCode.DATA_LOSS,
     errors.CheckpointIncompatible: grpc.StatusCode.FAILED_PRECONDITION,
     errors.StalePolicy: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.ForgottenStepKey: grpc.StatusCode.FAILED_PRECONDITION,
     errors.InferenceOnly: grpc.StatusCode.FAILED_PRECONDITION,
     errors.QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,

@@ -1,4 +1,4 @@
-"""A bounded FIFO of rollouts, applied one at a time, in arrival order, by one worker thread."""
+"""A bounded FIFO of Steps, applied one at a time, in arrival order, by one worker thread."""
 
 from __future__ import annotations
 
@@ -8,38 +8,41 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from service.errors import Abandoned, QueueFull, Unavailable
-from service.types import Rollout, StepResult
+from service.types import StepResult
+
+Work = TypeVar("Work")  # what one Step applies: the engine's rollout with its key
 
 
 @dataclass
-class _Job:
-    rollout: Rollout
+class _Job(Generic[Work]):
+    work: Work
     caller_waiting: Callable[[], bool]
     future: Future[StepResult] = field(default_factory=Future)
     enqueued: float = field(default_factory=time.perf_counter)
 
 
-class StepQueue:
+class StepQueue(Generic[Work]):
     """Backpressure, not blocking: `submit` on a full queue raises QueueFull at once.
 
     A job whose caller has gone by the time it reaches the worker is dropped before it touches
     the trainer, so a Step is applied whole or not at all.
     """
 
-    def __init__(self, apply: Callable[[Rollout, float], StepResult], capacity: int) -> None:
+    def __init__(self, apply: Callable[[Work, float], StepResult], capacity: int) -> None:
         self._apply = apply
         self._capacity = capacity
-        self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=capacity)
+        self._jobs: queue.Queue[_Job[Work] | None] = queue.Queue(maxsize=capacity)
         self._accepting = True
         self._deadline = float("inf")  # perf_counter time after which queued Steps are refused
         self._lock = threading.Lock()
         self._worker = threading.Thread(target=self._run, name="trident-steps", daemon=True)
         self._worker.start()
 
-    def submit(self, rollout: Rollout, caller_waiting: Callable[[], bool]) -> Future[StepResult]:
-        job = _Job(rollout, caller_waiting)
+    def submit(self, work: Work, caller_waiting: Callable[[], bool]) -> Future[StepResult]:
+        job = _Job(work, caller_waiting)
         with self._lock:
             if not self._accepting:
                 raise Unavailable("the server is draining and takes no new Steps")
@@ -80,6 +83,6 @@ class StepQueue:
                 continue
             queued_ms = 1e3 * (time.perf_counter() - job.enqueued)
             try:
-                job.future.set_result(self._apply(job.rollout, queued_ms))
+                job.future.set_result(self._apply(job.work, queued_ms))
             except Exception as error:  # delivered to the waiting handler, which maps it
                 job.future.set_exception(error)

@@ -8,6 +8,7 @@ from service.api.tensors import decode
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.config import Config
 from service.errors import InvalidInput
+from service.step_ledger import StepKey
 from service.trainer.rollout import validate_rollout
 from service.types import ActMode, Rollout
 
@@ -82,3 +83,11 @@ def act_inputs(request: pb.ActRequest, config: Config) -> tuple[np.ndarray, ActM
     if not 0.0 <= epsilon <= 1.0:  # also rejects NaN
         raise InvalidInput("epsilon", "a probability in [0, 1]", epsilon)
     return obs, mode, epsilon
+
+
+def key_from_request(request: pb.StepRequest) -> StepKey | None:
+    """The request's idempotency key, checked; None when it carries none."""
+    if not request.HasField("idempotency_key"):
+        return None
+    key = request.idempotency_key
+    return StepKey.checked(key.actor_id, key.sequence)

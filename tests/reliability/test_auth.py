@@ -32,7 +32,13 @@ from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.client.client import TridentClient, step_request
-from service.server.auth import BearerTokenInterceptor
+from service.server.auth import (
+    EVERY_METHOD,
+    ROLES,
+    BearerTokenInterceptor,
+    TokenTable,
+    token_hash,
+)
 
 Code = grpc.StatusCode
 TOKEN = secrets.token_urlsafe(24)  # fresh each run: 32 characters of [A-Za-z0-9_-]
@@ -167,9 +173,12 @@ class CallDetails(grpc.HandlerCallDetails):
     invocation_metadata: tuple[tuple[str, str], ...]
 
 
-def test_token_is_compared_with_hmac_compare_digest(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The interceptor's verdict is hmac.compare_digest's, on the whole header: forcing the
-    comparison's answer flips the verdict, so no other comparison decides."""
+def test_token_hashes_are_compared_with_hmac_compare_digest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The interceptor's verdict is hmac.compare_digest's, on sha256 hashes of the token (the
+    server holds hashes only): forcing the comparison's answer flips the verdict, so no other
+    comparison decides."""
     real = hmac.compare_digest
     compared: list[tuple[object, object]] = []
     forced: list[bool] = []  # empty: the real answer
@@ -179,8 +188,9 @@ def test_token_is_compared_with_hmac_compare_digest(monkeypatch: pytest.MonkeyPa
         return forced[0] if forced else real(a, b)
 
     monkeypatch.setattr(hmac, "compare_digest", spy)
-    denied: list[str] = []
-    interceptor = BearerTokenInterceptor(TOKEN, denied.append)
+    denied: list[tuple[str, grpc.StatusCode]] = []
+    tokens = TokenTable(((token_hash(TOKEN), "admin"),))
+    interceptor = BearerTokenInterceptor(tokens, lambda *refusal: denied.append(refusal))
     handler = grpc.unary_unary_rpc_method_handler(lambda request, context: None)
 
     def admitted(authorization: str) -> bool:
@@ -191,12 +201,76 @@ def test_token_is_compared_with_hmac_compare_digest(monkeypatch: pytest.MonkeyPa
 
     right, wrong = f"Bearer {TOKEN}", f"Bearer {TOKEN[:-1]}"
     assert admitted(right) and not admitted(wrong)
-    assert compared == [(right.encode(), right.encode()), (wrong.encode(), right.encode())]
+    expected = token_hash(TOKEN)
+    assert compared == [(expected, expected), (token_hash(TOKEN[:-1]), expected)]
     forced.append(True)
     assert admitted(wrong)
     forced[0] = False
     assert not admitted(right)
-    assert len(compared) == 4 and denied == ["Step", "Step"]
+    assert len(compared) == 4 and denied == [("Step", Code.UNAUTHENTICATED)] * 2
+
+
+# ------------------------------------------------------------------------------ roles
+def test_each_role_calls_its_methods_and_is_denied_the_rest(
+    tmp_path: Path, rng: np.random.Generator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Tokens made by `trident token` for each role, served from a token file of hashes: every
+    role x method either passes the interceptor or is PERMISSION_DENIED naming the role, each
+    denial counted; the file never holds a token."""
+    tokens_file = tmp_path / "tokens"
+    tokens = {}
+    for role in ROLES:
+        made = trident_cli("token", "--role", role, "--tokens-file", str(tokens_file))
+        assert made.returncode == 0, made.stderr
+        tokens[role] = made.stdout.strip()
+    text = tokens_file.read_text()
+    assert oct(tokens_file.stat().st_mode & 0o777) == "0o600"
+    assert len(text.splitlines()) == 3 and not any(t in text for t in tokens.values())
+    outcomes: dict[tuple[str, str], str] = {}
+    with running_server(tmp_path, f"server.auth_tokens_file={tokens_file}") as server, \
+            grpc.insecure_channel(server.target) as channel:  # fmt: skip
+        calls = every_method(pb_grpc.TrainerServiceStub(channel), rng)
+        assert set(calls) == EVERY_METHOD
+        for role, token in tokens.items():
+            for method, call in calls.items():
+                try:
+                    call(metadata=[("authorization", f"Bearer {token}")], timeout=10)
+                    outcomes[role, method] = "OK"
+                except grpc.RpcError as error:
+                    outcomes[role, method] = error.code().name
+                    if error.code() == Code.PERMISSION_DENIED:
+                        assert f"role {role!r}" in error.details() and method in error.details()
+        counted = sum(count for (name, labels), count in scrape(server).items()
+                      if name == "trident_rpc_errors_total"
+                      and ("code", "PERMISSION_DENIED") in labels)  # fmt: skip
+        with TridentClient(server.target, token=tokens["viewer"]) as client:
+            assert client.status().auth_mode == "token" and client.status().auth_token_set
+    for (role, method), outcome in outcomes.items():
+        if method in ROLES[role]:
+            assert outcome not in ("PERMISSION_DENIED", "UNAUTHENTICATED"), (role, method)
+        else:
+            assert outcome == "PERMISSION_DENIED", (role, method, outcome)
+    denied = [key for key, outcome in outcomes.items() if outcome == "PERMISSION_DENIED"]
+    assert counted == len(denied) == 3 * 8 - sum(len(methods) for methods in ROLES.values())
+    with capsys.disabled():
+        print(f"\n[auth] roles x methods: {len(outcomes)} calls, {len(denied)} PERMISSION_DENIED "
+              "(each outside its role), the rest past the interceptor")
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [("", "holds no token"), ("root sha256:" + "a" * 64, "line 1"),
+     ("# a comment\nactor sha256:abc", "line 2"), ("actor " + "a" * 64, "line 1")],
+)  # fmt: skip
+def test_a_malformed_token_file_stops_start_up_naming_the_line(
+    tmp_path: Path, content: str, expected: str
+) -> None:
+    tokens_file = tmp_path / "tokens"
+    tokens_file.write_text(content)
+    done = trident_cli("serve", "--port", "0", "--metrics-port", "0",
+                       "--auth-tokens-file", str(tokens_file), cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2 and "server.auth_tokens_file" in done.stderr, done.stderr
+    assert expected in done.stderr, done.stderr
 
 
 # ------------------------------------------------------------------------------ TLS and mTLS

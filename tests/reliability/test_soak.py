@@ -55,7 +55,8 @@ def test_every_actor_records_step_and_act_latency(report: dict[str, Any]) -> Non
     actors = [actor["done"] for actor in report["results"]["actors"]]
     assert all(done is not None for done in actors), report["results"]["actors"]
     for done in actors:
-        assert done["acts"] == SETTINGS.rollout_len * (done["sent"] + done["dropped"])
+        assert done["acts"] == SETTINGS.rollout_len * done["rollouts"]
+        assert done["rollouts"] == done["sent"] + done["dropped"] and not done["resent"]
         assert 0 < done["step_p50"] <= done["step_p99"] and 0 < done["act_p50"] <= done["act_p99"]
     step = report["results"]["metrics"]["step_engine"]
     assert step["count"] == report["summary"]["steps_sent"] and step["p99_ms"] is not None

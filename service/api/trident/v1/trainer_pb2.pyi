@@ -48,7 +48,7 @@ class Tensor(_message.Message):
     def __init__(self, shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("obs", "actions", "rewards", "terminated", "truncated", "behavior_log_probs", "final_obs", "final_obs_index", "policy_version", "bce_labels", "aux_targets")
+    __slots__ = ("obs", "actions", "rewards", "terminated", "truncated", "behavior_log_probs", "final_obs", "final_obs_index", "policy_version", "bce_labels", "aux_targets", "idempotency_key")
     OBS_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     REWARDS_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class StepRequest(_message.Message):
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     BCE_LABELS_FIELD_NUMBER: _ClassVar[int]
     AUX_TARGETS_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     obs: Tensor
     actions: Tensor
     rewards: Tensor
@@ -71,10 +72,19 @@ class StepRequest(_message.Message):
     policy_version: int
     bce_labels: Tensor
     aux_targets: Tensor
-    def __init__(self, obs: _Optional[_Union[Tensor, _Mapping]] = ..., actions: _Optional[_Union[Tensor, _Mapping]] = ..., rewards: _Optional[_Union[Tensor, _Mapping]] = ..., terminated: _Optional[_Union[Tensor, _Mapping]] = ..., truncated: _Optional[_Union[Tensor, _Mapping]] = ..., behavior_log_probs: _Optional[_Union[Tensor, _Mapping]] = ..., final_obs: _Optional[_Union[Tensor, _Mapping]] = ..., final_obs_index: _Optional[_Union[Tensor, _Mapping]] = ..., policy_version: _Optional[int] = ..., bce_labels: _Optional[_Union[Tensor, _Mapping]] = ..., aux_targets: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    idempotency_key: StepKey
+    def __init__(self, obs: _Optional[_Union[Tensor, _Mapping]] = ..., actions: _Optional[_Union[Tensor, _Mapping]] = ..., rewards: _Optional[_Union[Tensor, _Mapping]] = ..., terminated: _Optional[_Union[Tensor, _Mapping]] = ..., truncated: _Optional[_Union[Tensor, _Mapping]] = ..., behavior_log_probs: _Optional[_Union[Tensor, _Mapping]] = ..., final_obs: _Optional[_Union[Tensor, _Mapping]] = ..., final_obs_index: _Optional[_Union[Tensor, _Mapping]] = ..., policy_version: _Optional[int] = ..., bce_labels: _Optional[_Union[Tensor, _Mapping]] = ..., aux_targets: _Optional[_Union[Tensor, _Mapping]] = ..., idempotency_key: _Optional[_Union[StepKey, _Mapping]] = ...) -> None: ...
+
+class StepKey(_message.Message):
+    __slots__ = ("actor_id", "sequence")
+    ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    actor_id: str
+    sequence: int
+    def __init__(self, actor_id: _Optional[str] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class StepResponse(_message.Message):
-    __slots__ = ("losses", "grad_norm", "entropy", "approx_kl", "clip_fraction", "skipped", "skip_reason", "global_step", "policy_lag", "timings_ms", "updates_applied", "updates_skipped")
+    __slots__ = ("losses", "grad_norm", "entropy", "approx_kl", "clip_fraction", "skipped", "skip_reason", "global_step", "policy_lag", "timings_ms", "updates_applied", "updates_skipped", "replayed", "checkpoint_step", "state_epoch")
     class LossesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +111,9 @@ class StepResponse(_message.Message):
     TIMINGS_MS_FIELD_NUMBER: _ClassVar[int]
     UPDATES_APPLIED_FIELD_NUMBER: _ClassVar[int]
     UPDATES_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
+    STATE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     losses: _containers.ScalarMap[str, float]
     grad_norm: float
     entropy: float
@@ -113,7 +126,10 @@ class StepResponse(_message.Message):
     timings_ms: _containers.ScalarMap[str, float]
     updates_applied: int
     updates_skipped: int
-    def __init__(self, losses: _Optional[_Mapping[str, float]] = ..., grad_norm: _Optional[float] = ..., entropy: _Optional[float] = ..., approx_kl: _Optional[float] = ..., clip_fraction: _Optional[float] = ..., skipped: _Optional[bool] = ..., skip_reason: _Optional[str] = ..., global_step: _Optional[int] = ..., policy_lag: _Optional[int] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., updates_applied: _Optional[int] = ..., updates_skipped: _Optional[int] = ...) -> None: ...
+    replayed: bool
+    checkpoint_step: int
+    state_epoch: int
+    def __init__(self, losses: _Optional[_Mapping[str, float]] = ..., grad_norm: _Optional[float] = ..., entropy: _Optional[float] = ..., approx_kl: _Optional[float] = ..., clip_fraction: _Optional[float] = ..., skipped: _Optional[bool] = ..., skip_reason: _Optional[str] = ..., global_step: _Optional[int] = ..., policy_lag: _Optional[int] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., updates_applied: _Optional[int] = ..., updates_skipped: _Optional[int] = ..., replayed: _Optional[bool] = ..., checkpoint_step: _Optional[int] = ..., state_epoch: _Optional[int] = ...) -> None: ...
 
 class StreamStepRequest(_message.Message):
     __slots__ = ("step",)

@@ -1,0 +1,182 @@
+"""A client that rides through server restarts: what `trident actor` sends its Steps with.
+
+`ResilientLink` waits for a server that went away (killed, draining, being upgraded) instead of
+failing: a call that meets UNAVAILABLE polls GetStatus with backoff until the server answers or
+`reconnect_s` passes, hands the new status to `on_reconnect` (the actor re-reads the model
+shape there), and tries again. Every Step carries an idempotency key (this link's actor id and
+its own sequence number), so sending one again is safe: the server answers a key it applied.
+
+A Step the server answered is not safe yet: a server killed before its next checkpoint comes
+back from an older state without it. The link keeps each answered rollout until a reply shows
+it in a checkpoint of the same state (`checkpoint_step`, `state_epoch`); when a reply names a
+new state epoch, it sends the kept ones again, and the server applies those its restored state
+lacks and answers the rest. A rollout refused as too stale is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import grpc
+import numpy as np
+
+from service.api.trident.v1 import trainer_pb2 as pb
+from service.client.client import StepReply, TridentClient
+from service.errors import TridentError
+from service.step_ledger import ACTOR_ID, StepKey
+from service.types import ActMode, ActResult, Rollout
+
+Code = grpc.StatusCode
+Answer = TypeVar("Answer")
+GONE = (Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED, Code.CANCELLED)  # the server went away
+BUSY = (Code.RESOURCE_EXHAUSTED,)  # a full Step queue: the same Step later
+MAX_WAIT_S = 2.0
+
+
+class ServerGone(TridentError):
+    """The server did not come back within the reconnect timeout."""
+
+
+def new_actor_id() -> str:
+    """Unique per actor process: host, pid and random bits (a restarted actor is a new one)."""
+    host = "".join(c if c.isalnum() or c in ".-" else "-" for c in socket.gethostname())[:64]
+    actor = f"{host or 'host'}-{os.getpid()}-{secrets.token_hex(4)}"
+    return actor if ACTOR_ID.fullmatch(actor) else f"actor-{secrets.token_hex(8)}"
+
+
+@dataclass
+class _Sent:
+    """An answered rollout not yet known to be in a checkpoint."""
+
+    key: StepKey
+    rollout: Rollout
+    epoch: int
+    step: int
+
+
+@dataclass
+class LinkCounts:
+    """What happened to this link's rollouts."""
+
+    rollouts: int = 0  # new rollouts given to step()
+    answered: int = 0  # of those, answered (applied now, or before under the same key)
+    replayed: int = 0  # answers that came from the server's ledger
+    resent: int = 0  # rollouts sent again after the server's state changed
+    dropped_stale: int = 0  # rollouts refused as too many policy versions old
+    released: int = 0  # unconfirmed rollouts let go of (the keep-list was full)
+    reconnects: int = 0  # outages waited through
+    dropped_keys: list[StepKey] = field(default_factory=list)
+
+
+class ResilientLink:
+    def __init__(
+        self,
+        client: TridentClient,
+        on_reconnect: Callable[[pb.GetStatusResponse], None] = lambda status: None,
+        reconnect_s: float = 300.0,
+        keep: int = 256,
+        actor_id: str | None = None,
+    ) -> None:
+        self.client = client
+        self.on_reconnect = on_reconnect
+        self.reconnect_s = reconnect_s
+        self.actor_id = actor_id or new_actor_id()
+        self.counts = LinkCounts()
+        self._sequence = 0
+        self._epoch: int | None = None
+        self._unconfirmed: deque[_Sent] = deque()
+        self._keep = keep
+
+    # ------------------------------------------------------------------------ calls
+    def act(self, obs: np.ndarray, mode: ActMode = ActMode.SAMPLE) -> ActResult:
+        return self._through_outages(lambda: self.client.act(obs, mode))
+
+    def step(self, rollout: Rollout) -> StepReply | None:
+        """Send a new rollout; its reply, or None when it was dropped as too stale."""
+        key = StepKey(self.actor_id, self._sequence)
+        self._sequence += 1
+        self.counts.rollouts += 1
+        reply = self._send(key, rollout)
+        if reply is not None:
+            self.counts.answered += 1
+        return reply
+
+    def _send(self, key: StepKey, rollout: Rollout) -> StepReply | None:
+        try:
+            reply = self._through_outages(lambda: self.client.step(rollout, key=key))
+        except grpc.RpcError as error:
+            if error.code() != Code.FAILED_PRECONDITION or "policy_version" not in error.details():
+                raise
+            self.counts.dropped_stale += 1
+            self.counts.dropped_keys.append(key)
+            return None
+        self.counts.replayed += reply.replayed
+        self._kept(key, rollout, reply)
+        return reply
+
+    def _through_outages(self, call: Callable[[], Answer]) -> Answer:
+        """`call()`, waiting for the server while it is gone or busy."""
+        while True:
+            try:
+                return call()
+            except grpc.RpcError as error:
+                if error.code() in BUSY:
+                    time.sleep(random.uniform(0.05, 0.5))
+                    continue
+                if error.code() not in GONE:
+                    raise
+            self._wait_for_server()
+
+    def _wait_for_server(self) -> None:
+        self.counts.reconnects += 1
+        deadline, delay = time.monotonic() + self.reconnect_s, 0.1
+        while True:
+            try:
+                status = self.client.status()
+                break
+            except grpc.RpcError as error:
+                if error.code() not in GONE or time.monotonic() > deadline:
+                    raise ServerGone(
+                        f"{self.client.target}: the server did not come back within "
+                        f"{self.reconnect_s:g} s (last: {error.code().name} {error.details()})"
+                    ) from None
+            time.sleep(random.uniform(0, delay))
+            delay = min(MAX_WAIT_S, 2 * delay)
+        self.on_reconnect(status)
+
+    # ------------------------------------------------------------------------ durability
+    def _kept(self, key: StepKey, rollout: Rollout, reply: StepReply) -> None:
+        """Keep the rollout until a checkpoint of this state holds it; on a new state epoch,
+        send again what the old state had not checkpointed."""
+        changed = self._epoch is not None and reply.state_epoch != self._epoch
+        self._epoch = reply.state_epoch
+        if reply.global_step > reply.checkpoint_step:
+            self._unconfirmed.append(_Sent(key, rollout, reply.state_epoch, reply.global_step))
+        if changed:
+            self._resend_lost()
+        self._forget_checkpointed(reply)
+        while len(self._unconfirmed) > self._keep:
+            self._unconfirmed.popleft()
+            self.counts.released += 1
+
+    def _forget_checkpointed(self, reply: StepReply) -> None:
+        self._unconfirmed = deque(
+            sent for sent in self._unconfirmed
+            if sent.epoch != reply.state_epoch or sent.step > reply.checkpoint_step
+        )  # fmt: skip
+
+    def _resend_lost(self) -> None:
+        """Send again, oldest first, every kept rollout answered under an older state."""
+        older = [sent for sent in self._unconfirmed if sent.epoch != self._epoch]
+        self._unconfirmed = deque(sent for sent in self._unconfirmed if sent.epoch == self._epoch)
+        for sent in older:  # each answer is kept under the new epoch by _send
+            self.counts.resent += 1
+            self._send(sent.key, sent.rollout)

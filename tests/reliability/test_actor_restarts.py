@@ -1,0 +1,107 @@
+"""Actors ride through server restarts: 4 `trident actor` processes train one server that is
+stopped 3 times (SIGKILL, a SIGTERM drain, SIGKILL) and each time restarted on its port from its
+newest checkpoint (`serve --resume`). The actors finish their Step budget with exit 0, and
+every rollout they made is either in the final state exactly once or counted as dropped for
+policy lag: the final
+checkpoint's ledger holds, per actor, its rollouts less its drops, and the global step equals
+the number of keys (a rollout applied twice would count twice)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import running_server, wait_until
+from serverproc import ServerProcess, clean_env
+
+from service.checkpoint import latest_checkpoint
+from service.client.client import TridentClient
+
+pytestmark = pytest.mark.slow
+
+ACTORS, STEPS = 4, 24
+KILL_AT = (10, 25, 40)  # global steps after which the server is stopped ...
+STOPS = (signal.SIGKILL, signal.SIGTERM, signal.SIGKILL)  # ... by these signals
+CARTPOLE = ("model.obs_dim=4", "model.num_actions=2", "model.aux_dim=0",
+            "checkpoint.every_steps=4", "checkpoint.keep_last=2")  # fmt: skip
+DONE = re.compile(r"^done: .*\| (?P<rollouts>\d+) rollouts, (?P<resent>\d+) resent, "
+                  r"(?P<replayed>\d+) replayed, (?P<reconnects>\d+) reconnects, "
+                  r"(?P<released>\d+) released unconfirmed$")  # fmt: skip
+STALE = re.compile(r"\((?P<applied>\d+) applied, (?P<dropped>\d+) dropped as stale\)")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def serve(tmp_path: Path, life: int, port: int) -> ServerProcess:
+    return running_server(tmp_path / f"life-{life}", *CARTPOLE,
+                          checkpoint_dir=tmp_path / "checkpoints",
+                          extra_args=["--port", str(port), "--resume"])  # fmt: skip
+
+
+def global_step(server: ServerProcess) -> int:
+    with TridentClient(server.target, retries=0, timeout_s=5) as client:
+        return client.status().global_step
+
+
+def test_four_actors_ride_through_three_server_stops(tmp_path: Path) -> None:
+    port = free_port()
+    server = serve(tmp_path, 0, port)
+    actors = [
+        subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "actor", "--server", server.target,
+             "--env", "gymnasium:CartPole-v1", "--num-envs", "4", "--rollout-len", "8",
+             "--steps", str(STEPS), "--seed", str(seed), "--log-every", "1000",
+             "--reconnect-timeout", "120"],
+            env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for seed in range(ACTORS)
+    ]
+    try:
+        for life, (threshold, stop) in enumerate(zip(KILL_AT, STOPS, strict=True), start=1):
+            wait_until(lambda: global_step(server) >= threshold, 120,  # noqa: B023
+                       f"global step {threshold} before stop {life}")  # fmt: skip
+            server.proc.send_signal(stop)
+            assert server.proc.wait(30) in (0, -signal.SIGKILL)
+            server = serve(tmp_path, life, port)
+        outputs = [actor.communicate(timeout=300) for actor in actors]
+    finally:
+        for actor in actors:
+            actor.kill()
+        returncode = server.terminate()
+    assert returncode == 0, server.stderr()[-3000:]
+
+    counts = {}
+    for actor, (out, err) in zip(actors, outputs, strict=True):
+        assert actor.returncode == 0 and not err.strip(), (actor.returncode, err[-3000:])
+        actor_id = re.search(r" id=(\S+)", out).group(1)  # type: ignore[union-attr]
+        done = out.strip().splitlines()[-1]
+        figures = {**DONE.match(done).groupdict(), **STALE.search(done).groupdict()}  # type: ignore[union-attr]
+        counts[actor_id] = {key: int(value) for key, value in figures.items()}
+
+    final = latest_checkpoint(tmp_path / "checkpoints")
+    assert final is not None and final.name.startswith("final-")
+    ledger = json.loads((final.path / "ledger.json").read_text())
+    applied = Counter(entry["actor"] for entry in ledger["applied"])
+    assert not ledger["forgotten"]  # the window held every key: the ledger is the whole story
+    for actor_id, figures in counts.items():
+        assert figures["released"] == 0, figures
+        assert applied[actor_id] == figures["rollouts"] - figures["dropped"], (actor_id, figures)
+    assert final.global_step == sum(applied.values())
+    print(f"\n[restarts] {ACTORS} actors x {STEPS} Steps through 3 stops (KILL, TERM, KILL): "
+          f"{sum(applied.values())} rollouts applied once, "
+          f"{sum(f['dropped'] for f in counts.values())} dropped for lag, "
+          f"{sum(f['resent'] for f in counts.values())} resent, "
+          f"{sum(f['replayed'] for f in counts.values())} answered from the ledger, "
+          f"{sum(f['reconnects'] for f in counts.values())} reconnects")
+    assert sum(f["reconnects"] for f in counts.values()) >= len(KILL_AT)
