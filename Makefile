@@ -2,7 +2,7 @@
 # bench/results/. PYTHONPATH: the scripts import `service` from this checkout, installed or not.
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: soak crash long
+.PHONY: soak crash long lock
 
 # 16 actors train one server for 10 minutes (NumPy backend): errors, Step accounting, RSS drift,
 # promtool on the scrape; writes bench/results/soak.json, exits 1 if a criterion fails.
@@ -18,3 +18,12 @@ long:
 crash:
 	TRIDENT_CRASH_TRIALS=200 TRIDENT_CRASH_RESULTS=bench/results/crash_trials.json \
 		python3 -m pytest tests/reliability/test_crash.py -k sigkill -s
+
+# The image's dependency locks (deploy/requirements-*.lock, pinned with hashes) from
+# pyproject.toml, for the image's CPython 3.12 on x86-64 Linux; tests/deploy/test_lock.py fails
+# when pyproject.toml asks for something a lock does not pin.
+LOCK = uv pip compile pyproject.toml --generate-hashes --python-version 3.12 \
+	--python-platform x86_64-manylinux_2_28 --quiet
+lock:
+	$(LOCK) -o deploy/requirements-cpu.lock
+	$(LOCK) --extra cuda -o deploy/requirements-cuda.lock

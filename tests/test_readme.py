@@ -11,6 +11,7 @@ rule, bench/README.md).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -97,3 +98,17 @@ def installed(venv: Path) -> bool:
     installed files' RECORD, which pip writes last."""
     records = (venv / "lib").glob("python3*/site-packages/trident-*.dist-info/RECORD")
     return (venv / "bin" / "trident").exists() and any(records)
+
+
+def test_the_tests_the_readme_names_exist() -> None:
+    """Every `tests/...py` file and `file.py::test_name` the README cites (its Reliability
+    section names one per guarantee) exists; a bare `test_x.py` is looked for under tests/."""
+    text = (ROOT / "README.md").read_text()
+    cited = re.findall(r"`((?:tests/[\w/]+/)?test_\w+\.py)(?:::(\w+))?`", text)
+    assert len(cited) >= 10, cited
+    for path, name in cited:
+        found = [ROOT / path] if "/" in path else sorted((ROOT / "tests").rglob(path))
+        found = [candidate for candidate in found if candidate.is_file()]
+        assert found, f"README cites {path}, which does not exist"
+        if name:
+            assert re.search(rf"^def {name}\(", found[0].read_text(), re.M), f"{path}::{name}"

@@ -90,8 +90,8 @@ def test_dockerfile_variants() -> None:
     # CuPy 14 JIT-compiles its own kernels against the CUDA runtime headers, which the runtime
     # image lacks
     assert "cuda-cudart-dev-13-0" in instructions[cuda + 1][1]
-    runs = " ".join(final_stage()["RUN"])
-    assert '"trident${extra}"' in runs and 'extra="[cuda]"' in runs
+    copies = [args for keyword, args in instructions if keyword == "COPY"]
+    assert "deploy/requirements-${VARIANT}.lock requirements.lock" in copies  # cuda: its extra
 
 
 # --- compose -------------------------------------------------------------------------------
@@ -137,6 +137,18 @@ def test_compose_trident_service(name: str) -> None:
     assert load_config(env=env).train.backend == backend
     grace = load_config(env=env).server.shutdown_grace_s
     assert seconds(trident["stop_grace_period"]) > grace + 30  # drain, then the final checkpoint
+
+
+@pytest.mark.parametrize("name", [*VARIANTS, "actor"])
+def test_compose_runs_the_image_read_only_as_kubernetes_does(name: str) -> None:
+    """read_only, with tmpfs where the process writes (as the pods' emptyDirs), and the pods
+    read-only too."""
+    service = compose_services()[name]
+    assert service["read_only"] is True
+    assert set(service["tmpfs"]) == {"/tmp", "/home/trident"}
+    for manifest in ("deployment.yaml", "actors.yaml"):
+        text = (DEPLOY / "k8s" / "base" / manifest).read_text()
+        assert "readOnlyRootFilesystem: true" in text and "mountPath: /home/trident" in text
 
 
 def test_compose_variants_answer_as_trident() -> None:
