@@ -105,3 +105,28 @@ def test_four_actors_ride_through_three_server_stops(tmp_path: Path) -> None:
           f"{sum(f['replayed'] for f in counts.values())} answered from the ledger, "
           f"{sum(f['reconnects'] for f in counts.values())} reconnects")
     assert sum(f["reconnects"] for f in counts.values()) >= len(KILL_AT)
+
+
+def test_an_actor_stops_when_the_server_comes_back_with_another_model(tmp_path: Path) -> None:
+    """After a restart the actor reads the model shape again: a server back with a model the
+    env does not fit stops it with exit 2 and the --set flags that would fit."""
+    port = free_port()
+    server = serve(tmp_path, 0, port)
+    actor = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "actor", "--server", server.target,
+         "--env", "gymnasium:CartPole-v1", "--num-envs", "2", "--rollout-len", "4",
+         "--steps", "100000", "--reconnect-timeout", "120"],
+        env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        wait_until(lambda: global_step(server) >= 2, 120, "two Steps from the actor")
+        server.proc.send_signal(signal.SIGKILL)
+        server.proc.wait(30)
+        other = running_server(tmp_path / "other", "model.obs_dim=5", "model.num_actions=2",
+                               extra_args=["--port", str(port)])  # fmt: skip
+        with other:
+            _, err = actor.communicate(timeout=120)
+    finally:
+        actor.kill()
+    assert actor.returncode == 2, err[-3000:]
+    assert "model.obs_dim = 5, the env needs 4" in err and "--set model.obs_dim=4" in err, err
