@@ -15,7 +15,9 @@ with the default model and PPO settings, N markets × `train.rollout_len` steps 
 the C51 head training from the first Step (replay.min_size = one rollout). NumPy runs the
 host loop, cuda the device loop (service/jobs/device_loop.py: markets, Act and Step on the
 GPU). Per N: 2 warm-up Steps (compile, capture), then --loop-steps timed Steps; env steps/s =
-N · rollout_len · Steps / wall time.
+N · rollout_len · Steps / wall time. --cartpole-sizes runs the same device loop on N
+CartPoles (bench/cartpole.py; model obs_dim 4, 2 actions, no aux head), the env of the
+published vectorised-trainer figures.
 
 Writes JSON (command, date, machine, versions, results) to --out (default
 bench/results/lobsim.json) and prints tables.
@@ -35,7 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-from service.config import LobsimConfig, load_config
+from bench.cartpole import NUM_ACTIONS as NUM_CARTPOLE_ACTIONS
+from bench.cartpole import OBS_DIM, CartPole
+from service.config import Config, LobsimConfig, load_config
+from service.jobs.device_loop import DeviceLoop
 from service.jobs.train import lobsim_model, make_stepper
 from service.lobsim.env import NUM_ACTIONS, LobSim
 from service.trainer.trainer import Trainer
@@ -68,18 +73,28 @@ def time_backend(backend: str, N: int, steps: int, warmup: int, seed: int) -> di
     }
 
 
-def time_loop(backend: str, N: int, steps: int, seed: int) -> dict:
-    """The integrated loop's env steps/s on `backend` with N markets."""
+def loop_config(backend: str, N: int, seed: int, *model: str) -> Config:
     T = load_config(env={}).train.rollout_len
-    config = lobsim_model(
-        load_config(
-            env={},
-            overrides=[f"train.backend={backend}", f"train.seed={seed}", f"train.num_envs={N}",
-                       f"replay.min_size={N * T}", f"replay.capacity={max(100_000, 4 * N * T)}"],
-        )
+    return load_config(
+        env={},
+        overrides=[f"train.backend={backend}", f"train.seed={seed}", f"train.num_envs={N}",
+                   f"replay.min_size={N * T}", f"replay.capacity={max(100_000, 4 * N * T)}",
+                   *model],
     )  # fmt: skip
-    trainer = Trainer(config)
-    step = make_stepper(trainer, N, T, config.lobsim, seed)
+
+
+def time_loop(backend: str, N: int, steps: int, seed: int, env: str = "lobsim") -> dict:
+    """The integrated loop's env steps/s on `backend` with N markets (or N CartPoles)."""
+    if env == "cartpole":
+        shape = (f"model.obs_dim={OBS_DIM}", f"model.num_actions={NUM_CARTPOLE_ACTIONS}",
+                 "model.aux_dim=0")  # fmt: skip
+        config = loop_config(backend, N, seed, *shape)
+        trainer, T = Trainer(config), config.train.rollout_len
+        step = DeviceLoop(trainer, CartPole(N, seed, backend=backend), T).step
+    else:
+        config = lobsim_model(loop_config(backend, N, seed))
+        trainer, T = Trainer(config), config.train.rollout_len
+        step = make_stepper(trainer, N, T, config.lobsim, seed)
     for _ in range(2):
         step()
     started = time.perf_counter()
@@ -127,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--loop-sizes", type=int, nargs="+", default=[256, 4096, 16384])
     parser.add_argument("--loop-steps", type=int, default=5)
+    parser.add_argument("--cartpole-sizes", type=int, nargs="+", default=[16384, 65536])
     parser.add_argument("--numpy-loop-max", type=int, default=256,
                         help="largest N of the NumPy integrated loop (it is slow)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/lobsim.json"))
@@ -138,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         "config": {"events_per_step": LobsimConfig().events_per_step},
         "results": [],
         "loop": [],
+        "cartpole_loop": [],
     }
     print(f"{'N':>7} | {'numpy env steps/s':>18} | {'numpy events/s':>15} | cuda")
     cuda_reason = cuda_unavailable()
@@ -154,26 +171,28 @@ def main(argv: list[str] | None = None) -> None:
             f"{N:>7} | {numpy_result['env_steps_per_s']:>18,.0f} | "
             f"{numpy_result['events_per_s']:>15,.0f} | {cuda_cell}"
         )
-    if any(args.loop_sizes):
-        print(f"\n{'N':>7} | {'loop numpy env steps/s':>23} | loop cuda (device loop)")
-    for N in (n for n in args.loop_sizes if n):
-        numpy_loop = (
-            time_loop("numpy", N, args.loop_steps, args.seed)
-            if args.numpy_loop_max >= N
-            else {"available": False, "reason": "skipped: N > --numpy-loop-max"}
-        )
-        cuda_loop = (
-            time_loop("cuda", N, args.loop_steps, args.seed)
-            if cuda_reason is None
-            else {"available": False, "reason": cuda_reason}
-        )
-        record["loop"].append({"N": N, "numpy": numpy_loop, "cuda": cuda_loop})
-        cells = [
-            f"{r['env_steps_per_s']:,.0f} ({r['ms_per_step']:.1f} ms/Step)"
-            if r["available"] else r["reason"]
-            for r in (numpy_loop, cuda_loop)
-        ]  # fmt: skip
-        print(f"{N:>7} | {cells[0]:>23} | {cells[1]}")
+    for env, sizes, key in (("lobsim", args.loop_sizes, "loop"),
+                            ("cartpole", args.cartpole_sizes, "cartpole_loop")):  # fmt: skip
+        if any(sizes):
+            print(f"\n{'N':>7} | {env + ' loop numpy env steps/s':>31} | loop cuda (device loop)")
+        for N in (n for n in sizes if n):
+            numpy_loop = (
+                time_loop("numpy", N, args.loop_steps, args.seed, env)
+                if args.numpy_loop_max >= N
+                else {"available": False, "reason": "skipped: N > --numpy-loop-max"}
+            )
+            cuda_loop = (
+                time_loop("cuda", N, args.loop_steps, args.seed, env)
+                if cuda_reason is None
+                else {"available": False, "reason": cuda_reason}
+            )
+            record[key].append({"N": N, "numpy": numpy_loop, "cuda": cuda_loop})
+            cells = [
+                f"{r['env_steps_per_s']:,.0f} ({r['ms_per_step']:.1f} ms/Step)"
+                if r["available"] else r["reason"]
+                for r in (numpy_loop, cuda_loop)
+            ]  # fmt: skip
+            print(f"{N:>7} | {cells[0]:>31} | {cells[1]}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1))
     print(f"wrote {args.out}")

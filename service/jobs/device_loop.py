@@ -1,4 +1,4 @@
-"""The in-process loop with the markets beside the learner: Act -> LobSim step -> Step, and on
+"""The in-process loop with the environments beside the learner: Act -> env step -> Step, and on
 the GPU nothing leaves the device.
 
 The rollout is written into device buffers step by step (the actions of `Trainer.act_on_device`
@@ -10,10 +10,10 @@ once. On NumPy the same code runs on the host (the CPU tests compare it with the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
-from service.lobsim.env import LABEL_DIM, LobSim
 from service.trainer.trainer import Trainer
 from service.types import ActMode, DeviceRollout, StepResult
 
@@ -31,11 +31,27 @@ class LoopStep:
     return_sum: float  # sum of their returns
 
 
+class DeviceEnv(Protocol):
+    """N environments on an array backend (LobSim, bench/cartpole.py): `reset()` is the current
+    observation; `step` auto-resets ended episodes and reports, in `info`, the observation an
+    episode ended on ("final_obs", where it differs), the ended episodes' returns
+    ("episode_return") and, with `label_dim` > 0, the perception labels of the previous
+    observation ("bce_prev" [N], "aux_prev" [N, label_dim])."""
+
+    xp: Any
+    num_envs: int
+    label_dim: int
+
+    def reset(self) -> Any: ...
+
+    def step(self, actions: Any) -> Any: ...
+
+
 class DeviceLoop:
     """Collects `horizon`-step rollouts of `env` under the trainer's sampled policy and Steps
     on them, all on the trainer's backend."""
 
-    def __init__(self, trainer: Trainer, env: LobSim, horizon: int) -> None:
+    def __init__(self, trainer: Trainer, env: DeviceEnv, horizon: int) -> None:
         if env.xp is not trainer.xp:
             raise ValueError(
                 f"env: expected a LobSim on the trainer's backend ({trainer.backend.name})"
@@ -51,8 +67,9 @@ class DeviceLoop:
             self.terminated = xp.empty((T, N), dtype=bool)
             self.truncated = xp.empty((T, N), dtype=bool)
             self.log_probs = xp.empty((T, N), dtype=dtype)
-            self.bce_labels = xp.empty((T, N), dtype=bool)
-            self.aux_targets = xp.empty((T, N, LABEL_DIM), dtype=dtype)
+            labelled = env.label_dim > 0
+            self.bce_labels = xp.empty((T, N), dtype=bool) if labelled else None
+            self.aux_targets = xp.empty((T, N, env.label_dim), dtype=dtype) if labelled else None
             self.report = xp.zeros(3, dtype=np.float64)
         trainer.executor.synchronize_device()  # the env was built elsewhere: let it land first
 
@@ -72,11 +89,12 @@ class DeviceLoop:
                 self.truncated[t] = out.truncated
                 self.obs[t + 1] = out.obs
                 self.next_obs[t] = out.info.get("final_obs", out.obs)
-                self.bce_labels[t] = out.info["bce_prev"]
-                self.aux_targets[t] = out.info["aux_prev"]
-                self.report[EPISODES] += out.terminated.sum()
-                ended = xp.where(out.terminated, out.info["episode_return"], 0.0)
-                self.report[RETURN_SUM] += ended.sum()
+                if self.bce_labels is not None and self.aux_targets is not None:
+                    self.bce_labels[t] = out.info["bce_prev"]
+                    self.aux_targets[t] = out.info["aux_prev"]
+                ended = out.terminated | out.truncated
+                self.report[EPISODES] += ended.sum()
+                self.report[RETURN_SUM] += xp.where(ended, out.info["episode_return"], 0.0).sum()
             self.report[REWARD_SUM] = self.rewards.sum()
             rollout = DeviceRollout(
                 obs=self.obs,

@@ -94,6 +94,8 @@ class StepOutput:
 class LobSim:
     """N independent markets with one market-making agent each."""
 
+    label_dim = LABEL_DIM  # perception labels per step: next mid move (BCE) and LABEL_DIM aux
+
     def __init__(
         self, num_envs: int, cfg: LobsimConfig, seed: int, backend: str = "numpy"
     ) -> None:
