@@ -4,7 +4,7 @@ A client names each Step with an idempotency key: its actor id and a sequence nu
 ledger keeps the newest `capacity` keys with the result each one's Step produced, so a Step
 sent again (its reply was lost) is answered with that result instead of being applied twice.
 For every actor it also remembers the highest sequence number it has let go of: a key at or
-below it is refused as forgotten, because the ledger can no longer tell whether it was
+below it is refused as forgotten, because the ledger cannot tell any more whether it was
 applied. The ledger travels in checkpoints beside the trainer's state, so after a restart from
 a checkpoint it holds exactly the keys whose Steps that state includes.
 """
