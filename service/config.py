@@ -119,6 +119,10 @@ class TrainConfig(_Section):
     lambda_bce: float = _f(0.1, ge=0)  # encoder-gradient weight of the BCE head
     lambda_aux: float = _f(0.1, ge=0)  # encoder-gradient weight of the aux regression head
     max_policy_lag: int = _f(4, ge=0)  # max policy versions a rollout may lag the learner
+    # Data-parallel layout: a Step's environments, minibatches and replay split into this many
+    # equal shards by environment column; each rank of a world of W holds data_shards / W of
+    # them (W = 1 holds all: the same Step the ranks compute together)
+    data_shards: int = _f(1, ge=1)
     # parallel environments per rollout of the `trident train` job; 0: the backend's size
     # (BACKEND_DEFAULTS: a few hundred on NumPy, thousands on CUDA)
     num_envs: int = _f(0, ge=0)
@@ -306,6 +310,12 @@ class Config:
         if replay.min_size > replay.capacity:
             raise ConfigError(f"replay.min_size = {replay.min_size!r} must be <= "
                               f"replay.capacity = {replay.capacity!r}")
+        shards = self.train.data_shards
+        for key, value in (("replay.capacity", replay.capacity),
+                           ("replay.batch_size", replay.batch_size)):  # fmt: skip
+            if value % shards:
+                raise ConfigError(f"{key} = {value!r} must be a multiple of train.data_shards "
+                                  f"= {shards!r} (each shard holds an equal part)")  # fmt: skip
         server = self.server
         if server.step_queue_size >= server.max_concurrent_rpcs:
             raise ConfigError(f"server.step_queue_size = {server.step_queue_size!r} must be < "

@@ -97,6 +97,30 @@ class Rollout(_TimeMajor):
         }
         return {name: value for name, value in fields.items() if value is not None}
 
+    def columns(self, start: int, stop: int) -> Rollout:
+        """The environments [start, stop) alone (a data-parallel rank's share), final
+        observations and their flat indices included."""
+        block = slice(start, stop)
+        final_obs, final_index = self.final_obs, self.final_obs_index
+        if final_obs is not None and final_index is not None:
+            t, n = np.divmod(np.asarray(final_index), self.num_envs)
+            mine = (n >= start) & (n < stop)
+            final_obs = final_obs[mine]
+            final_index = (t[mine] * (stop - start) + n[mine] - start).astype(final_index.dtype)
+        return Rollout(
+            obs=self.obs[:, block],
+            actions=self.actions[:, block],
+            rewards=self.rewards[:, block],
+            terminated=self.terminated[:, block],
+            truncated=self.truncated[:, block],
+            behavior_log_probs=self.behavior_log_probs[:, block],
+            final_obs=final_obs,
+            final_obs_index=final_index,
+            bce_labels=None if self.bce_labels is None else self.bce_labels[:, block],
+            aux_targets=None if self.aux_targets is None else self.aux_targets[:, block],
+            policy_version=self.policy_version,
+        )
+
 
 @dataclass(frozen=True)
 class DeviceRollout(_TimeMajor):

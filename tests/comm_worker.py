@@ -33,3 +33,45 @@ def wait_for_a_dead_rank(group: SharedMemoryGroup, rank: int, deadline_s: float,
     except CollectiveTimeout as error:
         results.put((rank, str(error)))  # type: ignore[attr-defined]
     comm.close()
+
+
+def train_rank(group: SharedMemoryGroup, rank: int, settings: tuple[str, ...],
+               rollouts: list, results: object) -> None:  # fmt: skip
+    """Rank `rank` of a data-parallel trainer: Steps on its columns of each rollout; put
+    (rank, state_dict, losses per Step) on `results`."""
+    from conftest import small_config
+
+    from service.trainer.trainer import Trainer
+
+    comm = group.communicator(rank, deadline_s=60)
+    trainer = Trainer(small_config(*settings), comm=comm)
+    share = rollouts[0].num_envs // comm.world_size
+    losses = []
+    for rollout in rollouts:
+        result = trainer.step(rollout.columns(rank * share, (rank + 1) * share))
+        losses.append(result.losses)
+    results.put((rank, trainer.state_dict(), losses))  # type: ignore[attr-defined]
+    comm.close()
+
+
+def train_until(group: SharedMemoryGroup, rank: int, settings: tuple[str, ...], rollouts: list,
+                stop_after: dict, results: object) -> None:  # fmt: skip
+    """A rank that leaves (exits) after `stop_after[rank]` Steps, if named there; the others
+    report how their next Step ended."""
+    from conftest import small_config
+
+    from service.trainer.trainer import Trainer
+
+    comm = group.communicator(rank, deadline_s=2)
+    trainer = Trainer(small_config(*settings), comm=comm)
+    share = rollouts[0].num_envs // comm.world_size
+    for index, rollout in enumerate(rollouts):
+        if index == stop_after.get(rank):
+            results.put((rank, "left"))  # type: ignore[attr-defined]
+            return
+        try:
+            trainer.step(rollout.columns(rank * share, (rank + 1) * share))
+        except CollectiveTimeout as error:
+            results.put((rank, f"Step {index}: {error}"))  # type: ignore[attr-defined]
+            return
+    results.put((rank, "finished"))  # type: ignore[attr-defined]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 import threading
 from dataclasses import dataclass
-from multiprocessing import resource_tracker, shared_memory
+from multiprocessing import shared_memory
 from multiprocessing.context import BaseContext
 from multiprocessing.synchronize import Barrier
 from typing import Any, Protocol
@@ -105,14 +105,12 @@ _OWNED: dict[str, shared_memory.SharedMemory] = {}
 
 
 def _attach(name: str) -> shared_memory.SharedMemory:
-    """The segment `name`, without this process's resource tracker claiming it: before Python
-    3.13 every process that opens a segment registers it, and its tracker would unlink the
-    segment the creator still owns when this process exits."""
+    """The segment `name`, opened by a rank the creating process started: before Python 3.13
+    opening registers the segment with the resource tracker the rank shares with its creator,
+    which holds each name once, and the creator's `close` unregisters it."""
     if sys.version_info >= (3, 13):
         return shared_memory.SharedMemory(name=name, track=False)
-    segment = shared_memory.SharedMemory(name=name)
-    resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
-    return segment
+    return shared_memory.SharedMemory(name=name)
 
 
 class SharedMemoryRank:

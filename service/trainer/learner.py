@@ -14,6 +14,7 @@ from dataclasses import replace
 import numpy as np
 
 from service.backend.executor import Executor
+from service.backend.philox import Stream, random_bits
 from service.trainer import model
 from service.trainer.rollout import (
     next_observations,
@@ -143,11 +144,13 @@ class Learner:
         transitions = nstep_transitions(rollout, next_obs, c51.n_step, gamma, state.dtype, xp)
         transitions = replace(transitions, actions=actions.reshape(-1))
         # A host-checked rollout (the zero guard) needs no masked insert: its rows are valid.
-        before = state.replay.insert(transitions, None if guard is state.no_guard else guard == 0)
+        valid = None if guard is state.no_guard else guard == 0
+        before = state.replay.insert(transitions, valid, columns=rollout.num_envs)
         prepared = time.perf_counter()  # "prepare": values, GAE and the replay insert
 
-        order, bounds = self._minibatch_plan(batch.actions.shape[0])
-        use_q = len(state.replay) >= config.replay.min_size
+        order, bounds = self._minibatch_plan(rollout.horizon, rollout.num_envs)
+        # Every shard's ring holds as many rows: the whole replay's size, on every rank.
+        use_q = int(state.replay.size[0]) * state.sharding.shards >= config.replay.min_size
         totals = self.updates.run(batch, order, bounds, use_q)
         state.value_norm.commit(return_stats, totals[APPLIED : APPLIED + 1] > 0)
         extra = xp.zeros(0) if report is None else report
@@ -177,11 +180,18 @@ class Learner:
         }
         return host[REPORT:]
 
-    def _minibatch_plan(self, rows: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    def _minibatch_plan(
+        self, horizon: int, columns: int
+    ) -> tuple[np.ndarray, list[tuple[int, int]]]:
         """The Step's minibatches: each epoch's seeded permutation of the rows (drawn on the
         backend's device), concatenated (int32 [epochs · rows]), and each update's
-        [start, stop) in it."""
+        [start, stop) in it. With data shards, each shard's rows are ordered apart (by the
+        Philox keys of their rows in the whole Step) and minibatch k joins every held shard's
+        k-th part, so a rank's minibatch is its shards' share of the whole Step's."""
         state, ppo = self.state, self.state.config.ppo
+        if state.sharding.shards > 1:
+            return self._sharded_plan(horizon, columns)
+        rows = horizon * columns
         first = int(state.counters["updates_attempted"][0])
         order = state.xp.empty(ppo.epochs * rows, dtype=np.int32)
         bounds: list[tuple[int, int]] = []
@@ -193,6 +203,28 @@ class Learner:
             parts = np.array_split(np.arange(rows), min(ppo.num_minibatches, rows))
             bounds += [(epoch * rows + p[0], epoch * rows + p[-1] + 1) for p in parts]
         return order, [(int(a), int(b)) for a, b in bounds]
+
+    def _sharded_plan(self, horizon: int, columns: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        state, ppo, sharding = self.state, self.state.config.ppo, self.state.sharding
+        N = sharding.global_columns(columns)
+        block = N // sharding.shards
+        t, c = np.divmod(np.arange(horizon * block), block)
+        local = [t * columns + j * block + c for j in range(len(sharding.owned))]
+        whole = [t * N + s * block + c for s in sharding.owned]
+        first = int(state.counters["updates_attempted"][0])
+        parts = np.array_split(np.arange(horizon * block), min(ppo.num_minibatches, t.size))
+        order: list[np.ndarray] = []
+        bounds: list[tuple[int, int]] = []
+        for _ in range(ppo.epochs):
+            sequence = first + len(bounds)  # the updates_attempted count at the epoch start
+            keys = random_bits(state.key, Stream.MINIBATCH, sequence, horizon * N)[:, 0]
+            shard_orders = [rows[np.argsort(keys[w], kind="stable")]
+                            for rows, w in zip(local, whole, strict=True)]  # fmt: skip
+            for part in parts:
+                start = sum(len(o) for o in order)
+                order.append(np.concatenate([o[part] for o in shard_orders]))
+                bounds.append((start, start + len(order[-1])))
+        return state.xp.asarray(np.concatenate(order).astype(np.int32)), bounds
 
     def _summarize(
         self,
@@ -269,8 +301,9 @@ class Learner:
             state.hp["train.gamma"],
             state.hp["ppo.gae_lambda"],
         )
-        # The value head learns V in units of the return statistics with these returns in.
-        return_stats = value_norm.updated(returns)
+        # The value head learns V in units of the return statistics with these returns in
+        # (of the whole Step's returns: summed over the ranks).
+        return_stats = value_norm.updated(returns, state.sharding.comm)
         returns = value_norm.normalize(returns, return_stats)
         old_values = value_norm.normalize(xp.ascontiguousarray(v_obs[:T]), return_stats)
         K = state.config.model.aux_dim

@@ -13,14 +13,23 @@ FIELDS = ("obs", "actions", "rewards", "dones", "horizons", "next_obs")
 
 
 class ReplayBuffer:
-    """Fixed-capacity FIFO ring; the oldest transitions are overwritten first.
+    """Fixed-capacity FIFO rings, one per data shard held (train.data_shards): the oldest
+    transitions are overwritten first. Ring j holds rows [j·C, (j+1)·C) of the storage, C =
+    capacity / shards; every Step gives each ring as many rows, so the rings share their
+    counters.
 
-    `position` (next slot to write) and `size` are host counters; `size_on_device` mirrors
-    `size` in the backend's memory, where the sampler (`replay_sample_indices`) reads it.
+    `position` (next slot to write in each ring) and `size` (rows in each ring) are host
+    counters; `size_on_device` mirrors `size` in the backend's memory, where the sampler
+    (`replay_sample_indices`) reads it.
     """
 
-    def __init__(self, capacity: int, obs_dim: int, dtype: np.dtype, xp: ModuleType = np) -> None:
-        self.capacity = capacity
+    def __init__(
+        self, capacity: int, obs_dim: int, dtype: np.dtype, xp: ModuleType = np, shards: int = 1
+    ) -> None:
+        if capacity % shards:
+            raise InvalidInput("replay capacity", f"a multiple of {shards} shards", str(capacity))
+        self.capacity = capacity // shards  # of each ring
+        self.shards = shards
         self.xp = xp
         self.storage = {
             "obs": xp.zeros((capacity, obs_dim), dtype=dtype),
@@ -29,46 +38,78 @@ class ReplayBuffer:
             "dones": xp.zeros(capacity, dtype=np.uint8),
             "horizons": xp.zeros(capacity, dtype=np.int32),
             "next_obs": xp.zeros((capacity, obs_dim), dtype=dtype),
-        }
+        }  # capacity: every ring's rows
         self.position = np.zeros(1, dtype=np.int64)
         self.size = np.zeros(1, dtype=np.int64)
         self.size_on_device = xp.zeros(1, dtype=np.int64)
 
     def __len__(self) -> int:
-        return int(self.size[0])
+        """Rows held, over every ring."""
+        return int(self.size[0]) * self.shards
 
-    def insert(self, batch: Transitions, valid: np.ndarray | None = None) -> tuple[int, int]:
-        """Write the batch in order at the ring position, wrapping around. With `valid` (a
+    def insert(
+        self, batch: Transitions, valid: np.ndarray | None = None, columns: int = 1
+    ) -> tuple[int, int]:
+        """Write the batch in order at the rings' position, wrapping around: the rows of a
+        time-major [T, columns] batch go to the ring of their column's block. With `valid` (a
         device bool [1]) false, every slot keeps its old row: the caller then learns so from
         its readback and `undo`es the counters. Returns the counters before the insert."""
         before = int(self.position[0]), int(self.size[0])
+        if self.shards > 1:
+            block = columns // self.shards
+            column = self.xp.arange(batch.actions.shape[0]) % columns
+            for ring in range(self.shards):
+                mine = self.xp.flatnonzero(column // block == ring)
+                part = Transitions(*(getattr(batch, name)[mine] for name in FIELDS))
+                self._write(part, valid, before, ring * self.capacity)
+        else:
+            self._write(batch, valid, before, 0)
+        count = min(self.capacity, batch.actions.shape[0] // self.shards)
+        self.position[0] = (before[0] + count) % self.capacity
+        self.size[0] = min(self.capacity, before[1] + count)
+        self.size_on_device.fill(int(self.size[0]))
+        return before
+
+    def _write(
+        self, batch: Transitions, valid: np.ndarray | None, before: tuple[int, int], base: int
+    ) -> None:
+        """One ring's rows, at slots base + (position + i) mod capacity."""
         count = batch.actions.shape[0]
         if count > self.capacity:  # only the newest `capacity` transitions would survive
             keep = slice(count - self.capacity, count)
             batch = Transitions(*(getattr(batch, name)[keep] for name in FIELDS))
             count = self.capacity
         xp = self.xp
-        slots = (xp.arange(count) + before[0]) % self.capacity
+        slots = base + (xp.arange(count) + before[0]) % self.capacity
         for name in FIELDS:
             rows = xp.asarray(getattr(batch, name))
             if valid is not None:
                 rows = xp.where(valid.reshape((1,) * rows.ndim), rows, self.storage[name][slots])
             self.storage[name][slots] = rows
-        self.position[0] = (before[0] + count) % self.capacity
-        self.size[0] = min(self.capacity, before[1] + count)
-        self.size_on_device.fill(int(self.size[0]))
-        return before
 
     def undo(self, before: tuple[int, int]) -> None:
         """Put back the counters `insert` returned (its rows were left unwritten)."""
         self.position[0], self.size[0] = before
         self.size_on_device.fill(before[1])
 
+    def rows_held(self, size: int) -> int:
+        """Rows a state of per-ring `size` holds."""
+        return size * self.shards
+
+    def _filled(self, size: int) -> list[slice]:
+        return [slice(j * self.capacity, j * self.capacity + size) for j in range(self.shards)]
+
     def state(self) -> dict[str, np.ndarray]:
-        """The stored rows [0, size) of each field, plus position and size."""
-        filled = int(self.size[0])
-        state = {name: self.storage[name][:filled] for name in FIELDS}
+        """Each ring's stored rows [0, size), ring after ring, of each field, plus position
+        and size (of each ring)."""
+        filled = self._filled(int(self.size[0]))
+        state = {name: self._rows(self.storage[name], filled) for name in FIELDS}
         return {**state, "position": self.position, "size": self.size}
+
+    def _rows(self, array: np.ndarray, filled: list[slice]) -> np.ndarray:
+        if len(filled) == 1:
+            return array[filled[0]]
+        return self.xp.concatenate([array[part] for part in filled])
 
     def load_state(self, state: dict[str, np.ndarray]) -> None:
         """Inverse of `state()`; the arrays must already have been checked by the caller."""
@@ -76,8 +117,10 @@ class ReplayBuffer:
         if not 0 <= filled <= self.capacity:
             raise InvalidInput("replay/size", f"an integer in [0, {self.capacity}]", filled)
         for name in FIELDS:
-            self.storage[name][:filled] = self.xp.asarray(state[name])
-            self.storage[name][filled:] = 0
+            rows = self.xp.asarray(state[name])
+            self.storage[name][...] = 0
+            for j, part in enumerate(self._filled(filled)):
+                self.storage[name][part] = rows[j * filled : (j + 1) * filled]
         self.position[:] = state["position"]
         self.size[:] = filled
         self.size_on_device.fill(filled)

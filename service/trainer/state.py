@@ -20,6 +20,7 @@ from service.errors import InvalidInput
 from service.trainer import model
 from service.trainer.hyper import HOT_KEYS, Hyperparams
 from service.trainer.replay import ReplayBuffer
+from service.trainer.sharding import Sharding
 from service.trainer.value_norm import ValueNorm
 
 COUNTERS = ("global_step", "updates_attempted", "act_calls")
@@ -29,9 +30,10 @@ VALUE_NORM = "v/norm"  # the value head's return statistics, saved with the para
 class State:
     """Every array that defines a trainer, on its backend, and the config they follow."""
 
-    def __init__(self, config: Config, backend: Backend) -> None:
+    def __init__(self, config: Config, backend: Backend, sharding: Sharding | None = None) -> None:
         self.config = config
         self.backend = backend
+        self.sharding = sharding or Sharding.of(config.train.data_shards)
         xp = self.xp = backend.xp
         self.dtype = np.dtype(config.model.dtype)
         self.key = seed_key(config.train.seed)
@@ -44,7 +46,10 @@ class State:
         self.optim_steps = {g: xp.zeros(1, dtype=np.int64) for g in model.groups(config)}
         # Host counters: they pick the Philox sequence of each draw and the policy version.
         self.counters = {name: np.zeros(1, dtype=np.int64) for name in COUNTERS}
-        self.replay = ReplayBuffer(config.replay.capacity, config.model.obs_dim, self.dtype, xp)
+        held, shards = len(self.sharding.owned), self.sharding.shards
+        self.replay = ReplayBuffer(
+            config.replay.capacity // shards * held, config.model.obs_dim, self.dtype, xp, held
+        )
         self.support = backend.ops.c51_support(
             config.c51.v_min, config.c51.v_max, config.c51.num_atoms, self.dtype
         )
@@ -115,7 +120,7 @@ class State:
             incoming = state[name]
             expected = current.shape
             if name.startswith("replay/") and name not in ("replay/position", "replay/size"):
-                expected = (rows, *current.shape[1:])
+                expected = (self.replay.rows_held(rows), *current.shape[1:])
             if incoming.dtype != current.dtype or incoming.shape != expected:
                 raise InvalidInput(
                     name,

@@ -14,10 +14,12 @@ from contextlib import AbstractContextManager
 import numpy as np
 
 from service.backend import Backend
+from service.backend.comm import Communicator
 from service.config import Config, sized_for
 from service.trainer.hyper import HOT_KEYS
 from service.trainer.learner import Learner
 from service.trainer.policy import Policy
+from service.trainer.sharding import Sharding
 from service.trainer.sizing import sized_backend
 from service.trainer.state import State
 from service.types import ActMode, ActResult, DeviceRollout, Rollout, StepResult
@@ -32,13 +34,17 @@ class Trainer:
     take; `state`, `learner`, `policy` and `executor` are the parts, for code that needs one.
     """
 
-    def __init__(self, config: Config, backend: Backend | None = None) -> None:
+    def __init__(
+        self, config: Config, backend: Backend | None = None, comm: Communicator | None = None
+    ) -> None:
+        """`comm`: this rank's communicator in a data-parallel world (default: alone), which
+        decides which of the config's train.data_shards it holds."""
         if backend is None:
             config, backend = sized_backend(config)
         config = sized_for(config, backend.name)  # the settings left to the backend
         self.backend = backend
         self.xp, self.dtype = self.backend.xp, np.dtype(config.model.dtype)
-        self.state = State(config, self.backend)
+        self.state = State(config, self.backend, Sharding.of(config.train.data_shards, comm))
         # Made after the state, so that its work follows the state's first writes.
         self.executor = self.backend.executor(config.train.cuda_graphs)
         self.learner = Learner(self.state, self.executor)

@@ -173,9 +173,7 @@ class Updates:
             return result
 
         if use_q:
-            slots = ops.replay_sample_indices(
-                state.replay.size_on_device, state.key_on_device, sequence, cfg.replay.batch_size
-            )
+            slots = self._replay_slots(sequence)
             replay = Transitions(**ops.replay_gather(state.replay.storage, slots))
             # The target network's forward and projection overlap the online network's work.
             (target, projection_args), target_ready = executor.fork(lambda: self.q_target(replay))
@@ -217,14 +215,88 @@ class Updates:
             executor.join(token)
 
         names = [name for name in params if name in grads]  # fixed parameter order
+        guard = batch.guard
+        if state.sharding.parallel:  # every rank then holds the whole Step's means
+            guard, support_clip = self._sum_over_ranks(
+                names, grads, losses, pi_stats, support_clip, guard
+            )
         norm, scales = self._clip_scales(names, grads)
-        ok = ops.all_finite([*(xp.atleast_1d(v) for v in losses.values()), norm, batch.guard])
+        ok = ops.all_finite([*(xp.atleast_1d(v) for v in losses.values()), norm, guard])
         self.apply(names, grads, scales, ok, use_q)
         ops.advance_counter(sequence, state.always)  # the next update's replay draw
         statistics = {f"loss_{head}": loss for head, loss in losses.items()}
         statistics.update(grad_norm=norm, c51_support_clip_ratio=support_clip)
         statistics.update({k: pi_stats[k] for k in ("entropy", "approx_kl", "clip_fraction")})
         ops.step_stats_accumulate(totals, [statistics.get(name) for name in STATS], ok, first)
+
+    def _replay_slots(self, sequence: np.ndarray) -> np.ndarray:
+        """The storage rows of an update's replay batch. With data shards, shard s draws rows
+        [s·B/S, (s+1)·B/S) of the batch from its own ring: a rank draws its shards' part."""
+        state, cfg = self.state, self.state.config
+        drawn = self.ops.replay_sample_indices(
+            state.replay.size_on_device, state.key_on_device, sequence, cfg.replay.batch_size
+        )
+        sharding = state.sharding
+        if sharding.shards == 1:
+            return drawn
+        per, ring = cfg.replay.batch_size // sharding.shards, state.replay.capacity
+        parts = [drawn[s * per : (s + 1) * per] + j * ring for j, s in enumerate(sharding.owned)]
+        return state.xp.concatenate(parts).astype(np.int32)
+
+    def _normalize_over_ranks(self, advantages: np.ndarray) -> np.ndarray:
+        """normalize_advantages over the whole minibatch, every rank's rows: its mean, then
+        the mean square about it, each summed over the ranks (the two passes of the op)."""
+        xp, comm = self.state.xp, self.state.sharding.comm
+        sums = xp.stack([advantages.sum(dtype=np.float64), xp.asarray(float(advantages.size))])
+        comm.all_reduce_sum(sums)
+        centered = advantages - (sums[0] / sums[1]).astype(advantages.dtype)
+        square = xp.atleast_1d((centered * centered).sum(dtype=np.float64))
+        comm.all_reduce_sum(square)
+        std = xp.sqrt(square[0] / sums[1]).astype(advantages.dtype)
+        return centered / (std + advantages.dtype.type(1e-8))
+
+    def _sum_over_ranks(
+        self,
+        names: list[str],
+        grads: dict[str, np.ndarray],
+        losses: dict[str, np.ndarray],
+        pi_stats: dict[str, np.ndarray],
+        support_clip: np.ndarray | None,
+        guard: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """One all-reduce of one flat buffer: the gradients, losses and statistics (each a mean
+        over this rank's rows, so their sum over the ranks / W is the whole Step's mean, the
+        ranks holding equal shares) and the rollout guard (NaN on one rank: NaN on all).
+        Replaces the means in the dicts; returns the whole Step's guard and support-clip ratio."""
+        xp, comm = self.state.xp, self.state.sharding.comm
+        stat_names = ("entropy", "approx_kl", "clip_fraction")
+        parts = [grads[name] for name in names]
+        parts += [losses[head] for head in losses]
+        parts += [pi_stats[key] for key in stat_names]
+        parts += [xp.zeros(1) if support_clip is None else support_clip]
+        flat = xp.concatenate([xp.ravel(p).astype(np.float64) for p in parts])
+        summed_guard = xp.ravel(guard).astype(np.float64).copy()
+        comm.all_reduce_sum(flat)
+        comm.all_reduce_sum(summed_guard)
+        flat /= comm.world_size
+        offset = 0
+
+        def take(like: np.ndarray) -> np.ndarray:
+            nonlocal offset
+            size = int(np.prod(like.shape))
+            out = flat[offset : offset + size].reshape(like.shape).astype(like.dtype)
+            offset += size
+            return out
+
+        for name in names:
+            grads[name] = take(grads[name])
+        for head in losses:
+            losses[head] = take(xp.asarray(losses[head]))
+        for key in stat_names:
+            pi_stats[key] = take(xp.asarray(pi_stats[key]))
+        if support_clip is not None:
+            support_clip = take(xp.asarray(support_clip))
+        return summed_guard.astype(guard.dtype), support_clip
 
     def _minibatch(self, batch: Batch, rows: np.ndarray) -> Batch:
         """The batch's rows `rows`, every per-row field gathered in one op (the guard as is)."""
@@ -254,7 +326,9 @@ class Updates:
 
         # Policy head: PPO clipped surrogate + entropy bonus.
         advantages = batch.advantages
-        if ppo.norm_adv:
+        if ppo.norm_adv and self.state.sharding.parallel:
+            advantages = self._normalize_over_ranks(advantages)
+        elif ppo.norm_adv:
             advantages = ops.normalize_advantages(advantages)
         pi_stats, grad_logits = ops.ppo_surrogate_fwd_bwd(
             outputs["pi"],

@@ -20,6 +20,8 @@ from types import ModuleType
 
 import numpy as np
 
+from service.backend.comm import Communicator
+
 VARIANCE_FLOOR = 1e-2  # σ ≥ 0.1 return units: a constant return does not blow up v̂
 
 
@@ -32,16 +34,22 @@ class ValueNorm:
         # c = 0 means no Step yet: μ = 0, σ = 1 until the first update.
         self.stats = xp.zeros(3, dtype=np.float64)
 
-    def updated(self, returns: np.ndarray) -> np.ndarray:
+    def updated(self, returns: np.ndarray, comm: Communicator | None = None) -> np.ndarray:
         """The statistics with one Step's returns [any shape] folded in (a new device array;
-        `stats` itself is unchanged until `commit`)."""
+        `stats` itself is unchanged until `commit`). With a communicator of several ranks, the
+        means are over every rank's returns."""
         if not self.enabled:
             return self.stats
         xp, beta = self.xp, self.decay
         flat = returns.reshape(-1).astype(np.float64)
         step = xp.empty(3, dtype=np.float64)
-        step[0:1] = flat.mean(keepdims=True)
-        step[1:2] = (flat * flat).mean(keepdims=True)
+        if comm is None or comm.world_size == 1:
+            step[0:1] = flat.mean(keepdims=True)
+            step[1:2] = (flat * flat).mean(keepdims=True)
+        else:
+            sums = xp.stack([flat.sum(), (flat * flat).sum(), xp.asarray(float(flat.size))])
+            comm.all_reduce_sum(sums)
+            step[0:2] = sums[0:2] / sums[2]
         step[2:3] = 1.0
         return beta * self.stats + (1.0 - beta) * step
 

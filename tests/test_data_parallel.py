@@ -1,0 +1,124 @@
+"""Data parallel on the NumPy backend: 2 ranks (processes over shared memory), each holding one
+of train.data_shards = 2 shards (half the environments, its minibatch share, its replay ring),
+end 10 Steps where 1 trainer holding both shards ends on the full rollouts: float64 within
+1e-12, float32 within 1e-5 relative; the two ranks hold the same bytes."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import comm_worker
+import numpy as np
+import pytest
+from conftest import random_rollout, small_config
+
+from service.backend.comm import SharedMemoryGroup
+from service.trainer.trainer import Trainer
+
+SPAWN = multiprocessing.get_context("spawn")
+STEPS, WORLD = 10, 2
+
+
+def run_ranks(settings: tuple[str, ...], rollouts: list) -> list:
+    group = SharedMemoryGroup.create(SPAWN, WORLD, 1 << 20)
+    results = SPAWN.Queue()
+    ranks = [SPAWN.Process(target=comm_worker.train_rank,
+                           args=(group, rank, settings, rollouts, results))
+             for rank in range(WORLD)]  # fmt: skip
+    try:
+        for process in ranks:
+            process.start()
+        got = [results.get(timeout=300) for _ in ranks]
+        for process in ranks:
+            process.join(30)
+            assert process.exitcode == 0
+    finally:
+        for process in ranks:
+            if process.pid is not None:
+                process.kill()
+        group.close()
+    return sorted(got, key=lambda item: item[0])
+
+
+@pytest.mark.parametrize(("dtype", "rtol"), [("float64", 1e-12), ("float32", 1e-5)])
+def test_two_ranks_equal_one_trainer_on_the_full_batch(
+    dtype: str, rtol: float, rng: np.random.Generator, seed: int
+) -> None:
+    settings = ("train.data_shards=2", f"model.dtype={dtype}", f"train.seed={seed}",
+                "replay.capacity=512")  # fmt: skip
+    rollouts = [random_rollout(rng, T=5, N=8) for _ in range(STEPS)]
+    single = Trainer(small_config(*settings))
+    expected_losses = [single.step(rollout).losses for rollout in rollouts]
+    assert "q" in expected_losses[-1]  # the C51 head trained on the sharded replay
+    expected = single.state_dict()
+    (_, first, losses), (_, second, _) = run_ranks(settings, rollouts)
+    assert set(first) == set(second)
+    for name in first:
+        if not name.startswith("replay/"):
+            assert first[name].tobytes() == second[name].tobytes(), name
+    for name, want in expected.items():
+        if name.startswith(("params/", "target/", "optim/", "counters/")):
+            np.testing.assert_allclose(first[name], want, rtol=rtol, atol=rtol, err_msg=name)
+    for got, want in zip(losses, expected_losses, strict=True):
+        assert got.keys() == want.keys()
+        for head in want:
+            assert got[head] == pytest.approx(want[head], rel=100 * rtol, abs=100 * rtol), head
+
+
+def test_rollout_columns_keep_their_final_observations(rng: np.random.Generator) -> None:
+    rollout = random_rollout(rng, T=6, N=8)
+    assert rollout.final_obs is not None and rollout.final_obs_index is not None
+    parts = [rollout.columns(0, 3), rollout.columns(3, 8)]
+    for part, start in zip(parts, (0, 3), strict=True):
+        width = part.num_envs
+        np.testing.assert_array_equal(part.obs, rollout.obs[:, start : start + width])
+        for i, index in enumerate(part.final_obs_index):  # type: ignore[arg-type]
+            t, n = divmod(int(index), width)
+            whole = t * rollout.num_envs + n + start
+            (j,) = np.flatnonzero(rollout.final_obs_index == whole)
+            np.testing.assert_array_equal(part.final_obs[i], rollout.final_obs[j])  # type: ignore[index]
+    assert sum(len(p.final_obs) for p in parts) == len(rollout.final_obs)  # type: ignore[arg-type]
+
+
+def test_a_sharded_trainer_saves_restores_and_continues_bit_identically(
+    tmp_path: object, rng: np.random.Generator, seed: int
+) -> None:
+    from service.checkpoint import restore_checkpoint, save_checkpoint
+
+    settings = ("train.data_shards=2", f"train.seed={seed}", "replay.capacity=512")
+    rollouts = [random_rollout(rng, T=5, N=8) for _ in range(6)]
+    never_stopped = Trainer(small_config(*settings))
+    for rollout in rollouts[:3]:
+        never_stopped.step(rollout)
+    info = save_checkpoint(never_stopped, tmp_path)  # type: ignore[arg-type]
+    resumed = Trainer(small_config(*settings))
+    restore_checkpoint(resumed, tmp_path, info.name)  # type: ignore[arg-type]
+    for rollout in rollouts[3:]:
+        never_stopped.step(rollout)
+        resumed.step(rollout)
+    assert resumed.param_digest() == never_stopped.param_digest()
+    assert len(resumed.state.replay) == len(never_stopped.state.replay) == 2 * 6 * 20
+
+
+def test_a_rank_that_dies_fails_the_others_fast(rng: np.random.Generator, seed: int) -> None:
+    """Rank 1 leaves after 2 Steps: rank 0's third Step raises within its 2 s deadline."""
+    settings = ("train.data_shards=2", f"train.seed={seed}", "replay.capacity=512")
+    rollouts = [random_rollout(rng, T=5, N=8) for _ in range(4)]
+    group = SharedMemoryGroup.create(SPAWN, WORLD, 1 << 20)
+    results = SPAWN.Queue()
+    ranks = [SPAWN.Process(target=comm_worker.train_until,
+                           args=(group, rank, settings, rollouts, {1: 2}, results))
+             for rank in range(WORLD)]  # fmt: skip
+    try:
+        for process in ranks:
+            process.start()
+        got = dict(results.get(timeout=120) for _ in ranks)
+        for process in ranks:
+            process.join(30)
+    finally:
+        for process in ranks:
+            if process.pid is not None:
+                process.kill()
+        group.close()
+    assert got[1] == "left"
+    assert got[0].startswith("Step 2: rank 0 of 2:") and "within 2 s" in got[0], got[0]
