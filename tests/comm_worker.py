@@ -75,3 +75,26 @@ def train_until(group: SharedMemoryGroup, rank: int, settings: tuple[str, ...], 
             results.put((rank, f"Step {index}: {error}"))  # type: ignore[attr-defined]
             return
     results.put((rank, "finished"))  # type: ignore[attr-defined]
+
+
+def checkpoint_midway(group: SharedMemoryGroup, rank: int, settings: tuple[str, ...],
+                      rollouts: list, root: str, results: object) -> None:  # fmt: skip
+    """Train on `rollouts`, rank 0 saving a checkpoint after the first half (every rank taking
+    part in gathering the replay); put (rank, state_dict at the end) on `results`."""
+    from conftest import small_config
+
+    from service.checkpoint import save_checkpoint
+    from service.trainer.trainer import Trainer
+
+    comm = group.communicator(rank, deadline_s=60)
+    trainer = Trainer(small_config(*settings), comm=comm)
+    share = rollouts[0].num_envs // comm.world_size
+    for index, rollout in enumerate(rollouts):
+        if index == len(rollouts) // 2:
+            if rank == 0:
+                save_checkpoint(trainer, root, "midway")
+            else:
+                trainer.state_dict()  # this rank's part of the gather
+        trainer.step(rollout.columns(rank * share, (rank + 1) * share))
+    results.put((rank, trainer.state_dict()))  # type: ignore[attr-defined]
+    comm.close()

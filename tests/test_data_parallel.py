@@ -122,3 +122,46 @@ def test_a_rank_that_dies_fails_the_others_fast(rng: np.random.Generator, seed: 
         group.close()
     assert got[1] == "left"
     assert got[0].startswith("Step 2: rank 0 of 2:") and "within 2 s" in got[0], got[0]
+
+
+def test_a_checkpoint_of_two_ranks_restores_on_one_and_continues(
+    tmp_path: object, rng: np.random.Generator, seed: int
+) -> None:
+    """Rank 0 saves after 3 of 6 Steps (the replay gathered from both ranks); one trainer
+    restores it and takes the last 3 Steps: it ends where the ranks end (float64, 1e-12)."""
+    from pathlib import Path
+
+    from service.checkpoint import restore_checkpoint
+
+    root = Path(str(tmp_path))
+    settings = ("train.data_shards=2", "model.dtype=float64", f"train.seed={seed}",
+                "replay.capacity=512")  # fmt: skip
+    rollouts = [random_rollout(rng, T=5, N=8) for _ in range(6)]
+    group = SharedMemoryGroup.create(SPAWN, WORLD, 1 << 20)
+    results = SPAWN.Queue()
+    ranks = [SPAWN.Process(target=comm_worker.checkpoint_midway,
+                           args=(group, rank, settings, rollouts, str(root), results))
+             for rank in range(WORLD)]  # fmt: skip
+    try:
+        for process in ranks:
+            process.start()
+        ended = dict(results.get(timeout=300) for _ in ranks)
+        for process in ranks:
+            process.join(30)
+    finally:
+        for process in ranks:
+            if process.pid is not None:
+                process.kill()
+        group.close()
+    resumed = Trainer(small_config(*settings))
+    restore_checkpoint(resumed, root, "midway")
+    assert resumed.global_step == 3 and len(resumed.state.replay) == 3 * 40
+    for rollout in rollouts[3:]:
+        resumed.step(rollout)
+    want = resumed.state_dict()
+    for name, array in ended[0].items():
+        assert array.shape == want[name].shape, name  # the ranks' replay gathered whole
+        if not name.startswith("replay/"):
+            np.testing.assert_allclose(array, want[name], rtol=1e-12, atol=1e-12, err_msg=name)
+    for name in ("obs", "actions", "rewards", "next_obs"):
+        np.testing.assert_array_equal(ended[0][f"replay/{name}"], want[f"replay/{name}"])

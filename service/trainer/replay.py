@@ -6,6 +6,7 @@ from types import ModuleType
 
 import numpy as np
 
+from service.backend.comm import Communicator
 from service.errors import InvalidInput
 from service.types import Transitions
 
@@ -92,10 +93,6 @@ class ReplayBuffer:
         self.position[0], self.size[0] = before
         self.size_on_device.fill(before[1])
 
-    def rows_held(self, size: int) -> int:
-        """Rows a state of per-ring `size` holds."""
-        return size * self.shards
-
     def _filled(self, size: int) -> list[slice]:
         return [slice(j * self.capacity, j * self.capacity + size) for j in range(self.shards)]
 
@@ -111,8 +108,27 @@ class ReplayBuffer:
             return array[filled[0]]
         return self.xp.concatenate([array[part] for part in filled])
 
-    def load_state(self, state: dict[str, np.ndarray]) -> None:
-        """Inverse of `state()`; the arrays must already have been checked by the caller."""
+    def gathered_state(self, shards: int, comm: Communicator) -> dict:
+        """`state()` of all `shards` rings, ring after ring, from the ranks holding them (rank
+        r holds the r-th equal part, in order): a collective, each rank broadcasting its rows
+        in turn, as float64 (exact for every field) so that no value is summed."""
+        size, xp = int(self.size[0]), self.xp
+        mine = self.state()
+        gathered: dict[str, np.ndarray] = {}
+        for name in FIELDS:
+            block = (self.shards * size, *mine[name].shape[1:])
+            full = xp.empty((shards * size, *block[1:]), dtype=mine[name].dtype)
+            for rank in range(comm.world_size):
+                rows = (mine[name].astype(np.float64) if rank == comm.rank
+                        else xp.empty(block, dtype=np.float64))  # fmt: skip
+                comm.broadcast(rows, root=rank)
+                full[rank * block[0] : (rank + 1) * block[0]] = rows.astype(full.dtype)
+            gathered[name] = full
+        return {**gathered, "position": self.position, "size": self.size}
+
+    def load_state(self, state: dict[str, np.ndarray], first_ring: int = 0) -> None:
+        """Inverse of `state()`, or of `gathered_state()` keeping this trainer's rings (from
+        `first_ring` on); the arrays must already have been checked by the caller."""
         filled = int(state["size"][0])
         if not 0 <= filled <= self.capacity:
             raise InvalidInput("replay/size", f"an integer in [0, {self.capacity}]", filled)
@@ -120,7 +136,8 @@ class ReplayBuffer:
             rows = self.xp.asarray(state[name])
             self.storage[name][...] = 0
             for j, part in enumerate(self._filled(filled)):
-                self.storage[name][part] = rows[j * filled : (j + 1) * filled]
+                ring = first_ring + j
+                self.storage[name][part] = rows[ring * filled : (ring + 1) * filled]
         self.position[:] = state["position"]
         self.size[:] = filled
         self.size_on_device.fill(filled)

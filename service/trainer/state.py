@@ -89,24 +89,31 @@ class State:
         optim, replay, counters and rng (the seed; with the counters it fixes every future draw).
         """
         host = self.backend.to_host
-        return {name: host(array) for name, array in self._state_arrays().items()}
+        return {name: host(array) for name, array in self._state_arrays(gather=True).items()}
 
-    def _state_arrays(self) -> dict[str, np.ndarray]:
-        """`state_dict()`'s arrays where they live (on the device for a GPU backend)."""
+    def _state_arrays(self, gather: bool = False) -> dict[str, np.ndarray]:
+        """`state_dict()`'s arrays where they live (on the device for a GPU backend). With
+        `gather` on a rank of a data-parallel world, the replay holds every shard's ring (a
+        collective: every rank calls it), so any world size can restore it."""
         state: dict[str, np.ndarray] = {}
         state.update({f"params/{k}": v for k, v in self._policy_arrays().items()})
         state.update({f"target/{k}": v for k, v in self.target.items()})
         state.update({f"optim/exp_avg/{k}": v for k, v in self.exp_avg.items()})
         state.update({f"optim/exp_avg_sq/{k}": v for k, v in self.exp_avg_sq.items()})
         state.update({f"optim/step/{k}": v for k, v in self.optim_steps.items()})
-        state.update({f"replay/{k}": v for k, v in self.replay.state().items()})
+        sharding = self.sharding
+        replay = (self.replay.gathered_state(sharding.shards, sharding.comm)
+                  if gather and sharding.parallel else self.replay.state())  # fmt: skip
+        state.update({f"replay/{k}": v for k, v in replay.items()})
         state.update({f"counters/{k}": v for k, v in self.counters.items()})
         state["rng/seed"] = np.array([self.config.train.seed], dtype=np.uint64)
         return state
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        """Replace the trainer's state with `state`, checked whole before anything changes."""
-        mine = self.state_dict()
+        """Replace the trainer's state with `state`, checked whole before anything changes.
+        The replay holds every shard's ring (`state_dict`); a rank keeps its own."""
+        host = self.backend.to_host
+        mine = {name: host(array) for name, array in self._state_arrays().items()}
         missing = sorted(set(mine) - set(state))
         unknown = sorted(set(state) - set(mine))
         if missing or unknown:
@@ -120,7 +127,7 @@ class State:
             incoming = state[name]
             expected = current.shape
             if name.startswith("replay/") and name not in ("replay/position", "replay/size"):
-                expected = (self.replay.rows_held(rows), *current.shape[1:])
+                expected = (rows * self.sharding.shards, *current.shape[1:])
             if incoming.dtype != current.dtype or incoming.shape != expected:
                 raise InvalidInput(
                     name,
@@ -138,7 +145,8 @@ class State:
             self._assign(array, state[name])
         self._assign(self.key_on_device, np.array(self.key, dtype=np.uint32))
         self.replay.load_state(
-            {k.removeprefix("replay/"): v for k, v in state.items() if k.startswith("replay/")}
+            {k.removeprefix("replay/"): v for k, v in state.items() if k.startswith("replay/")},
+            first_ring=self.sharding.owned.start,
         )
 
     def _policy_arrays(self) -> dict[str, np.ndarray]:
@@ -189,10 +197,11 @@ class State:
 
         Each tensor contributes its name, dtype, shape and little-endian bytes.
         """
-        digest = hashlib.sha256()
-        for name, array in sorted(self.state_dict().items()):
+        digest, host = hashlib.sha256(), self.backend.to_host
+        for name, stored in sorted(self._state_arrays().items()):  # no replay: no gathering
             if name.split("/", 1)[0] not in ("params", "target", "optim"):
                 continue
+            array = host(stored)
             digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
             digest.update(np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).data)
         return digest.hexdigest()
