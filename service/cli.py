@@ -50,6 +50,10 @@ SERVE_FLAGS = {
     "--tls-cert": ("server.tls_cert", "PEM", "server certificate; with --tls-key, serves TLS"),
     "--tls-key": ("server.tls_key", "PEM", "server private key"),
     "--tls-ca": ("server.tls_client_ca", "PEM", "CA of client certificates; requires them (mTLS)"),
+    "--world-size": (
+        "server.world_size", "N", "ranks on this host, each a process with its share of every "
+        "Step (train.data_shards a multiple of N)"
+    ),
     "--auth-tokens-file": (
         "server.auth_tokens_file", "FILE", "role tokens: '<role> sha256:<hex>' (trident token)"
     ),

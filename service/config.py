@@ -208,6 +208,9 @@ class ServerConfig(_Section):
     metrics_port: int = _f(9464, ge=0, le=65535)  # metrics HTTP TCP port
     max_message_mb: int = _f(64, ge=1)  # max gRPC message size (MiB)
     step_queue_size: int = _f(8, ge=1)  # queued rollout batches before backpressure
+    # ranks of this server on this host (NumPy: processes over shared memory), each holding
+    # train.data_shards / world_size of every Step; rank 0 answers gRPC
+    world_size: int = _f(1, ge=1)
     # Idempotency keys of applied Steps remembered, with their answers (saved in checkpoints):
     # a Step re-sent with a key this old or newer is answered, never applied twice.
     step_key_window: int = _f(4096, ge=1)
@@ -310,7 +313,11 @@ class Config:
         if replay.min_size > replay.capacity:
             raise ConfigError(f"replay.min_size = {replay.min_size!r} must be <= "
                               f"replay.capacity = {replay.capacity!r}")
-        shards = self.train.data_shards
+        shards, world = self.train.data_shards, self.server.world_size
+        if shards % world:
+            raise ConfigError(f"train.data_shards = {shards!r} must be a multiple of "
+                              f"server.world_size = {world!r} (--world-size): each rank holds an "
+                              "equal share of every Step")  # fmt: skip
         for key, value in (("replay.capacity", replay.capacity),
                            ("replay.batch_size", replay.batch_size)):  # fmt: skip
             if value % shards:

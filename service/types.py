@@ -9,7 +9,11 @@ from enum import Enum
 
 import numpy as np
 
-__all__ = ["ActMode", "ActResult", "DeviceRollout", "Rollout", "StepResult", "Transitions"]
+__all__ = [
+    "FLOAT_FIELDS", "ActMode", "ActResult", "DeviceRollout", "Rollout", "StepResult", "Transitions"
+]
+# A rollout's floating-point inputs, which the non-finite guard checks.
+FLOAT_FIELDS = ("obs", "rewards", "behavior_log_probs", "final_obs", "aux_targets")
 
 
 class ActMode(Enum):
@@ -87,14 +91,8 @@ class Rollout(_TimeMajor):
     policy_version: int | None = None  # the version the actor's Act calls returned
 
     def float_fields(self) -> dict[str, np.ndarray]:
-        """Every floating-point input, for the non-finite guard."""
-        fields = {
-            "obs": self.obs,
-            "rewards": self.rewards,
-            "behavior_log_probs": self.behavior_log_probs,
-            "final_obs": self.final_obs,
-            "aux_targets": self.aux_targets,
-        }
+        """Every floating-point input, for the non-finite guard (FLOAT_FIELDS order)."""
+        fields = {name: getattr(self, name) for name in FLOAT_FIELDS}
         return {name: value for name, value in fields.items() if value is not None}
 
     def columns(self, start: int, stop: int) -> Rollout:

@@ -28,8 +28,8 @@ from service.config import SERVE_CHECKPOINT_DIR, Config, ConfigError, with_check
 from service.server.auth import BearerTokenInterceptor, TokenTable
 from service.server.engine import Engine
 from service.server.metrics import Metrics
+from service.server.ranks import RankedTrainer, Ranks, start_ranks
 from service.server.servicer import TrainerServicer
-from service.trainer.trainer import Trainer
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TrainerService"].full_name
 SPARE_HANDLER_THREADS = 4  # the handler pool's threads beyond server.max_concurrent_rpcs
@@ -125,6 +125,7 @@ class Running:
     engine: Engine
     port: int
     metrics_port: int
+    ranks: Ranks | None = None  # the ranks past 0 of --world-size
 
 
 def start(
@@ -182,15 +183,19 @@ def start(
         ) from None
     server.start()
 
+    ranks = None
     if inference_only:
         engine = Engine.for_inference(config, restore, metrics)
     else:
-        engine = Engine(Trainer(config), metrics)
+        trainer, ranks = start_ranks(config)
+        engine = Engine(trainer if ranks is None else RankedTrainer(trainer, ranks), metrics)
         engine.start(restore, resume)
     servicer.attach(engine)
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    running = Running(server, health_servicer, servicer, engine, port, http_server.server_port)
+    running = Running(
+        server, health_servicer, servicer, engine, port, http_server.server_port, ranks
+    )
     logs.event(
         logging.INFO,
         "serving",
@@ -219,6 +224,8 @@ def stop(running: Running, grace_s: float) -> None:
     started = time.monotonic()
     final = running.engine.drain(grace_s)
     running.server.stop(max(0.0, grace_s - (time.monotonic() - started))).wait()
+    if running.ranks is not None:
+        running.ranks.stop()
     if final is not None:
         logs.event(logging.INFO, "final checkpoint", name=final.name, step=final.global_step)
 

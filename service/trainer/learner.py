@@ -36,7 +36,7 @@ from service.trainer.update import (
     present,
 )
 from service.trainer.value_norm import moments
-from service.types import DeviceRollout, Rollout, StepResult
+from service.types import FLOAT_FIELDS, DeviceRollout, Rollout, StepResult
 
 # The Step's readback: the statistics, the rollout guard, the value head's return statistics
 # (3), then what the caller asked for.
@@ -55,11 +55,17 @@ class Learner:
         """Apply one Step. Raises InvalidInput (changing nothing) on malformed input."""
         validate_rollout(rollout, self.state.config)
         result = self._new_result(rollout.policy_version)
-        for name, values in rollout.float_fields().items():
-            if not np.isfinite(values).all():
-                result.skipped = True
-                result.skip_reason = f"non-finite values in {name}; Step not applied"
-                return result
+        values = rollout.float_fields()
+        bad = [name for name in FLOAT_FIELDS
+               if name in values and not np.isfinite(values[name]).all()]  # fmt: skip
+        if self.state.sharding.parallel:  # every rank skips if one does: none waits alone
+            flags = np.array([float(name in bad) for name in FLOAT_FIELDS])
+            self.state.sharding.comm.all_reduce_sum(flags)
+            bad = [name for name, flag in zip(FLOAT_FIELDS, flags, strict=True) if flag > 0]
+        if bad:
+            result.skipped = True
+            result.skip_reason = f"non-finite values in {bad[0]}; Step not applied"
+            return result
 
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             started = time.perf_counter()

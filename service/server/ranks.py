@@ -1,0 +1,155 @@
+"""One server, several ranks on this host: `trident serve --world-size W`.
+
+Rank 0 is the server process: it answers gRPC and metrics, and its `RankedTrainer` stands in
+for the Trainer. Ranks 1 .. W-1 are processes it starts (`start_ranks`); each holds a Trainer
+of the same config with its share of train.data_shards and runs what rank 0 sends down its
+pipe, in order: a Step (the whole rollout; each rank takes its columns), the replay gather of
+a checkpoint, a restore, new hyper-parameters, stop. The ranks meet in the collectives of
+those calls (service/backend/comm.py), which every call makes on every rank in the same
+order, so rank 0 sends before it runs its own part. Act needs no other rank: every rank holds
+the same parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import numpy as np
+
+from service import logs
+from service.backend.comm import SharedMemoryGroup
+from service.config import Config
+from service.errors import InvalidInput
+from service.trainer.rollout import validate_rollout
+from service.trainer.trainer import Trainer
+from service.types import Rollout, StepResult
+
+SPAWN = multiprocessing.get_context("spawn")
+COLLECTIVE_DEADLINE_S = 120.0
+STOP_TIMEOUT_S = 30.0
+
+
+def slot_bytes(trainer: Trainer) -> int:
+    """The largest buffer a collective carries: every parameter, the losses and statistics
+    (float64), or a replay ring's rows of one field."""
+    state = trainer.state
+    params = sum(int(np.prod(v.shape)) for v in state.params.values())
+    ring = state.replay.capacity * max(state.config.model.obs_dim, 1)
+    return 8 * (max(params, ring) + 64)
+
+
+@dataclass
+class Ranks:
+    """The other ranks: their processes, the pipes to them and the shared group."""
+
+    group: SharedMemoryGroup
+    pipes: list[Connection]
+    processes: list[BaseProcess]
+
+    def send(self, *command: Any) -> None:
+        for pipe in self.pipes:
+            pipe.send(command)
+
+    def stop(self) -> None:
+        """Stop every rank (it finishes the command it is in), then free the group."""
+        for pipe in self.pipes:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                pipe.send(("stop",))
+        for process in self.processes:
+            process.join(STOP_TIMEOUT_S)
+            if process.exitcode is None:
+                process.kill()
+        self.group.close()
+
+
+def start_ranks(config: Config) -> tuple[Trainer, Ranks | None]:
+    """Rank 0's trainer, and the other ranks started, for server.world_size ranks."""
+    world = config.server.world_size
+    if world == 1:
+        return Trainer(config), None
+    probe = Trainer(config)  # the sizes of the buffers the collectives carry
+    group = SharedMemoryGroup.create(SPAWN, world, slot_bytes(probe))
+    del probe
+    pipes, processes = [], []
+    for rank in range(1, world):
+        receiver, sender = SPAWN.Pipe(duplex=False)
+        process = SPAWN.Process(target=serve_rank, args=(group, rank, config, receiver),
+                                name=f"trident-rank-{rank}", daemon=True)  # fmt: skip
+        process.start()
+        pipes.append(sender)
+        processes.append(process)
+    ranks = Ranks(group, pipes, processes)
+    try:
+        trainer = Trainer(config, comm=group.communicator(0, COLLECTIVE_DEADLINE_S))
+    except BaseException:
+        ranks.stop()
+        raise
+    logs.event(logging.INFO, "ranks", world_size=world, data_shards=config.train.data_shards)
+    return trainer, ranks
+
+
+def serve_rank(group: SharedMemoryGroup, rank: int, config: Config, commands: Connection) -> None:
+    """A rank other than 0: run rank 0's commands until it says stop (or goes away)."""
+    comm = group.communicator(rank, COLLECTIVE_DEADLINE_S)
+    trainer = Trainer(config, comm=comm)
+    while True:
+        try:
+            command, *args = commands.recv()
+        except EOFError:  # rank 0 is gone
+            return
+        if command == "stop":
+            return
+        if command == "step":
+            trainer.step(own_columns(args[0], trainer))
+        elif command == "state_dict":
+            trainer.state_dict()  # this rank's part of the replay gather
+        elif command == "load":
+            trainer.load_state_dict(args[0])
+        elif command == "hyper":
+            trainer.update_hyperparams(args[0])
+
+
+def own_columns(rollout: Rollout, trainer: Trainer) -> Rollout:
+    """The columns of `rollout` that the shards `trainer` holds cover."""
+    sharding = trainer.state.sharding
+    if rollout.num_envs % sharding.shards:
+        raise InvalidInput("rollout columns", f"a multiple of train.data_shards = "
+                           f"{sharding.shards}", str(rollout.num_envs))  # fmt: skip
+    block = rollout.num_envs // sharding.shards
+    return rollout.columns(sharding.owned.start * block, sharding.owned.stop * block)
+
+
+class RankedTrainer:
+    """Rank 0's trainer: what changes the state goes to every rank, then runs here; the rest
+    (Act, status, the digest) is this rank's Trainer's own."""
+
+    def __init__(self, trainer: Trainer, ranks: Ranks) -> None:
+        self.trainer, self.ranks = trainer, ranks
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.trainer, name)
+
+    def step(self, rollout: Rollout) -> StepResult:
+        validate_rollout(rollout, self.trainer.config)  # refused here, it reaches no rank
+        mine = own_columns(rollout, self.trainer)
+        self.ranks.send("step", rollout)
+        return self.trainer.step(mine)
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        self.ranks.send("state_dict")
+        return self.trainer.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        self.trainer.load_state_dict(state)  # checked whole here first
+        self.ranks.send("load", dict(state))
+
+    def update_hyperparams(self, updates: Mapping[str, float]) -> None:
+        self.trainer.update_hyperparams(updates)
+        self.ranks.send("hyper", dict(updates))
