@@ -1,7 +1,7 @@
 """Data parallel on the NumPy backend: 2 ranks (processes over shared memory), each holding one
 of train.data_shards = 2 shards (half the environments, its minibatch share, its replay ring),
-end 10 Steps where 1 trainer holding both shards ends on the full rollouts: float64 within
-1e-12, float32 within 1e-5 relative; the two ranks hold the same bytes."""
+end 10 Steps where 1 trainer holding both shards ends on the full rollouts: every tensor within
+1e-12 of its norm in float64, 1e-5 in float32; the two ranks hold the same bytes."""
 
 from __future__ import annotations
 
@@ -56,9 +56,10 @@ def test_two_ranks_equal_one_trainer_on_the_full_batch(
     for name in first:
         if not name.startswith("replay/"):
             assert first[name].tobytes() == second[name].tobytes(), name
-    for name, want in expected.items():
+    for name, want in expected.items():  # each tensor within rtol, relative to its norm
         if name.startswith(("params/", "target/", "optim/", "counters/")):
-            np.testing.assert_allclose(first[name], want, rtol=rtol, atol=rtol, err_msg=name)
+            error = np.linalg.norm((first[name] - want).astype(np.float64))
+            assert error <= rtol * np.linalg.norm(want.astype(np.float64)) + 1e-30, name
     for got, want in zip(losses, expected_losses, strict=True):
         assert got.keys() == want.keys()
         for head in want:

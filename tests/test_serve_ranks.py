@@ -39,9 +39,9 @@ def test_two_ranks_serve_like_one_trainer(tmp_path: Path, rng: np.random.Generat
             assert reply.losses[head] == pytest.approx(loss, rel=1e-4, abs=1e-5), head
     _, params = load_policy(server.checkpoint_dir, "ranked")
     mine = single.state_dict()
-    for name, array in params.items():
-        np.testing.assert_allclose(array, mine[f"params/{name}"], rtol=1e-5, atol=1e-6,
-                                   err_msg=name)  # fmt: skip
+    for name, array in params.items():  # float32: each tensor within 1e-5 relative
+        want = mine[f"params/{name}"]
+        assert np.linalg.norm(array - want) <= 1e-5 * np.linalg.norm(want) + 1e-7, name
     np.testing.assert_array_equal(acted.actions, single.act(obs, ActMode.GREEDY_PI).actions)
     restored = Trainer(small_config(*settings))
     restore_checkpoint(restored, server.checkpoint_dir, "ranked")

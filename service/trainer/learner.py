@@ -58,10 +58,12 @@ class Learner:
         values = rollout.float_fields()
         bad = [name for name in FLOAT_FIELDS
                if name in values and not np.isfinite(values[name]).all()]  # fmt: skip
-        if self.state.sharding.parallel:  # every rank skips if one does: none waits alone
-            flags = np.array([float(name in bad) for name in FLOAT_FIELDS])
-            self.state.sharding.comm.all_reduce_sum(flags)
-            bad = [name for name, flag in zip(FLOAT_FIELDS, flags, strict=True) if flag > 0]
+        state = self.state
+        if state.sharding.parallel:  # every rank skips if one does: none waits alone
+            flags = state.xp.asarray(np.array([float(name in bad) for name in FLOAT_FIELDS]))
+            state.sharding.comm.all_reduce_sum(flags)
+            summed = state.backend.to_host(flags)
+            bad = [name for name, flag in zip(FLOAT_FIELDS, summed, strict=True) if flag > 0]
         if bad:
             result.skipped = True
             result.skip_reason = f"non-finite values in {bad[0]}; Step not applied"
@@ -309,7 +311,8 @@ class Learner:
         )
         # The value head learns V in units of the return statistics with these returns in
         # (of the whole Step's returns: summed over the ranks).
-        return_stats = value_norm.updated(returns, state.sharding.comm)
+        sharding = state.sharding
+        return_stats = value_norm.updated(returns, sharding.comm if sharding.parallel else None)
         returns = value_norm.normalize(returns, return_stats)
         old_values = value_norm.normalize(xp.ascontiguousarray(v_obs[:T]), return_stats)
         K = state.config.model.aux_dim

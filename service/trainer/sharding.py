@@ -34,8 +34,9 @@ class Sharding:
 
     @property
     def parallel(self) -> bool:
-        """Whether other ranks hold shards: sums then go through the communicator."""
-        return self.comm.world_size > 1
+        """Whether sums go through the communicator: any but SingleRank's (NCCL with one
+        rank too, so one GPU runs the ranks' code path)."""
+        return not isinstance(self.comm, SingleRank)
 
     def global_columns(self, local_columns: int) -> int:
         """N of the whole Step, from the columns this trainer was given."""

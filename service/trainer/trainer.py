@@ -16,7 +16,6 @@ import numpy as np
 from service.backend import Backend
 from service.backend.comm import Communicator
 from service.config import Config, sized_for
-from service.errors import InvalidInput
 from service.trainer.hyper import HOT_KEYS
 from service.trainer.learner import Learner
 from service.trainer.policy import Policy
@@ -43,10 +42,6 @@ class Trainer:
         if backend is None:
             config, backend = sized_backend(config)
         config = sized_for(config, backend.name)  # the settings left to the backend
-        if config.train.data_shards > 1 and backend.name != "numpy":
-            # The sharded update concatenates on the device, which a CUDA graph cannot hold.
-            raise InvalidInput("train.data_shards", "1 on the CUDA backend (shards run on NumPy)",
-                               str(config.train.data_shards))  # fmt: skip
         self.backend = backend
         self.xp, self.dtype = self.backend.xp, np.dtype(config.model.dtype)
         self.state = State(config, self.backend, Sharding.of(config.train.data_shards, comm))

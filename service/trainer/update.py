@@ -240,19 +240,24 @@ class Updates:
         if sharding.shards == 1:
             return drawn
         per, ring = cfg.replay.batch_size // sharding.shards, state.replay.capacity
-        parts = [drawn[s * per : (s + 1) * per] + j * ring for j, s in enumerate(sharding.owned)]
-        return state.xp.concatenate(parts).astype(np.int32)
+        # Slice assignments, not a concatenate: a CUDA graph holds them.
+        slots = state.xp.empty(per * len(sharding.owned), dtype=np.int32)
+        for j, s in enumerate(sharding.owned):
+            slots[j * per : (j + 1) * per] = drawn[s * per : (s + 1) * per] + j * ring
+        return slots
 
     def _normalize_over_ranks(self, advantages: np.ndarray) -> np.ndarray:
         """normalize_advantages over the whole minibatch, every rank's rows: its mean, then
         the mean square about it, each summed over the ranks (the two passes of the op)."""
         xp, comm = self.state.xp, self.state.sharding.comm
-        sums = xp.stack([advantages.sum(dtype=np.float64), xp.asarray(float(advantages.size))])
-        comm.all_reduce_sum(sums)
+        sums = xp.empty(3, dtype=np.float64)  # Σ Â, the row count, Σ (Â - mean)²
+        sums[0:1] = advantages.sum(dtype=np.float64)
+        sums[1:2] = advantages.size
+        comm.all_reduce_sum(sums[0:2])
         centered = advantages - (sums[0] / sums[1]).astype(advantages.dtype)
-        square = xp.atleast_1d((centered * centered).sum(dtype=np.float64))
-        comm.all_reduce_sum(square)
-        std = xp.sqrt(square[0] / sums[1]).astype(advantages.dtype)
+        sums[2:3] = (centered * centered).sum(dtype=np.float64)
+        comm.all_reduce_sum(sums[2:3])
+        std = xp.sqrt(sums[2] / sums[1]).astype(advantages.dtype)
         return centered / (std + advantages.dtype.type(1e-8))
 
     def _sum_over_ranks(
@@ -273,11 +278,15 @@ class Updates:
         parts = [grads[name] for name in names]
         parts += [losses[head] for head in losses]
         parts += [pi_stats[key] for key in stat_names]
-        parts += [xp.zeros(1) if support_clip is None else support_clip]
-        flat = xp.concatenate([xp.ravel(p).astype(np.float64) for p in parts])
-        summed_guard = xp.ravel(guard).astype(np.float64).copy()
+        parts += [xp.zeros(1) if support_clip is None else support_clip, guard]
+        sizes = [int(np.prod(p.shape)) for p in parts]
+        flat = xp.empty(sum(sizes), dtype=np.float64)  # slice copies: a CUDA graph holds them
+        start = 0
+        for part, size in zip(parts, sizes, strict=True):
+            flat[start : start + size] = xp.ravel(part)
+            start += size
         comm.all_reduce_sum(flat)
-        comm.all_reduce_sum(summed_guard)
+        summed_guard = flat[-1:].astype(guard.dtype)  # a sum: NaN on one rank, NaN here
         flat /= comm.world_size
         offset = 0
 
@@ -296,7 +305,7 @@ class Updates:
             pi_stats[key] = take(xp.asarray(pi_stats[key]))
         if support_clip is not None:
             support_clip = take(xp.asarray(support_clip))
-        return summed_guard.astype(guard.dtype), support_clip
+        return summed_guard, support_clip
 
     def _minibatch(self, batch: Batch, rows: np.ndarray) -> Batch:
         """The batch's rows `rows`, every per-row field gathered in one op (the guard as is)."""

@@ -36,18 +36,19 @@ class ValueNorm:
 
     def updated(self, returns: np.ndarray, comm: Communicator | None = None) -> np.ndarray:
         """The statistics with one Step's returns [any shape] folded in (a new device array;
-        `stats` itself is unchanged until `commit`). With a communicator of several ranks, the
-        means are over every rank's returns."""
+        `stats` itself is unchanged until `commit`). With a communicator (data-parallel
+        ranks), the means are over every rank's returns."""
         if not self.enabled:
             return self.stats
         xp, beta = self.xp, self.decay
         flat = returns.reshape(-1).astype(np.float64)
         step = xp.empty(3, dtype=np.float64)
-        if comm is None or comm.world_size == 1:
+        if comm is None:
             step[0:1] = flat.mean(keepdims=True)
             step[1:2] = (flat * flat).mean(keepdims=True)
-        else:
-            sums = xp.stack([flat.sum(), (flat * flat).sum(), xp.asarray(float(flat.size))])
+        else:  # sums and the count over every rank's returns
+            sums = xp.empty(3, dtype=np.float64)
+            sums[0:1], sums[1:2], sums[2:3] = flat.sum(), (flat * flat).sum(), flat.size
             comm.all_reduce_sum(sums)
             step[0:2] = sums[0:2] / sums[2]
         step[2:3] = 1.0
