@@ -22,8 +22,10 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from service import logs
+from service.backend.blas import single_blas_thread
 from service.backend.comm import SharedMemoryGroup
 from service.config import Config
 from service.errors import InvalidInput
@@ -74,6 +76,8 @@ def start_ranks(config: Config) -> tuple[Trainer, Ranks | None]:
     world = config.server.world_size
     if world == 1:
         return Trainer(config), None
+    if config.train.backend != "cuda":  # the ranks share the cores: one BLAS thread each
+        threadpool_limits(limits=1, user_api="blas")
     probe = Trainer(config)  # the sizes of the buffers the collectives carry
     group = SharedMemoryGroup.create(SPAWN, world, slot_bytes(probe))
     del probe
@@ -99,6 +103,11 @@ def serve_rank(group: SharedMemoryGroup, rank: int, config: Config, commands: Co
     """A rank other than 0: run rank 0's commands until it says stop (or goes away)."""
     comm = group.communicator(rank, COLLECTIVE_DEADLINE_S)
     trainer = Trainer(config, comm=comm)
+    with single_blas_thread(trainer.backend.name):  # one core per rank, no BLAS pool each
+        run_commands(trainer, commands)
+
+
+def run_commands(trainer: Trainer, commands: Connection) -> None:
     while True:
         try:
             command, *args = commands.recv()
