@@ -53,3 +53,34 @@ def test_a_world_size_the_shards_do_not_divide_stops_before_binding(tmp_path: Pa
                        cwd=tmp_path)  # fmt: skip
     assert done.returncode == 2
     assert "train.data_shards = 1 must be a multiple of server.world_size = 2" in done.stderr
+
+
+def test_a_single_trainers_checkpoint_restores_onto_two_ranks(
+    tmp_path: Path, rng: np.random.Generator, seed: int
+) -> None:
+    """Any world size restores a checkpoint: one trainer's (both shards) onto a 2-rank server
+    that then trains like the trainer going on (float32, 1e-5 per tensor)."""
+    from service.checkpoint import save_checkpoint
+
+    settings = ("train.data_shards=2", f"train.seed={seed}", "replay.capacity=512")
+    rollouts = [random_rollout(rng, T=5, N=8) for _ in range(6)]
+    single = Trainer(small_config(*settings))
+    for rollout in rollouts[:3]:
+        single.step(rollout)
+    checkpoints = tmp_path / "checkpoints"
+    save_checkpoint(single, checkpoints, "single")
+    for rollout in rollouts[3:]:
+        single.step(rollout)
+    server = running_server(tmp_path, *settings, checkpoint_dir=checkpoints,
+                            extra_args=["--world-size", "2", "--restore", "single"])  # fmt: skip
+    with server, TridentClient(server.target) as client:
+        assert client.status().global_step == 3
+        for rollout in rollouts[3:]:
+            client.step(rollout)
+        client.checkpoint("after")
+    assert server.terminate() == 0
+    _, params = load_policy(checkpoints, "after")
+    mine = single.state_dict()
+    for name, array in params.items():
+        want = mine[f"params/{name}"]
+        assert np.linalg.norm(array - want) <= 1e-5 * np.linalg.norm(want) + 1e-7, name
