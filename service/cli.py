@@ -414,6 +414,7 @@ def run_token(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from service.backend.rendezvous import ENV_RANK, Topology
     from service.server.app import serve  # the server's dependencies load only when serving
 
     flags = {}
@@ -424,8 +425,14 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.auth_token_file is not None:
         flags["--auth-token-file"] = ("server.auth_token", _read_token(args.auth_token_file))
     config = load_config(args.config, overrides=args.overrides, flags=flags)
+    # Ranks on several hosts: each process is told its place by TRIDENT_RANK & co.
+    topology = Topology.from_env(os.environ) if ENV_RANK in os.environ else None
     return serve(
-        config, inference_only=args.inference_only, restore=args.restore, resume=args.resume
+        config,
+        inference_only=args.inference_only,
+        restore=args.restore,
+        resume=args.resume,
+        topology=topology,
     )
 
 

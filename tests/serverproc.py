@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -108,18 +108,20 @@ class ServerProcess:
         extra_args: Sequence[str] = (),
         startup_timeout_s: float = STARTUP_TIMEOUT_S,
         dies_with_parent: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> ServerProcess:
         """Start a server in `workdir` (checkpoints in `workdir/checkpoints` unless given) and
         wait until it logs "serving"; stop it with `terminate()` or a `with` block.
 
         `dies_with_parent`: the server gets SIGTERM when the calling thread ends, so start it
-        from a thread that outlives it (Linux's PR_SET_PDEATHSIG)."""
+        from a thread that outlives it (Linux's PR_SET_PDEATHSIG). `env`: variables on top of
+        this process's environment less its TRIDENT_* ones."""
         workdir.mkdir(parents=True, exist_ok=True)
         checkpoint_dir = checkpoint_dir or workdir / "checkpoints"
         proc = subprocess.Popen(
             serve_command(checkpoint_dir, settings, extra_args),
             cwd=workdir,
-            env=clean_env(),
+            env={**clean_env(), **(env or {})},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

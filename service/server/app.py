@@ -24,11 +24,12 @@ from service import logs
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.backend.host_memory import limit_malloc_arenas
+from service.backend.rendezvous import Topology
 from service.config import SERVE_CHECKPOINT_DIR, Config, ConfigError, with_checkpoint_dir
 from service.server.auth import BearerTokenInterceptor, TokenTable
 from service.server.engine import Engine
 from service.server.metrics import Metrics
-from service.server.ranks import RankedTrainer, Ranks, start_ranks
+from service.server.ranks import RankedTrainer, Ranks, serve_host_rank, start_ranks
 from service.server.servicer import TrainerServicer
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TrainerService"].full_name
@@ -133,8 +134,10 @@ def start(
     inference_only: bool = False,
     restore: str | None = None,
     resume: bool = False,
+    topology: Topology | None = None,
 ) -> Running:
-    """Bind, start and mark SERVING once the trainer is built. Misconfiguration fails first."""
+    """Bind, start and mark SERVING once the trainer is built. Misconfiguration fails first.
+    `topology`: this is rank 0 of ranks on several hosts, which connect to it first."""
     if inference_only and restore is None:
         raise ConfigError("--inference-only: expected --restore NAME, got none")
     if resume and (restore is not None or inference_only):
@@ -187,7 +190,7 @@ def start(
     if inference_only:
         engine = Engine.for_inference(config, restore, metrics)
     else:
-        trainer, ranks = start_ranks(config)
+        trainer, ranks = start_ranks(config, topology)
         engine = Engine(trainer if ranks is None else RankedTrainer(trainer, ranks), metrics)
         engine.start(restore, resume)
     servicer.attach(engine)
@@ -235,6 +238,7 @@ def serve(
     inference_only: bool = False,
     restore: str | None = None,
     resume: bool = False,
+    topology: Topology | None = None,
 ) -> int:
     """Run until SIGTERM or SIGINT, then drain and exit 0."""
     limit_malloc_arenas()  # before gRPC starts its threads
@@ -242,7 +246,12 @@ def serve(
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.set())
-    running = start(config, inference_only, restore, resume)
+    if topology is not None and topology.world_size > 1 and config.server.world_size > 1:
+        raise ConfigError("server.world_size (--world-size) and TRIDENT_WORLD_SIZE: expected "
+                          "one of them, got both")  # fmt: skip
+    if topology is not None and topology.rank > 0:  # no gRPC here: rank 0's commands
+        return serve_host_rank(config, topology)
+    running = start(config, inference_only, restore, resume, topology)
     stopping.wait()
     stop(running, config.server.shutdown_grace_s)
     return 0

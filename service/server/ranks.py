@@ -13,13 +13,17 @@ the same parameters.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import io
+import json
 import logging
 import multiprocessing
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -27,7 +31,9 @@ from threadpoolctl import threadpool_limits
 from service import logs
 from service.backend.blas import single_blas_thread
 from service.backend.comm import SharedMemoryGroup
-from service.config import Config
+from service.backend.rendezvous import Topology
+from service.backend.tcp_comm import TcpRank
+from service.config import Config, ConfigError
 from service.errors import InvalidInput
 from service.trainer.rollout import validate_rollout
 from service.trainer.trainer import Trainer
@@ -47,9 +53,17 @@ def slot_bytes(trainer: Trainer) -> int:
     return 8 * (max(params, ring) + 64)
 
 
+class Ranks(Protocol):
+    """The other ranks, as rank 0 reaches them."""
+
+    def send(self, *command: Any) -> None: ...
+
+    def stop(self) -> None: ...
+
+
 @dataclass
-class Ranks:
-    """The other ranks: their processes, the pipes to them and the shared group."""
+class LocalRanks:
+    """The other ranks on this host: their processes, the pipes to them and the shared group."""
 
     group: SharedMemoryGroup
     pipes: list[Connection]
@@ -71,8 +85,11 @@ class Ranks:
         self.group.close()
 
 
-def start_ranks(config: Config) -> tuple[Trainer, Ranks | None]:
-    """Rank 0's trainer, and the other ranks started, for server.world_size ranks."""
+def start_ranks(config: Config, topology: Topology | None = None) -> tuple[Trainer, Ranks | None]:
+    """Rank 0's trainer, and the other ranks: on other hosts (`topology`: they connect to it
+    here), or started here for server.world_size ranks."""
+    if topology is not None and topology.world_size > 1:
+        return join_hosts(config, topology)
     world = config.server.world_size
     if world == 1:
         return Trainer(config), None
@@ -89,7 +106,7 @@ def start_ranks(config: Config) -> tuple[Trainer, Ranks | None]:
         process.start()
         pipes.append(sender)
         processes.append(process)
-    ranks = Ranks(group, pipes, processes)
+    ranks = LocalRanks(group, pipes, processes)
     try:
         trainer = Trainer(config, comm=group.communicator(0, COLLECTIVE_DEADLINE_S))
     except BaseException:
@@ -97,6 +114,98 @@ def start_ranks(config: Config) -> tuple[Trainer, Ranks | None]:
         raise
     logs.event(logging.INFO, "ranks", world_size=world, data_shards=config.train.data_shards)
     return trainer, ranks
+
+
+def join_hosts(config: Config, topology: Topology) -> tuple[Trainer, Ranks]:
+    """Rank 0 of ranks on several hosts: wait for the others to connect, then train with them
+    (NumPy: the sums go over the same links)."""
+    check_world(config, topology.world_size)
+    link = TcpRank(topology, COLLECTIVE_DEADLINE_S)
+    if config.train.backend != "cuda":
+        threadpool_limits(limits=1, user_api="blas")
+    logs.event(logging.INFO, "ranks", world_size=topology.world_size,
+               data_shards=config.train.data_shards, hosts=True)  # fmt: skip
+    return Trainer(config, comm=link), RemoteRanks(link)
+
+
+def serve_host_rank(config: Config, topology: Topology) -> int:
+    """`trident serve` as rank r > 0 of several hosts: connect to rank 0, run its commands."""
+    check_world(config, topology.world_size)
+    link = TcpRank(topology, COLLECTIVE_DEADLINE_S)
+    trainer = Trainer(config, comm=link)
+    logs.event(logging.INFO, "rank joined", rank=topology.rank, world_size=topology.world_size)
+    with single_blas_thread(trainer.backend.name):
+        run_commands(trainer, RemoteCommands(link))
+    link.close()
+    logs.event(logging.INFO, "rank stopped", rank=topology.rank)
+    return 0
+
+
+def check_world(config: Config, world: int) -> None:
+    if config.train.data_shards % world:
+        raise ConfigError(
+            f"train.data_shards = {config.train.data_shards} must be a multiple of "
+            f"TRIDENT_WORLD_SIZE = {world}: each rank holds an equal share"
+        )
+
+
+class RemoteRanks:
+    """The ranks on other hosts, over rank 0's TCP links."""
+
+    def __init__(self, link: TcpRank) -> None:
+        self.link = link
+
+    def send(self, *command: Any) -> None:
+        payload = encode_command(*command)
+        for rank in range(1, self.link.world_size):
+            self.link.send(payload, rank)
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self.send("stop")
+        self.link.close()
+
+
+class RemoteCommands:
+    """Rank 0's commands as a rank on another host receives them."""
+
+    def __init__(self, link: TcpRank) -> None:
+        self.link = link
+
+    def recv(self) -> tuple:
+        return decode_command(self.link.receive(0, "a command", wait=True))
+
+
+def encode_command(name: str, payload: Any = None) -> bytes:
+    """A command as bytes a rank decodes without pickle: a JSON header, then the arrays."""
+    arrays: dict[str, np.ndarray] = {}
+    values: dict[str, Any] = {}
+    if isinstance(payload, Rollout):
+        fields = {f.name: getattr(payload, f.name) for f in dataclasses.fields(Rollout)}
+        arrays = {k: v for k, v in fields.items() if isinstance(v, np.ndarray)}
+        values = {"policy_version": payload.policy_version, "kind": "rollout"}
+    elif isinstance(payload, Mapping) and all(isinstance(v, np.ndarray) for v in payload.values()):
+        arrays, values = dict(payload), {"kind": "arrays"}
+    elif payload is not None:
+        values = {"kind": "values", "values": dict(payload)}
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    header = json.dumps({"command": name, **values}).encode()
+    return struct.pack("!I", len(header)) + header + buffer.getvalue()
+
+
+def decode_command(data: bytes) -> tuple:
+    (size,) = struct.unpack("!I", data[:4])
+    header = json.loads(data[4 : 4 + size])
+    arrays = dict(np.load(io.BytesIO(data[4 + size :]), allow_pickle=False))
+    kind = header.get("kind")
+    if kind == "rollout":
+        return header["command"], Rollout(**arrays, policy_version=header["policy_version"])
+    if kind == "arrays":
+        return header["command"], arrays
+    if kind == "values":
+        return header["command"], header["values"]
+    return (header["command"],)
 
 
 def serve_rank(group: SharedMemoryGroup, rank: int, config: Config, commands: Connection) -> None:
@@ -107,7 +216,7 @@ def serve_rank(group: SharedMemoryGroup, rank: int, config: Config, commands: Co
         run_commands(trainer, commands)
 
 
-def run_commands(trainer: Trainer, commands: Connection) -> None:
+def run_commands(trainer: Trainer, commands: Connection | RemoteCommands) -> None:
     while True:
         try:
             command, *args = commands.recv()
