@@ -25,6 +25,7 @@ from .tools import (
     DOCKERFILE,
     K8S_BASE,
     K8S_CPU,
+    K8S_RANKS,
     KUSTOMIZATION,
     METRIC_NAME,
     PROMETHEUS,
@@ -176,7 +177,12 @@ def test_compose_config_validates() -> None:
 # --- Kubernetes ----------------------------------------------------------------------------
 
 
-KUSTOMIZATIONS = {"base": K8S_BASE, "cpu": K8S_CPU}
+KUSTOMIZATIONS = {"base": K8S_BASE, "cpu": K8S_CPU, "ranks": K8S_RANKS}
+KINDS = {
+    "base": ["Deployment", "Deployment", "PersistentVolumeClaim", "Service"],
+    "cpu": ["Deployment", "Deployment", "PersistentVolumeClaim", "Service"],
+    "ranks": ["Service", "Service", "StatefulSet"],
+}
 
 
 def test_base_kustomization_lists_every_manifest() -> None:
@@ -188,7 +194,7 @@ def test_base_kustomization_lists_every_manifest() -> None:
 @pytest.mark.parametrize("variant", KUSTOMIZATIONS)
 def test_kustomizations_render_the_expected_kinds(variant: str) -> None:
     kinds = sorted(doc["kind"] for doc in kustomize(KUSTOMIZATIONS[variant]))
-    assert kinds == ["Deployment", "Deployment", "PersistentVolumeClaim", "Service"]
+    assert kinds == KINDS[variant]
 
 
 @pytest.mark.parametrize("variant", KUSTOMIZATIONS)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from service.backend.rendezvous import Topology
 from service.config import ConfigError, ServerConfig, load_config
 from service.lobsim.env import observation_dim
 
@@ -24,6 +25,7 @@ from .tools import (
     GRAFANA_PROVISIONING,
     K8S_BASE,
     K8S_CPU,
+    K8S_RANKS,
     PROMETHEUS,
     dashboard_targets,
     dockerfile_instructions,
@@ -362,15 +364,50 @@ def test_the_secret_the_pods_read_is_created_as_required() -> None:
     optional: without it the pods do not start."""
     refs = [
         item["valueFrom"]["secretKeyRef"]
-        for directory in (K8S_BASE, K8S_CPU)
+        for directory in (K8S_BASE, K8S_CPU, K8S_RANKS)
         for doc in kustomize(directory)
-        if doc["kind"] == "Deployment"
+        if doc["kind"] in ("Deployment", "StatefulSet")
         for item in container(doc).get("env", [])
         if "secretKeyRef" in item.get("valueFrom", {})
     ]
-    assert len(refs) == 4  # the server's and the actors', in both kustomizations
+    assert len(refs) == 5  # the server's and the actors' in both kustomizations, the ranks'
     assert all(ref == {"name": "trident", "key": "token"} for ref in refs), refs  # not optional
     text = (DEPLOY / "README.md").read_text()
-    (line,) = [line for line in text.splitlines() if "kubectl create secret" in line]
-    assert "--from-literal=token=" in line and "generic trident " in line
-    assert "optional" not in line
+    lines = [line for line in text.splitlines() if "kubectl create secret" in line]
+    assert len(lines) == 2  # before `apply -k` of the base (or overlay) and of the ranks
+    for line in lines:
+        assert "--from-literal=token=" in line and "generic trident " in line
+        assert "optional" not in line
+
+
+def test_the_ranks_statefulset_forms_one_world() -> None:
+    """deploy/k8s/ranks: pod i is rank i of replicas ranks, all find rank 0 through the
+    headless Service, the settings load with data_shards a multiple of the world, the client
+    Service reaches rank 0 alone, and the ranks start together."""
+    ranks = manifest("StatefulSet", "trident-ranks", K8S_RANKS)
+    spec, pod = ranks["spec"], ranks["spec"]["template"]["spec"]
+    (trident,) = pod["containers"]
+    values = {item["name"]: item.get("value") for item in trident["env"]}
+    rank = next(item for item in trident["env"] if item["name"] == "TRIDENT_RANK")
+    assert rank["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.labels['apps.kubernetes.io/pod-index']"
+    )
+    place = {k: v for k, v in values.items() if k in ("TRIDENT_WORLD_SIZE", "TRIDENT_RENDEZVOUS")}
+    topology = Topology.from_env({**place, "TRIDENT_RANK": "0"})
+    assert topology.world_size == spec["replicas"] and spec["podManagementPolicy"] == "Parallel"
+    headless = manifest("Service", "trident-ranks", K8S_RANKS)
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"]
+    assert topology.host == f"{ranks['metadata']['name']}-0.{spec['serviceName']}"
+    assert spec["serviceName"] == headless["metadata"]["name"]
+    ports = {port["name"]: port["containerPort"] for port in trident["ports"]}
+    assert ports["ranks"] == topology.port == headless["spec"]["ports"][0]["port"]
+    settings = {k: v for k, v in values.items() if "__" in k and v is not None}
+    settings["TRIDENT_SERVER__AUTH_TOKEN"] = "a-token"
+    assert_config_env_loads(settings)
+    assert load_config(env=settings).train.data_shards % topology.world_size == 0
+    client = manifest("Service", "trident", K8S_RANKS)
+    assert client["spec"]["selector"]["statefulset.kubernetes.io/pod-name"] == (
+        f"{ranks['metadata']['name']}-0"
+    )
+    assert {m["mountPath"] for m in trident["volumeMounts"]} >= {CHECKPOINTS, "/tmp"}
+    assert trident["securityContext"]["readOnlyRootFilesystem"] is True

@@ -36,6 +36,7 @@ GRAFANA_PROVISIONING = DEPLOY / "grafana" / "provisioning"
 K8S = DEPLOY / "k8s"
 K8S_BASE = K8S / "base"
 K8S_CPU = K8S / "overlays" / "cpu"
+K8S_RANKS = K8S / "ranks"
 SERVICE_MONITOR = K8S / "monitoring" / "servicemonitor.yaml"
 KUSTOMIZATION = "kustomization.yaml"
 
