@@ -61,7 +61,7 @@ def rank_main(kind: str, backend: str, world: int, rank: int, size: int, steps: 
             from service.backend.cuda.nccl import NcclRank
             from service.backend.rendezvous import Topology
 
-            comm = NcclRank(Topology.of(rank, world, str(link)))
+            comm = NcclRank.connect(Topology.of(rank, world, str(link)))
     elif world > 1:
         comm = link.communicator(rank)  # type: ignore[attr-defined]
     T = load_config(env={}).train.rollout_len

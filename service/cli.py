@@ -202,6 +202,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="file holding the bearer token clients must send (server.auth_token; a file keeps "
         "it out of the process list)",
     )
+    serve.add_argument(
+        "--gpus",
+        type=int,
+        metavar="N",
+        help="one rank per GPU of this host on the cuda backend, gradients summed over NCCL "
+        "(server.world_size = N; train.data_shards a multiple of N)",
+    )
     serve.add_argument("--restore", metavar="NAME", help="restore this checkpoint at start")
     serve.add_argument(
         "--resume",
@@ -424,7 +431,13 @@ def run_serve(args: argparse.Namespace) -> int:
             flags[flag] = (setting, str(value))
     if args.auth_token_file is not None:
         flags["--auth-token-file"] = ("server.auth_token", _read_token(args.auth_token_file))
-    config = load_config(args.config, overrides=args.overrides, flags=flags)
+    if args.gpus is not None:
+        if args.world_size is not None or args.backend not in (None, "cuda"):
+            raise ConfigError("--gpus N: one rank per GPU on the cuda backend; expected it "
+                              "without --world-size and --backend")  # fmt: skip
+        flags["--gpus"] = ("server.world_size", str(args.gpus))
+    backend = ["train.backend=cuda"] if args.gpus is not None else []  # after the user's --set
+    config = load_config(args.config, overrides=[*args.overrides, *backend], flags=flags)
     # Ranks on several hosts: each process is told its place by TRIDENT_RANK & co.
     topology = Topology.from_env(os.environ) if ENV_RANK in os.environ else None
     return serve(

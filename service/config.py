@@ -316,8 +316,8 @@ class Config:
         shards, world = self.train.data_shards, self.server.world_size
         if shards % world:
             raise ConfigError(f"train.data_shards = {shards!r} must be a multiple of "
-                              f"server.world_size = {world!r} (--world-size): each rank holds an "
-                              "equal share of every Step")  # fmt: skip
+                              f"server.world_size = {world!r} (--world-size, --gpus): each rank "
+                              "holds an equal share of every Step")  # fmt: skip
         for key, value in (("replay.capacity", replay.capacity),
                            ("replay.batch_size", replay.batch_size)):  # fmt: skip
             if value % shards:

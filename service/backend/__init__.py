@@ -88,6 +88,15 @@ def resolve_name(name: str) -> str:
     return name
 
 
+def require_cuda() -> None:
+    """BackendUnavailable, saying what to install, unless CuPy sees a CUDA device."""
+    if not cuda_available():
+        raise BackendUnavailable(
+            "train.backend: 'cuda' needs CuPy (pip install '.[cuda]' in Trident's checkout) "
+            "and a CUDA device it can see; none is visible here"
+        )
+
+
 def select_backend(name: str, dims: Mapping[str, int]) -> Backend:
     """The backend for `train.backend`: 'numpy', 'cuda', or 'auto' (`resolve_name`).
 
@@ -97,10 +106,6 @@ def select_backend(name: str, dims: Mapping[str, int]) -> Backend:
     if name == "numpy":
         return _numpy_backend()
     if name == "cuda":
-        if not cuda_available():
-            raise BackendUnavailable(
-                "train.backend: 'cuda' needs CuPy (pip install '.[cuda]' in Trident's checkout) "
-                "and a CUDA device it can see; none is visible here"
-            )
+        require_cuda()
         return _cuda_backend(dims)
     raise BackendUnavailable(f"train.backend: expected one of {BACKEND_CHOICES}, got {name!r}")

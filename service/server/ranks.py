@@ -1,4 +1,5 @@
-"""One server, several ranks on this host: `trident serve --world-size W`.
+"""One server, several ranks: `trident serve --world-size W` (this host's cores, NumPy),
+`--gpus W` (this host's GPUs, NCCL), or TRIDENT_RANK & co. (several hosts).
 
 Rank 0 is the server process: it answers gRPC and metrics, and its `RankedTrainer` stands in
 for the Trainer. Ranks 1 .. W-1 are processes it starts (`start_ranks`); each holds a Trainer
@@ -29,8 +30,9 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from service import logs
+from service.backend import require_cuda, resolve_name
 from service.backend.blas import single_blas_thread
-from service.backend.comm import SharedMemoryGroup
+from service.backend.comm import Communicator, SharedMemoryGroup
 from service.backend.rendezvous import Topology
 from service.backend.tcp_comm import TcpRank
 from service.config import Config, ConfigError
@@ -61,11 +63,19 @@ class Ranks(Protocol):
     def stop(self) -> None: ...
 
 
+class Group(Protocol):
+    """What the ranks of one host share: SharedMemoryGroup (NumPy) or NcclGroup (GPUs)."""
+
+    def communicator(self, rank: int, deadline_s: float) -> Communicator: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass
 class LocalRanks:
     """The other ranks on this host: their processes, the pipes to them and the shared group."""
 
-    group: SharedMemoryGroup
+    group: Group
     pipes: list[Connection]
     processes: list[BaseProcess]
 
@@ -93,11 +103,17 @@ def start_ranks(config: Config, topology: Topology | None = None) -> tuple[Train
     world = config.server.world_size
     if world == 1:
         return Trainer(config), None
-    if config.train.backend != "cuda":  # the ranks share the cores: one BLAS thread each
-        threadpool_limits(limits=1, user_api="blas")
-    probe = Trainer(config)  # the sizes of the buffers the collectives carry
-    group = SharedMemoryGroup.create(SPAWN, world, slot_bytes(probe))
-    del probe
+    group: Group
+    if resolve_name(config.train.backend) == "cuda":  # one GPU per rank, sums over NCCL
+        require_cuda()
+        from service.backend.cuda.nccl import NcclGroup  # CuPy loads only here
+
+        group = NcclGroup.create(world)
+    else:
+        threadpool_limits(limits=1, user_api="blas")  # the ranks share the cores
+        probe = Trainer(config)  # the sizes of the buffers the collectives carry
+        group = SharedMemoryGroup.create(SPAWN, world, slot_bytes(probe))
+        del probe
     pipes, processes = [], []
     for rank in range(1, world):
         receiver, sender = SPAWN.Pipe(duplex=False)
@@ -208,7 +224,7 @@ def decode_command(data: bytes) -> tuple:
     return (header["command"],)
 
 
-def serve_rank(group: SharedMemoryGroup, rank: int, config: Config, commands: Connection) -> None:
+def serve_rank(group: Group, rank: int, config: Config, commands: Connection) -> None:
     """A rank other than 0: run rank 0's commands until it says stop (or goes away)."""
     comm = group.communicator(rank, COLLECTIVE_DEADLINE_S)
     trainer = Trainer(config, comm=comm)

@@ -27,7 +27,7 @@ def rank() -> object:
         pytest.skip("CuPy finds no NCCL runtime here (the nvidia-nccl-cu13 wheel)")
     from service.backend.cuda.nccl import NcclRank
 
-    comm = NcclRank(Topology.of(0, 1, f"127.0.0.1:{free_port()}"), deadline_s=30)
+    comm = NcclRank.connect(Topology.of(0, 1, f"127.0.0.1:{free_port()}"), deadline_s=30)
     yield comm
     comm.close()
 

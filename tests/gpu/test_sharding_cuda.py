@@ -48,7 +48,7 @@ def test_one_rank_through_nccl_matches_a_plain_cuda_trainer(seed: int) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    comm = NcclRank(Topology.of(0, 1, f"127.0.0.1:{port}"), deadline_s=60)
+    comm = NcclRank.connect(Topology.of(0, 1, f"127.0.0.1:{port}"), deadline_s=60)
     try:
         ranked = Trainer(small_config(*GPU_SIZES, "train.backend=cuda"), comm=comm)
         plain = Trainer(small_config(*GPU_SIZES, "train.backend=cuda"))

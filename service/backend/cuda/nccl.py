@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import MutableMapping
+from dataclasses import dataclass
 
 import cupy
 from cupy.cuda import nccl
@@ -47,14 +48,23 @@ def unique_id_bytes() -> bytes:
 class NcclRank:
     """One rank of an NCCL communicator on the current device."""
 
-    def __init__(self, topology: Topology, deadline_s: float = DEFAULT_DEADLINE_S) -> None:
+    def __init__(
+        self, rank: int, world_size: int, unique_id: bytes, deadline_s: float = DEFAULT_DEADLINE_S
+    ) -> None:
+        """Join the communicator `unique_id` names (rank 0 made it: `unique_id_bytes`) as
+        `rank` on the current device; returns once every rank has joined."""
         if not nccl.available:
             raise InvalidInput("nccl", "the NCCL runtime (pip install 'trident[cuda]')",
                                "none found by CuPy")  # fmt: skip
         pin_nccl_environment()
-        self.rank, self.world_size, self.deadline_s = topology.rank, topology.world_size, deadline_s
+        self.rank, self.world_size, self.deadline_s = rank, world_size, deadline_s
+        self._comm = nccl.NcclCommunicator(world_size, unique_id, rank)
+
+    @classmethod
+    def connect(cls, topology: Topology, deadline_s: float = DEFAULT_DEADLINE_S) -> NcclRank:
+        """Rank `topology.rank`, rank 0's unique id handed over at the rendezvous address."""
         uid = share(topology, unique_id_bytes() if topology.rank == 0 else None, deadline_s)
-        self._comm = nccl.NcclCommunicator(self.world_size, uid, self.rank)
+        return cls(topology.rank, topology.world_size, uid, deadline_s)
 
     def _type(self, buffer: cupy.ndarray) -> int:
         if not isinstance(buffer, cupy.ndarray) or not buffer.flags.c_contiguous:
@@ -97,3 +107,26 @@ class NcclRank:
 
     def close(self) -> None:
         self._comm.destroy()
+
+
+@dataclass(frozen=True)
+class NcclGroup:
+    """The GPUs of one host as the ranks of one communicator: made by rank 0's process before
+    it starts the others, passed to each; there `communicator(rank)` takes GPU `rank`."""
+
+    world_size: int
+    unique_id: bytes
+
+    @classmethod
+    def create(cls, world_size: int) -> NcclGroup:
+        devices = cupy.cuda.runtime.getDeviceCount()
+        if not 1 <= world_size <= devices:
+            raise InvalidInput("--gpus", f"a number of GPUs in [1, {devices}]", str(world_size))
+        return cls(world_size, unique_id_bytes())
+
+    def communicator(self, rank: int, deadline_s: float = DEFAULT_DEADLINE_S) -> NcclRank:
+        cupy.cuda.Device(rank).use()
+        return NcclRank(rank, self.world_size, self.unique_id, deadline_s)
+
+    def close(self) -> None:
+        """Nothing to free: each rank's communicator goes with its process."""
