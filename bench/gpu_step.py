@@ -245,6 +245,7 @@ def make_config(B: int, args: argparse.Namespace):
         f"train.rollout_len={args.horizon}",
         f"train.num_envs={B // args.horizon}",
         f"train.seed={args.seed}",
+        f"train.precision={args.precision}",
     ]
     return config.load_config(env={}, overrides=overrides)
 
@@ -693,6 +694,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--precision",
+        choices=("fp32", "tf32", "bf16"),
+        default="fp32",
+        help="Trident's train.precision; the torch columns the same: TF32 matmuls, or "
+        "autocast to bfloat16",
+    )
+    parser.add_argument(
         "--bandwidth-tbs",
         type=float,
         default=BANDWIDTH_TBS,
@@ -726,8 +734,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def setup_torch(device: str):
-    """torch with TF32 off, or exit with a message when it or the device is missing."""
+def setup_torch(device: str, precision: str = "fp32"):
+    """torch with TF32 off (on for --precision tf32), or exit with a message when it or the
+    device is missing."""
     try:
         import torch
     except ImportError as error:
@@ -737,10 +746,18 @@ def setup_torch(device: str):
             "gpu_step: no CUDA device visible to PyTorch (torch.cuda.is_available() is "
             "False); run it on the GPU host, or use --device cpu for a dry run"
         )
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
+    tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
     return torch
+
+
+def autocast_dtype(precision: str):
+    """The dtype the torch columns autocast to at `precision` (None: none)."""
+    import torch
+
+    return torch.bfloat16 if precision == "bf16" else None
 
 
 def run_sizes(
@@ -758,7 +775,10 @@ def run_sizes(
         r: dict[str, Any] = {"B": B, "flops": update_flops(B, dims), "bytes": update_bytes(B, dims)}
         objs: dict[str, Any] = {}
         # eager
-        eager = make_torch_update(B, cfg, args.device, capturable=False, seed=args.seed)
+        cast = autocast_dtype(args.precision)
+        eager = make_torch_update(
+            B, cfg, args.device, capturable=False, seed=args.seed, autocast=cast
+        )
         objs["eager"] = eager
         if cuda:
             r["eager"] = time_cuda(eager.update, args.warmup, args.repeats, args.b2b)
@@ -769,7 +789,9 @@ def run_sizes(
         # graph
         if cuda:
             try:
-                tu = make_torch_update(B, cfg, "cuda", capturable=True, seed=args.seed)
+                tu = make_torch_update(
+                    B, cfg, "cuda", capturable=True, seed=args.seed, autocast=cast
+                )
                 graph = capture(tu, args.capture_warmup)
                 r["graph"] = time_cuda(graph.replay, args.warmup, args.repeats, args.b2b)
                 r["graph"].update(available=True, stats_last=stats_finite(tu))
@@ -898,7 +920,7 @@ def add_floor(r: dict, ceilings: dict, args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     args = parse_args(argv)
-    torch = setup_torch(args.device)
+    torch = setup_torch(args.device, args.precision)
     import_service()
     trident_cls, trident_reason = load_trident(args.trident_entry)
     record = metadata(args)

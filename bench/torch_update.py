@@ -81,6 +81,7 @@ def make_torch_update(
     seed: int,
     fixed_replay_rows: bool = False,
     data: dict | None = None,
+    autocast: object = None,
 ) -> TorchUpdate:
     """The eager-PyTorch update of one B on `device`, with no host synchronisation.
 
@@ -92,6 +93,8 @@ def make_torch_update(
     `torch.manual_seed(seed)`. With `fixed_replay_rows` the replay rows are a fixed set
     instead of a fresh `torch.randint` draw per update, so two runs of one update see the
     same rows. The statistics of the last update are left on the device in `out["stats"]`.
+    `autocast` (a torch dtype, e.g. torch.bfloat16) runs the update under `torch.autocast`
+    (parameters, moments and the optimizer stay float32), the precision columns of gpu_step.
     """
     import torch
     import torch.nn.functional as F  # noqa: N812
@@ -177,6 +180,13 @@ def make_torch_update(
         return m.view(B, Z)
 
     def update() -> None:
+        if autocast is None:
+            one_update()
+            return
+        with torch.autocast(dev.type, dtype=autocast, cache_enabled=False):
+            one_update()
+
+    def one_update() -> None:
         # replay sample (uniform with replacement) and minibatch gather
         idx = fixed_idx if fixed_idx is not None else torch.randint(0, size, (B,), device=dev)
         r_obs, r_act, r_rew = store["obs"][idx], store["actions"][idx], store["rewards"][idx]

@@ -119,6 +119,9 @@ class TrainConfig(_Section):
     lambda_bce: float = _f(0.1, ge=0)  # encoder-gradient weight of the BCE head
     lambda_aux: float = _f(0.1, ge=0)  # encoder-gradient weight of the aux regression head
     max_policy_lag: int = _f(4, ge=0)  # max policy versions a rollout may lag the learner
+    # cuda: the GEMMs' arithmetic: 'fp32' (IEEE, what the NumPy twins match), 'tf32' or 'bf16'
+    # (tensor cores, fp32 accumulation; parameters, moments and losses stay fp32)
+    precision: str = _f("fp32", choices=("fp32", "tf32", "bf16"))
     # Data-parallel layout: a Step's environments, minibatches and replay split into this many
     # equal shards by environment column; each rank of a world of W holds data_shards / W of
     # them (W = 1 holds all: the same Step the ranks compute together)

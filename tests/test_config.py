@@ -405,3 +405,16 @@ def test_backend_defaults_fill_only_what_was_left_to_the_backend(
         assert sized_for(mine, backend) == mine  # idempotent
     envs_of = {backend: picks["train.num_envs"] for backend, picks in BACKEND_DEFAULTS.items()}
     assert int(envs_of["cuda"]) >= 10 * int(envs_of["numpy"])
+
+
+def test_a_tensor_core_precision_on_numpy_is_refused_naming_the_setting() -> None:
+    from service.errors import BackendUnavailable
+    from service.trainer.trainer import Trainer
+
+    for precision in ("tf32", "bf16"):
+        settings = ["train.backend=numpy", f"train.precision={precision}"]
+        config = load_config(env={}, overrides=settings)
+        with pytest.raises(BackendUnavailable, match=r"train\.precision: '(tf32|bf16)'"):
+            Trainer(config)
+    with pytest.raises(ConfigError, match=r"train\.precision"):
+        load_config(env={}, overrides=["train.precision=fp16"])

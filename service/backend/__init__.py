@@ -61,13 +61,13 @@ def _numpy_backend() -> Backend:
     )
 
 
-def _cuda_backend(dims: Mapping[str, int]) -> Backend:
+def _cuda_backend(dims: Mapping[str, int], precision: str) -> Backend:
     import cupy
 
     from service.backend.cuda.executor import CudaExecutor, DeviceScalars
     from service.backend.cuda.ops import CudaOps
 
-    ops = CudaOps(CudaDims(**dims))
+    ops = CudaOps(CudaDims(**dims), precision)
     device = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
     return Backend(
         name="cuda",
@@ -97,15 +97,21 @@ def require_cuda() -> None:
         )
 
 
-def select_backend(name: str, dims: Mapping[str, int]) -> Backend:
+def select_backend(name: str, dims: Mapping[str, int], precision: str = "fp32") -> Backend:
     """The backend for `train.backend`: 'numpy', 'cuda', or 'auto' (`resolve_name`).
 
     `dims` (D, H, A, Z, K) are the model's sizes; the CUDA kernels are compiled for them.
+    `precision` (train.precision) is the CUDA GEMMs'; NumPy computes in fp32 (or float64).
     """
     name = resolve_name(name)
     if name == "numpy":
+        if precision != "fp32":
+            raise BackendUnavailable(
+                f"train.precision: {precision!r} runs on the cuda backend's tensor cores; "
+                "expected 'fp32' on numpy"
+            )
         return _numpy_backend()
     if name == "cuda":
         require_cuda()
-        return _cuda_backend(dims)
+        return _cuda_backend(dims, precision)
     raise BackendUnavailable(f"train.backend: expected one of {BACKEND_CHOICES}, got {name!r}")

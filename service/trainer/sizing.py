@@ -12,4 +12,4 @@ def sized_backend(config: Config) -> tuple[Config, Backend]:
     """`config` sized for its backend, and that backend (its kernels built for the sizes)."""
     name = resolve_name(config.train.backend)
     config = sized_for(config, name)
-    return config, select_backend(name, model.dims(config))
+    return config, select_backend(name, model.dims(config), config.train.precision)

@@ -8,8 +8,13 @@ one fixed workspace per stream, re-attached after every `cublasSetStream` (which
 
 The same handle, workspace size and call serve eager launches and captures, so cuBLAS picks
 the same algorithm for both and a replayed graph gives the eager bytes. Pointer mode is host:
-α = 1 and β = 0 are fixed at the call (and in a captured graph). Math mode stays the default:
-IEEE fp32, no TF32.
+α = 1 and β = 0 are fixed at the call (and in a captured graph).
+
+Precision (`train.precision`): "fp32" is cublasSgemm, IEEE fp32 (no TF32), what the NumPy
+twins match. "tf32" and "bf16" are cublasGemmEx on the same fp32 matrices with compute type
+CUBLAS_COMPUTE_32F_FAST_TF32 / _FAST_16BF: cuBLAS rounds the inputs to TF32 or bf16 and runs
+them on tensor cores, accumulating in fp32; the parameters, gradients and outputs stay fp32.
+cuBLAS's atomics mode is off by default, so every precision gives the same bytes run to run.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ __all__ = ["gemm"]
 
 WORKSPACE_BYTES = 32 << 20  # cuBLAS's recommendation for Hopper is 32 MiB
 _OP_N, _OP_T = 0, 1
+_CUDA_R_32F, _GEMM_DEFAULT = 0, -1
+# train.precision -> cublasComputeType_t (None: cublasSgemm)
+COMPUTE = {"fp32": None, "tf32": 77, "bf16": 75}  # CUBLAS_COMPUTE_32F_FAST_TF32 / _FAST_16BF
 _Ptr, _Int = ctypes.c_void_p, ctypes.c_int
 
 
@@ -47,12 +55,18 @@ class _Cublas:
         lib.cublasSetWorkspace_v2.argtypes = [_Ptr, _Ptr, ctypes.c_size_t]
         lib.cublasSgemm_v2.argtypes = [_Ptr, _Int, _Int, _Int, _Int, _Int, _Ptr, _Ptr, _Int,
                                        _Ptr, _Int, _Ptr, _Ptr, _Int]  # fmt: skip
+        lib.cublasGemmEx.argtypes = [
+            _Ptr, _Int, _Int, _Int, _Int, _Int, _Ptr, _Ptr, _Int, _Int, _Ptr, _Int, _Int, _Ptr,
+            _Ptr, _Int, _Int, _Int, _Int,
+        ]  # fmt: skip
         self._handle = _Ptr()
         _check(lib.cublasCreate_v2(ctypes.byref(self._handle)), "cublasCreate")
         self._one, self._zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self._workspaces: dict[int, cupy.ndarray] = {}
 
-    def sgemm(self, a: cupy.ndarray, b: cupy.ndarray, trans_a: bool, trans_b: bool):
+    def sgemm(
+        self, a: cupy.ndarray, b: cupy.ndarray, trans_a: bool, trans_b: bool, compute: int | None
+    ):
         M = a.shape[1] if trans_a else a.shape[0]
         K = a.shape[0] if trans_a else a.shape[1]
         N = b.shape[0] if trans_b else b.shape[1]
@@ -70,23 +84,18 @@ class _Cublas:
         _check(lib.cublasSetStream_v2(handle, stream), "cublasSetStream")
         _check(lib.cublasSetWorkspace_v2(handle, workspace.data.ptr, WORKSPACE_BYTES), "workspace")
         # Row-major C = op(A) op(B) is column-major Cᵀ = op(B)ᵀ op(A)ᵀ: swap the operands.
-        status = lib.cublasSgemm_v2(
-            handle,
-            _OP_T if trans_b else _OP_N,
-            _OP_T if trans_a else _OP_N,
-            N,
-            M,
-            K,
-            ctypes.byref(self._one),
-            b.data.ptr,
-            b.shape[1],
-            a.data.ptr,
-            a.shape[1],
-            ctypes.byref(self._zero),
-            c.data.ptr,
-            N,
-        )
-        _check(status, "cublasSgemm")
+        ops = (_OP_T if trans_b else _OP_N, _OP_T if trans_a else _OP_N, N, M, K)
+        one, zero = ctypes.byref(self._one), ctypes.byref(self._zero)
+        if compute is None:
+            status = lib.cublasSgemm_v2(handle, *ops, one, b.data.ptr, b.shape[1], a.data.ptr,
+                                        a.shape[1], zero, c.data.ptr, N)  # fmt: skip
+            _check(status, "cublasSgemm")
+            return c
+        status = lib.cublasGemmEx(
+            handle, *ops, one, b.data.ptr, _CUDA_R_32F, b.shape[1], a.data.ptr, _CUDA_R_32F,
+            a.shape[1], zero, c.data.ptr, _CUDA_R_32F, N, compute, _GEMM_DEFAULT,
+        )  # fmt: skip
+        _check(status, "cublasGemmEx")
         return c
 
 
@@ -101,7 +110,14 @@ def _cublas(device: int) -> _Cublas:
 
 
 def gemm(
-    a: cupy.ndarray, b: cupy.ndarray, trans_a: bool = False, trans_b: bool = False
+    a: cupy.ndarray,
+    b: cupy.ndarray,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    precision: str = "fp32",
 ) -> cupy.ndarray:
-    """op(a) @ op(b) for C-contiguous float32 matrices, op = transpose where asked."""
-    return _cublas(cupy.cuda.Device().id).sgemm(a, b, trans_a, trans_b)
+    """op(a) @ op(b) for C-contiguous float32 matrices, op = transpose where asked, at
+    `precision` (COMPUTE's keys)."""
+    if precision not in COMPUTE:
+        raise ValueError(f"precision: expected one of {list(COMPUTE)}, got {precision!r}")
+    return _cublas(cupy.cuda.Device().id).sgemm(a, b, trans_a, trans_b, COMPUTE[precision])

@@ -66,6 +66,7 @@ class KernelOps:
 
     def __init__(self, dims: CudaDims) -> None:
         self.dims = dims
+        self.precision = "fp32"  # of the cuBLAS GEMMs (gemm.py; CudaOps sets it); kernels: fp32
         self._defines = dims.defines()
 
     def _kernel(self, file: str, name: str) -> cupy.RawKernel:

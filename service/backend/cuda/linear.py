@@ -19,7 +19,8 @@ MAX_GRID_Y = 65535  # chunks a reduce_axis0_partials launch spans (the grid-stri
 
 
 class LinearOps(KernelOps):
-    """matmul, linear_fwd, linear_bwd_input, linear_bwd_params and reduce_axis0."""
+    """matmul, linear_fwd, linear_bwd_input, linear_bwd_params and reduce_axis0; the GEMMs at
+    the ops' `precision` (gemm.py)."""
 
     def matmul(self, a: Array, b: Array) -> Array:
         """a @ b for a [M, K], b [K, N] (cuBLAS SGEMM, capturable: see gemm.py)."""
@@ -27,7 +28,7 @@ class LinearOps(KernelOps):
         b = _array("b", b, ndim=2)
         if b.shape[0] != a.shape[1]:
             raise ValueError(f"b: expected shape [{a.shape[1]}, N], got {list(b.shape)}")
-        return gemm(a, b)
+        return gemm(a, b, precision=self.precision)
 
     def linear_fwd(self, x: Array, W: Array, b: Array) -> Array:
         """y = x W + b for x [B, I], W [I, O], b [O] (cuBLAS SGEMM, then the bias add)."""
@@ -36,7 +37,7 @@ class LinearOps(KernelOps):
         if W.shape[0] != x.shape[1]:
             raise ValueError(f"W: expected shape [{x.shape[1]}, O], got {list(W.shape)}")
         b = _array("b", b, shape=(W.shape[1],))
-        y = gemm(x, W)
+        y = gemm(x, W, precision=self.precision)
         y += b
         return y
 
@@ -46,7 +47,7 @@ class LinearOps(KernelOps):
         grad_y = _array("grad_y", grad_y, ndim=2)
         if grad_y.shape[1] != W.shape[1]:
             raise ValueError(f"grad_y: expected shape [B, {W.shape[1]}], got {list(grad_y.shape)}")
-        return gemm(grad_y, W, trans_b=True)
+        return gemm(grad_y, W, trans_b=True, precision=self.precision)
 
     def linear_bwd_params(self, x: Array, grad_y: Array) -> tuple[Array, Array]:
         """(grad_W = xᵀ g, grad_b = Σ_b g): the parameter half of y = x W + b's backward."""
@@ -54,7 +55,8 @@ class LinearOps(KernelOps):
         grad_y = _array("grad_y", grad_y, ndim=2)
         if grad_y.shape[0] != x.shape[0]:
             raise ValueError(f"grad_y: expected {x.shape[0]} rows, got {list(grad_y.shape)}")
-        return gemm(x, grad_y, trans_a=True), self.reduce_axis0(grad_y)
+        grad_W = gemm(x, grad_y, trans_a=True, precision=self.precision)
+        return grad_W, self.reduce_axis0(grad_y)
 
     def reduce_axis0(self, x: Array) -> Array:
         """Σ over the leading axis, deterministic (reduce_axis0.cu): x [rows, ...] -> [...].

@@ -9,6 +9,7 @@ from service.backend.cuda.gae import GaeOps
 from service.backend.cuda.grad_norm_clip import GradNormClipOps
 from service.backend.cuda.linear import LinearOps
 from service.backend.cuda.linear_heads import LinearHeadsOps
+from service.backend.cuda.loader import CudaDims
 from service.backend.cuda.optim import OptimOps
 from service.backend.cuda.perception import PerceptionOps
 from service.backend.cuda.ppo import PpoOps
@@ -35,4 +36,9 @@ class CudaOps(
     ReplayOps,
 ):
     """Every op of `service.backend.opset.OpSet`, kernels compiled for the `CudaDims` given
-    (`CudaOps(dims)`); the multi-tensor ops share one cache of address tables and layouts."""
+    (`CudaOps(dims, precision)`: the cuBLAS GEMMs' train.precision); the multi-tensor ops share
+    one cache of address tables and layouts."""
+
+    def __init__(self, dims: CudaDims, precision: str = "fp32") -> None:
+        super().__init__(dims)
+        self.precision = precision
