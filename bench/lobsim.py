@@ -15,7 +15,9 @@ with the default model and PPO settings, N markets × `train.rollout_len` steps 
 the C51 head training from the first Step (replay.min_size = one rollout). NumPy runs the
 host loop, cuda the device loop (service/jobs/device_loop.py: markets, Act and Step on the
 GPU). Per N: 2 warm-up Steps (compile, capture), then --loop-steps timed Steps; env steps/s =
-N · rollout_len · Steps / wall time. --cartpole-sizes runs the same device loop on N
+N · rollout_len · Steps / wall time, and the share of that time per phase of the device loop
+(act, market, update; on CUDA device time from events, "host" the rest). --cartpole-sizes runs
+the same device loop on N
 CartPoles (bench/cartpole.py; model obs_dim 4, 2 actions, no aux head), the env of the
 published vectorised-trainer figures.
 
@@ -73,6 +75,49 @@ def time_backend(backend: str, N: int, steps: int, warmup: int, seed: int) -> di
     }
 
 
+class Phases:
+    """Where a loop Step's time goes (DeviceLoop's PhaseMarks): on NumPy the host's wall time
+    from each mark to the next; on CUDA the device's, from CUDA events recorded on the
+    trainer's stream at each mark (read after the Step's readback has synchronised), and the
+    host's share is the wall time the device spent in none of them (launch overhead)."""
+
+    def __init__(self, backend: str) -> None:
+        self.cuda = backend == "cuda"
+        self.seconds: dict[str, float] = {}
+        self._marks: list[tuple[str, object]] = []
+
+    def mark(self, phase: str) -> None:
+        if self.cuda:
+            import cupy
+
+            stamp: object = cupy.cuda.get_current_stream().record()
+        else:
+            stamp = time.perf_counter()
+        self._marks.append((phase, stamp))
+        if phase == "end":
+            self._close()
+
+    def _close(self) -> None:
+        import itertools
+
+        for (phase, start), (_, stop) in itertools.pairwise(self._marks):
+            if self.cuda:
+                import cupy
+
+                took = cupy.cuda.get_elapsed_time(start, stop) / 1e3  # type: ignore[arg-type]
+            else:
+                took = stop - start  # type: ignore[operator]
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + took
+        self._marks.clear()
+
+    def shares(self, wall: float) -> dict[str, float]:
+        """Each phase's share of `wall`; on CUDA also "host", the rest."""
+        shares = {phase: took / wall for phase, took in self.seconds.items()}
+        if self.cuda:
+            shares["host"] = max(0.0, 1.0 - sum(shares.values()))
+        return shares
+
+
 def loop_config(backend: str, N: int, seed: int, *model: str) -> Config:
     T = load_config(env={}).train.rollout_len
     return load_config(
@@ -85,23 +130,30 @@ def loop_config(backend: str, N: int, seed: int, *model: str) -> Config:
 
 def time_loop(backend: str, N: int, steps: int, seed: int, env: str = "lobsim") -> dict:
     """The integrated loop's env steps/s on `backend` with N markets (or N CartPoles)."""
+    phases = Phases(backend)
     if env == "cartpole":
         shape = (f"model.obs_dim={OBS_DIM}", f"model.num_actions={NUM_CARTPOLE_ACTIONS}",
                  "model.aux_dim=0")  # fmt: skip
         config = loop_config(backend, N, seed, *shape)
         trainer, T = Trainer(config), config.train.rollout_len
-        step = DeviceLoop(trainer, CartPole(N, seed, backend=backend), T).step
+        step = DeviceLoop(trainer, CartPole(N, seed, backend=backend), T, phases).step
     else:
         config = lobsim_model(loop_config(backend, N, seed))
         trainer, T = Trainer(config), config.train.rollout_len
-        step = make_stepper(trainer, N, T, config.lobsim, seed)
+        if backend == "cuda":
+            market = LobSim(N, config.lobsim, seed, backend="cuda")
+            step = DeviceLoop(trainer, market, T, phases).step
+        else:
+            step = make_stepper(trainer, N, T, config.lobsim, seed)  # the host loop: no phases
     for _ in range(2):
         step()
+    phases.seconds.clear()  # the warm-up's compiles and captures are not the loop's time
     started = time.perf_counter()
     results = [step() for _ in range(steps)]
     wall = time.perf_counter() - started  # each Step ends with its readback: nothing pending
     applied = sum("q" in r.result.losses for r in results)
     return {
+        "phase_shares": phases.shares(wall),
         "available": True,
         "rollout_len": T,
         "steps": steps,
@@ -193,6 +245,10 @@ def main(argv: list[str] | None = None) -> None:
                 for r in (numpy_loop, cuda_loop)
             ]  # fmt: skip
             print(f"{N:>7} | {cells[0]:>31} | {cells[1]}")
+            for name, r in (("numpy", numpy_loop), ("cuda", cuda_loop)):
+                if r["available"] and r["phase_shares"]:
+                    parts = ", ".join(f"{k} {v:.0%}" for k, v in r["phase_shares"].items())
+                    print(f"{'':>7}   {name} time per phase: {parts}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1))
     print(f"wrote {args.out}")

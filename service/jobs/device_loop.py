@@ -47,11 +47,22 @@ class DeviceEnv(Protocol):
     def step(self, actions: Any) -> Any: ...
 
 
+class PhaseMarks(Protocol):
+    """Told where each phase of a loop Step begins ("act", "market", "update") and where the
+    Step ends ("end"): what a bench times the phases with."""
+
+    def mark(self, phase: str) -> None: ...
+
+
 class DeviceLoop:
     """Collects `horizon`-step rollouts of `env` under the trainer's sampled policy and Steps
-    on them, all on the trainer's backend."""
+    on them, all on the trainer's backend. `phases`, if given, is told where each phase
+    begins."""
 
-    def __init__(self, trainer: Trainer, env: DeviceEnv, horizon: int) -> None:
+    def __init__(
+        self, trainer: Trainer, env: DeviceEnv, horizon: int, phases: PhaseMarks | None = None
+    ) -> None:
+        self.phases = phases
         if env.xp is not trainer.xp:
             raise ValueError(
                 f"env: expected a LobSim on the trainer's backend ({trainer.backend.name})"
@@ -76,11 +87,14 @@ class DeviceLoop:
     def step(self) -> LoopStep:
         """One rollout and one Step on it."""
         trainer, env, xp = self.trainer, self.env, self.trainer.xp
+        mark = self.phases.mark if self.phases is not None else _unmarked
         with trainer.on_device():
             self.obs[0] = env.reset()
             self.report[...] = 0
             for t in range(self.horizon):
+                mark("act")
                 actions, log_probs, _ = trainer.act_on_device(self.obs[t], ActMode.SAMPLE)
+                mark("market")
                 out = env.step(actions)
                 self.actions[t] = actions
                 self.log_probs[t] = log_probs
@@ -108,10 +122,16 @@ class DeviceLoop:
                 aux_targets=self.aux_targets,
                 policy_version=trainer.global_step,
             )
+            mark("update")
             result, report = trainer.step_on_device(rollout, self.report)
+            mark("end")
         return LoopStep(
             result=result,
             mean_reward=float(report[REWARD_SUM]) / self.rewards.size,
             episodes=int(report[EPISODES]),
             return_sum=float(report[RETURN_SUM]),
         )
+
+
+def _unmarked(phase: str) -> None:
+    """No phase timing."""
