@@ -47,12 +47,12 @@ STOP_TIMEOUT_S = 30.0
 
 
 def slot_bytes(trainer: Trainer) -> int:
-    """The largest buffer a collective carries: every parameter, the losses and statistics
-    (float64), or a replay ring's rows of one field."""
+    """The largest buffer a collective carries (float64): every parameter with the losses and
+    statistics, or one field of every replay ring a rank holds."""
     state = trainer.state
     params = sum(int(np.prod(v.shape)) for v in state.params.values())
-    ring = state.replay.capacity * max(state.config.model.obs_dim, 1)
-    return 8 * (max(params, ring) + 64)
+    rings = state.replay.capacity * state.replay.shards * max(state.config.model.obs_dim, 1)
+    return 8 * (max(params, rings) + 64)
 
 
 class Ranks(Protocol):
