@@ -1,11 +1,12 @@
 """Ranks on several hosts (here: two processes that share nothing but a TCP port): `trident
 serve` with TRIDENT_RANK=1 connects to rank 0 at TRIDENT_RENDEZVOUS and runs its commands;
 rank 0 serves gRPC and trains with it like one trainer holding both shards (float32, 1e-5 per
-tensor). Its SIGTERM stops rank 1 too (exit 0 both), after a final checkpoint that gathered
-rank 1's replay ring over the link."""
+tensor). SIGTERM to both, rank 1 first as Kubernetes would: rank 1 waits for rank 0, whose
+final checkpoint gathers rank 1's replay ring over the link, then both exit 0."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -43,6 +44,7 @@ def test_two_hosts_train_like_one_trainer(tmp_path: Path, rng: np.random.Generat
             for rollout in rollouts:
                 client.step(rollout)
             assert client.status().global_step == len(rollouts)
+        other.send_signal(signal.SIGTERM)  # as Kubernetes stops every pod: rank 1 waits for 0
         assert server.terminate() == 0
         _, err = other.communicate(timeout=60)
     finally:

@@ -19,6 +19,7 @@ import io
 import json
 import logging
 import multiprocessing
+import signal
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -147,6 +148,10 @@ def join_hosts(config: Config, topology: Topology) -> tuple[Trainer, Ranks]:
 def serve_host_rank(config: Config, topology: Topology) -> int:
     """`trident serve` as rank r > 0 of several hosts: connect to rank 0, run its commands."""
     check_world(config, topology.world_size)
+    # A SIGTERM (a pod deleted with its StatefulSet) waits for rank 0's stop: rank 0 is being
+    # stopped too, and its final checkpoint gathers this rank's replay first.
+    signal.signal(signal.SIGTERM, lambda *_: logs.event(
+        logging.INFO, "SIGTERM: finishing rank 0's commands until it says stop"))  # fmt: skip
     link = TcpRank(topology, COLLECTIVE_DEADLINE_S)
     trainer = Trainer(config, comm=link)
     logs.event(logging.INFO, "rank joined", rank=topology.rank, world_size=topology.world_size)
