@@ -1,15 +1,52 @@
-"""What one rank of tests/test_comm.py does in its own process (spawned: importable by name)."""
+"""The ranks of the data-parallel tests: `run_ranks` starts them as spawned processes over a
+shared-memory group, and the functions below are what one rank does (spawned processes import
+them by name)."""
 
 from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
 from service.backend.comm import CollectiveTimeout, SharedMemoryGroup
 
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def run_ranks(
+    target: Callable[..., None],
+    world: int,
+    *args: object,
+    ranks: Iterable[int] | None = None,
+    slot_bytes: int = 1 << 20,
+    timeout_s: float = 300.0,
+) -> dict[int, object]:
+    """Run `target(group, rank, *args, results)` for each of `ranks` (default all of `world`)
+    in its own process; what each put on `results` as (rank, value), by rank. A rank may
+    stay away (`ranks` without it): the others meet its absence."""
+    group = SharedMemoryGroup.create(SPAWN, world, slot_bytes)
+    results = SPAWN.Queue()
+    chosen = list(range(world) if ranks is None else ranks)
+    processes = [SPAWN.Process(target=target, args=(group, rank, *args, results))
+                 for rank in chosen]  # fmt: skip
+    try:
+        for process in processes:
+            process.start()
+        got = dict(results.get(timeout=timeout_s) for _ in processes)
+        for process in processes:
+            process.join(30)
+    finally:
+        for process in processes:
+            if process.pid is not None:
+                process.kill()
+        group.close()
+    return got
+
 
 def reduce_and_broadcast(group: SharedMemoryGroup, rank: int, seed: int, results: object) -> None:
     """All-reduce this rank's fresh buffers (float64 and float32), broadcast from rank 1; put
-    (rank, inputs, outputs) on the `results` queue."""
+    (rank, (inputs, outputs)) on the `results` queue."""
     comm = group.communicator(rank, deadline_s=30)
     rng = np.random.default_rng([seed, rank])
     inputs = [rng.standard_normal(1000), rng.standard_normal((7, 13)).astype(np.float32)]
@@ -19,7 +56,7 @@ def reduce_and_broadcast(group: SharedMemoryGroup, rank: int, seed: int, results
     shared = rng.standard_normal(33)
     comm.broadcast(shared, root=1)
     comm.barrier()
-    results.put((rank, inputs, [*outputs, shared]))  # type: ignore[attr-defined]
+    results.put((rank, (inputs, [*outputs, shared])))  # type: ignore[attr-defined]
     comm.close()
 
 
@@ -38,7 +75,7 @@ def wait_for_a_dead_rank(group: SharedMemoryGroup, rank: int, deadline_s: float,
 def train_rank(group: SharedMemoryGroup, rank: int, settings: tuple[str, ...],
                rollouts: list, results: object) -> None:  # fmt: skip
     """Rank `rank` of a data-parallel trainer: Steps on its columns of each rollout; put
-    (rank, state_dict, losses per Step) on `results`."""
+    (rank, (state_dict, losses per Step)) on `results`."""
     from conftest import small_config
 
     from service.trainer.trainer import Trainer
@@ -50,7 +87,7 @@ def train_rank(group: SharedMemoryGroup, rank: int, settings: tuple[str, ...],
     for rollout in rollouts:
         result = trainer.step(rollout.columns(rank * share, (rank + 1) * share))
         losses.append(result.losses)
-    results.put((rank, trainer.state_dict(), losses))  # type: ignore[attr-defined]
+    results.put((rank, (trainer.state_dict(), losses)))  # type: ignore[attr-defined]
     comm.close()
 
 

@@ -5,70 +5,36 @@ deadline, naming what they waited for."""
 
 from __future__ import annotations
 
-import multiprocessing
 import socket
 import threading
 
 import comm_worker
 import numpy as np
 import pytest
+from comm_worker import SPAWN, run_ranks
 
 from service.backend.comm import SharedMemoryGroup, SingleRank
 from service.backend.rendezvous import RendezvousError, Topology, share
 from service.errors import InvalidInput
 
-SPAWN = multiprocessing.get_context("spawn")
-
-
-def run_ranks(target: object, world: int, *args: object, slot_bytes: int = 1 << 16) -> list:
-    group = SharedMemoryGroup.create(SPAWN, world, slot_bytes)
-    results = SPAWN.Queue()
-    processes = [SPAWN.Process(target=target, args=(group, rank, *args, results))
-                 for rank in range(world)]  # fmt: skip
-    try:
-        for process in processes:
-            process.start()
-        got = [results.get(timeout=120) for _ in range(world)]
-        for process in processes:
-            process.join(30)
-            assert process.exitcode == 0
-    finally:
-        for process in processes:
-            if process.pid is not None:
-                process.kill()
-        group.close()
-    return sorted(got, key=lambda item: item[0])
-
 
 def test_all_reduce_and_broadcast_over_three_processes(seed: int) -> None:
-    results = run_ranks(comm_worker.reduce_and_broadcast, 3, seed)
-    inputs = [inputs for _, inputs, _ in results]
+    got = run_ranks(comm_worker.reduce_and_broadcast, 3, seed, slot_bytes=1 << 16)
+    results = [got[rank] for rank in range(3)]
+    inputs = [inputs for inputs, _ in results]  # type: ignore[misc]
     for k in range(2):  # float64 [1000], float32 [7, 13]
         expected = inputs[0][k] + inputs[1][k] + inputs[2][k]  # rank order
-        for _, _, outputs in results:
+        for _, outputs in results:  # type: ignore[misc]
             assert outputs[k].dtype == expected.dtype
             assert outputs[k].tobytes() == expected.tobytes()
-    broadcast = [outputs[2] for _, _, outputs in results]
+    broadcast = [outputs[2] for _, outputs in results]  # type: ignore[misc]
     assert all(b.tobytes() == broadcast[1].tobytes() for b in broadcast)
     assert not np.array_equal(broadcast[0], np.zeros(33))
 
 
 def test_a_rank_that_never_comes_fails_the_others_within_the_deadline() -> None:
-    group = SharedMemoryGroup.create(SPAWN, 3, 64)
-    results = SPAWN.Queue()
-    waiting = [SPAWN.Process(target=comm_worker.wait_for_a_dead_rank,
-                             args=(group, rank, 2.0, results)) for rank in (0, 1)]  # fmt: skip
-    try:
-        for process in waiting:
-            process.start()
-        got = dict(results.get(timeout=60) for _ in waiting)  # rank 2 never starts
-        for process in waiting:
-            process.join(30)
-    finally:
-        for process in waiting:
-            if process.pid is not None:
-                process.kill()
-        group.close()
+    got = run_ranks(comm_worker.wait_for_a_dead_rank, 3, 2.0, ranks=(0, 1), slot_bytes=64,
+                    timeout_s=60)  # rank 2 never starts  # fmt: skip
     for rank in (0, 1):
         assert f"rank {rank} of 3: all_reduce_sum did not complete within 2 s" in got[rank]
 

@@ -5,39 +5,15 @@ end 10 Steps where 1 trainer holding both shards ends on the full rollouts: ever
 
 from __future__ import annotations
 
-import multiprocessing
-
 import comm_worker
 import numpy as np
 import pytest
+from comm_worker import run_ranks
 from conftest import random_rollout, small_config
 
-from service.backend.comm import SharedMemoryGroup
 from service.trainer.trainer import Trainer
 
-SPAWN = multiprocessing.get_context("spawn")
 STEPS, WORLD = 10, 2
-
-
-def run_ranks(settings: tuple[str, ...], rollouts: list) -> list:
-    group = SharedMemoryGroup.create(SPAWN, WORLD, 1 << 20)
-    results = SPAWN.Queue()
-    ranks = [SPAWN.Process(target=comm_worker.train_rank,
-                           args=(group, rank, settings, rollouts, results))
-             for rank in range(WORLD)]  # fmt: skip
-    try:
-        for process in ranks:
-            process.start()
-        got = [results.get(timeout=300) for _ in ranks]
-        for process in ranks:
-            process.join(30)
-            assert process.exitcode == 0
-    finally:
-        for process in ranks:
-            if process.pid is not None:
-                process.kill()
-        group.close()
-    return sorted(got, key=lambda item: item[0])
 
 
 @pytest.mark.parametrize(("dtype", "rtol"), [("float64", 1e-12), ("float32", 1e-5)])
@@ -51,7 +27,8 @@ def test_two_ranks_equal_one_trainer_on_the_full_batch(
     expected_losses = [single.step(rollout).losses for rollout in rollouts]
     assert "q" in expected_losses[-1]  # the C51 head trained on the sharded replay
     expected = single.state_dict()
-    (_, first, losses), (_, second, _) = run_ranks(settings, rollouts)
+    got = run_ranks(comm_worker.train_rank, WORLD, settings, rollouts)
+    (first, losses), (second, _) = got[0], got[1]  # type: ignore[misc]
     assert set(first) == set(second)
     for name in first:
         if not name.startswith("replay/"):
@@ -105,22 +82,7 @@ def test_a_rank_that_dies_fails_the_others_fast(rng: np.random.Generator, seed: 
     """Rank 1 leaves after 2 Steps: rank 0's third Step raises within its 2 s deadline."""
     settings = ("train.data_shards=2", f"train.seed={seed}", "replay.capacity=512")
     rollouts = [random_rollout(rng, T=5, N=8) for _ in range(4)]
-    group = SharedMemoryGroup.create(SPAWN, WORLD, 1 << 20)
-    results = SPAWN.Queue()
-    ranks = [SPAWN.Process(target=comm_worker.train_until,
-                           args=(group, rank, settings, rollouts, {1: 2}, results))
-             for rank in range(WORLD)]  # fmt: skip
-    try:
-        for process in ranks:
-            process.start()
-        got = dict(results.get(timeout=120) for _ in ranks)
-        for process in ranks:
-            process.join(30)
-    finally:
-        for process in ranks:
-            if process.pid is not None:
-                process.kill()
-        group.close()
+    got = run_ranks(comm_worker.train_until, WORLD, settings, rollouts, {1: 2}, timeout_s=120)
     assert got[1] == "left"
     assert got[0].startswith("Step 2: rank 0 of 2:") and "within 2 s" in got[0], got[0]
 
@@ -138,31 +100,16 @@ def test_a_checkpoint_of_two_ranks_restores_on_one_and_continues(
     settings = ("train.data_shards=2", "model.dtype=float64", f"train.seed={seed}",
                 "replay.capacity=512")  # fmt: skip
     rollouts = [random_rollout(rng, T=5, N=8) for _ in range(6)]
-    group = SharedMemoryGroup.create(SPAWN, WORLD, 1 << 20)
-    results = SPAWN.Queue()
-    ranks = [SPAWN.Process(target=comm_worker.checkpoint_midway,
-                           args=(group, rank, settings, rollouts, str(root), results))
-             for rank in range(WORLD)]  # fmt: skip
-    try:
-        for process in ranks:
-            process.start()
-        ended = dict(results.get(timeout=300) for _ in ranks)
-        for process in ranks:
-            process.join(30)
-    finally:
-        for process in ranks:
-            if process.pid is not None:
-                process.kill()
-        group.close()
+    ended = run_ranks(comm_worker.checkpoint_midway, WORLD, settings, rollouts, str(root))
     resumed = Trainer(small_config(*settings))
     restore_checkpoint(resumed, root, "midway")
     assert resumed.global_step == 3 and len(resumed.state.replay) == 3 * 40
     for rollout in rollouts[3:]:
         resumed.step(rollout)
     want = resumed.state_dict()
-    for name, array in ended[0].items():
+    for name, array in ended[0].items():  # type: ignore[attr-defined]
         assert array.shape == want[name].shape, name  # the ranks' replay gathered whole
         if not name.startswith("replay/"):
             np.testing.assert_allclose(array, want[name], rtol=1e-12, atol=1e-12, err_msg=name)
     for name in ("obs", "actions", "rewards", "next_obs"):
-        np.testing.assert_array_equal(ended[0][f"replay/{name}"], want[f"replay/{name}"])
+        np.testing.assert_array_equal(ended[0][f"replay/{name}"], want[f"replay/{name}"])  # type: ignore[index]

@@ -20,6 +20,8 @@ from service.errors import InvalidInput, TridentError
 
 MAGIC = b"TRDT1"
 HELLO = struct.Struct("!5sII")  # magic, rank, world size
+ANSWER = struct.Struct("!BI")  # refused (0 or 1), length of the reason that follows
+FRAME = struct.Struct("!Q")  # length of the bytes that follow
 ENV_RANK, ENV_WORLD, ENV_ADDRESS = "TRIDENT_RANK", "TRIDENT_WORLD_SIZE", "TRIDENT_RENDEZVOUS"
 
 
@@ -63,55 +65,64 @@ class Topology:
 
 def share(topology: Topology, payload: bytes | None, deadline_s: float = 120.0) -> bytes:
     """Rank 0 hands `payload` to every other rank; every rank returns it."""
-    if topology.world_size == 1:
-        if payload is None:
-            raise InvalidInput("payload", "bytes on rank 0", "None")
-        return payload
     deadline = time.monotonic() + deadline_s
     if topology.rank == 0:
         if payload is None:
             raise InvalidInput("payload", "bytes on rank 0", "None")
-        _serve(topology, payload, deadline)
+        links = meet(topology, deadline) if topology.world_size > 1 else {}
+        for link in links.values():
+            with link:
+                link.sendall(FRAME.pack(len(payload)) + payload)
         return payload
-    return _fetch(topology, deadline)
+    with dial(topology, deadline) as link:
+        (size,) = FRAME.unpack(_receive(link, FRAME.size))
+        return _receive(link, size)
 
 
-def _serve(topology: Topology, payload: bytes, deadline: float) -> None:
+def meet(topology: Topology, deadline: float) -> dict[int, socket.socket]:
+    """Rank 0: a connected socket from every other rank, each checked to be a rank of this
+    world not seen yet (answered 0; a stray one 1 and a reason). A rank of another world size
+    is an error here too; a missing one, past `deadline` (time.monotonic), names it."""
+    links: dict[int, socket.socket] = {}
     waiting = set(range(1, topology.world_size))
-    with socket.create_server((topology.host, topology.port), reuse_port=False) as listener:
+    with socket.create_server((topology.host, topology.port)) as listener:
         while waiting:
             left = deadline - time.monotonic()
             if left <= 0:
+                for link in links.values():
+                    link.close()
                 raise RendezvousError(
                     f"rank 0: ranks {sorted(waiting)} of {topology.world_size} did not reach "
                     f"{topology.host}:{topology.port} in time"
                 )
             listener.settimeout(left)
             try:
-                connection, peer = listener.accept()
+                link, peer = listener.accept()
             except TimeoutError:
                 continue
-            with connection:
-                connection.settimeout(max(0.1, deadline - time.monotonic()))
-                magic, rank, world = HELLO.unpack(_receive(connection, HELLO.size))
-                if magic != MAGIC or world != topology.world_size or rank not in waiting:
-                    reason = (
-                        f"expected a Trident rank in {sorted(waiting)} of world "
-                        f"{topology.world_size}, got rank {rank} of world {world}"
-                    )
-                    connection.sendall(struct.pack("!BI", 1, len(reason)) + reason.encode())
-                    if magic == MAGIC and world != topology.world_size:
-                        raise RendezvousError(f"rank 0: {peer[0]}: {reason}")
-                    continue
-                connection.sendall(struct.pack("!BI", 0, len(payload)) + payload)
+            link.settimeout(max(0.1, deadline - time.monotonic()))
+            magic, rank, world = HELLO.unpack(_receive(link, HELLO.size))
+            if magic == MAGIC and world == topology.world_size and rank in waiting:
+                link.sendall(ANSWER.pack(0, 0))
+                links[rank] = link
                 waiting.discard(rank)
+                continue
+            reason = (f"expected a Trident rank in {sorted(waiting)} of world "
+                      f"{topology.world_size}, got rank {rank} of world {world}")  # fmt: skip
+            with link:
+                link.sendall(ANSWER.pack(1, len(reason)) + reason.encode())
+            if magic == MAGIC and world != topology.world_size:
+                raise RendezvousError(f"rank 0: {peer[0]}: {reason}")
+    return links
 
 
-def _fetch(topology: Topology, deadline: float) -> bytes:
+def dial(topology: Topology, deadline: float) -> socket.socket:
+    """A rank past 0: its socket to rank 0, connected (retrying until `deadline`) and
+    accepted; RendezvousError naming the address, or rank 0's reason to refuse it."""
     address = (topology.host, topology.port)
     while True:
         try:
-            connection = socket.create_connection(address, timeout=1.0)
+            link = socket.create_connection(address, timeout=1.0)
             break
         except OSError as error:
             if time.monotonic() > deadline:
@@ -120,14 +131,14 @@ def _fetch(topology: Topology, deadline: float) -> bytes:
                     f"({error.strerror or error})"
                 ) from None
             time.sleep(0.1)
-    with connection:
-        connection.settimeout(max(0.1, deadline - time.monotonic()))
-        connection.sendall(HELLO.pack(MAGIC, topology.rank, topology.world_size))
-        refused, size = struct.unpack("!BI", _receive(connection, 5))
-        body = _receive(connection, size)
+    link.settimeout(max(0.1, deadline - time.monotonic()))
+    link.sendall(HELLO.pack(MAGIC, topology.rank, topology.world_size))
+    refused, size = ANSWER.unpack(_receive(link, ANSWER.size))
     if refused:
-        raise RendezvousError(f"rank {topology.rank}: rank 0 refused it: {body.decode()}")
-    return body
+        reason = _receive(link, size).decode()
+        link.close()
+        raise RendezvousError(f"rank {topology.rank}: rank 0 refused it: {reason}")
+    return link
 
 
 def _receive(connection: socket.socket, size: int) -> bytes:

@@ -13,17 +13,14 @@ the commands.
 from __future__ import annotations
 
 import socket
-import struct
 import time
 from typing import Any
 
 import numpy as np
 
 from service.backend.comm import DEFAULT_DEADLINE_S, CollectiveTimeout, check_root
-from service.backend.rendezvous import HELLO, MAGIC, RendezvousError, Topology
+from service.backend.rendezvous import FRAME, RendezvousError, Topology, dial, meet
 from service.errors import InvalidInput
-
-LENGTH = struct.Struct("!Q")
 
 
 class TcpRank:
@@ -31,60 +28,16 @@ class TcpRank:
 
     def __init__(self, topology: Topology, deadline_s: float = DEFAULT_DEADLINE_S) -> None:
         self.rank, self.world_size, self.deadline_s = topology.rank, topology.world_size, deadline_s
-        self._links: dict[int, socket.socket] = {}
         deadline = time.monotonic() + deadline_s
-        if self.rank == 0:
-            self._accept(topology, deadline)
-        else:
-            self._links[0] = self._connect(topology, deadline)
+        self._links = meet(topology, deadline) if self.rank == 0 else {0: dial(topology, deadline)}
         for link in self._links.values():
             link.settimeout(deadline_s)
             link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def _accept(self, topology: Topology, deadline: float) -> None:
-        waiting = set(range(1, self.world_size))
-        with socket.create_server((topology.host, topology.port)) as listener:
-            while waiting:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RendezvousError(
-                        f"rank 0: ranks {sorted(waiting)} of {self.world_size} did not reach "
-                        f"{topology.host}:{topology.port}"
-                    )
-                listener.settimeout(left)
-                try:
-                    link, _ = listener.accept()
-                except TimeoutError:
-                    continue
-                link.settimeout(max(0.1, deadline - time.monotonic()))
-                magic, rank, world = HELLO.unpack(_exactly(link, HELLO.size, "hello"))
-                if magic != MAGIC or world != self.world_size or rank not in waiting:
-                    link.close()
-                    raise RendezvousError(f"rank 0: a peer said rank {rank} of world {world}; "
-                                          f"expected one of {sorted(waiting)} of world "
-                                          f"{self.world_size}")  # fmt: skip
-                self._links[rank] = link
-                waiting.discard(rank)
-
-    def _connect(self, topology: Topology, deadline: float) -> socket.socket:
-        while True:
-            try:
-                link = socket.create_connection((topology.host, topology.port), timeout=1.0)
-                break
-            except OSError as error:
-                if time.monotonic() > deadline:
-                    raise RendezvousError(
-                        f"rank {self.rank}: no rank 0 at {topology.host}:{topology.port} "
-                        f"({error.strerror or error})"
-                    ) from None
-                time.sleep(0.1)
-        link.sendall(HELLO.pack(MAGIC, self.rank, self.world_size))
-        return link
-
     # ------------------------------------------------------------------------ framed bytes
     def send(self, payload: bytes, to: int = 0) -> None:
         """One framed message to rank `to` (rank 0's links) or to rank 0 (the others')."""
-        self._links[to].sendall(LENGTH.pack(len(payload)) + payload)
+        self._links[to].sendall(FRAME.pack(len(payload)) + payload)
 
     def receive(self, source: int = 0, what: str = "a message", wait: bool = False) -> bytes:
         """The next message from `source`, within the deadline (`wait`: however long it takes,
@@ -93,14 +46,14 @@ class TcpRank:
         if wait:
             link.settimeout(None)
             try:
-                header = _exactly(link, LENGTH.size, what)
+                header = _exactly(link, FRAME.size, what)
             except RendezvousError:
                 raise EOFError(f"rank {self.rank}: rank {source} closed the link") from None
             finally:
                 link.settimeout(self.deadline_s)
         else:
-            header = self._read(link, LENGTH.size, what, source)
-        (size,) = LENGTH.unpack(header)
+            header = self._read(link, FRAME.size, what, source)
+        (size,) = FRAME.unpack(header)
         return self._read(link, size, what, source)
 
     def _read(self, link: socket.socket, size: int, what: str, source: int) -> bytes:
