@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -120,6 +121,14 @@ def running_server(
     return ServerProcess.start(
         tmp_path, settings, checkpoint_dir=checkpoint_dir, extra_args=extra_args
     )
+
+
+def free_port() -> int:
+    """A loopback TCP port free a moment ago, for a process that must be told its port first
+    (a rendezvous address, a server restarted on the same port)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def wait_until(

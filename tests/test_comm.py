@@ -5,13 +5,13 @@ deadline, naming what they waited for."""
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import comm_worker
 import numpy as np
 import pytest
 from comm_worker import SPAWN, run_ranks
+from conftest import free_port
 
 from service.backend.comm import SharedMemoryGroup, SingleRank
 from service.backend.rendezvous import RendezvousError, Topology, share
@@ -63,11 +63,6 @@ def test_bad_arguments_name_the_field() -> None:
 
 
 # ------------------------------------------------------------------------------ rendezvous
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
 
 def meet(world: int, ranks: list[int], port: int, payload: bytes, deadline_s: float) -> dict:
     """`share` on threads for `ranks` of `world`: each rank's bytes, or its error."""

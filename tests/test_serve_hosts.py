@@ -7,24 +7,17 @@ final checkpoint gathers rank 1's replay ring over the link, then both exit 0.""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
-from conftest import SERVING, SMALL, random_rollout, small_config
+from conftest import SERVING, SMALL, free_port, random_rollout, small_config
 from serverproc import ServerProcess, clean_env
 
 from service.checkpoint import list_checkpoints, load_policy, restore_checkpoint
 from service.client.client import TridentClient
 from service.trainer.trainer import Trainer
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_two_hosts_train_like_one_trainer(tmp_path: Path, rng: np.random.Generator,

@@ -18,7 +18,6 @@ import math
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -32,7 +31,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 import yaml
-from conftest import fresh_seed, random_rollout, running_server
+from conftest import free_port, fresh_seed, random_rollout, running_server
 from serverproc import ServerProcess, scrape
 
 from service.client.client import TridentClient
@@ -277,11 +276,6 @@ def measured_side(expr: str) -> str | None:
 
 
 # --------------------------------------------------------------------------- processes
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def local_config(deploy: dict[str, Any], metrics_port: int) -> dict[str, Any]:
     """The deployed config with the `trident` job scraping 127.0.0.1:`metrics_port` every 1 s,

@@ -4,19 +4,12 @@ around it. Two ranks and more need a multi-GPU machine (bench/multigpu.py, not l
 
 from __future__ import annotations
 
-import socket
-
 import numpy as np
 import pytest
+from conftest import free_port
 
 from service.backend.rendezvous import Topology
 from service.errors import InvalidInput
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture

@@ -5,10 +5,8 @@ captured update) matches a plain CUDA trainer."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
-from conftest import random_steps, small_config
+from conftest import free_port, random_steps, small_config
 
 from service.backend.rendezvous import Topology
 from service.trainer.trainer import Trainer
@@ -45,10 +43,7 @@ def test_one_rank_through_nccl_matches_a_plain_cuda_trainer(seed: int) -> None:
         pytest.skip("CuPy finds no NCCL runtime here (the nvidia-nccl-cu13 wheel)")
     from service.backend.cuda.nccl import NcclRank
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    comm = NcclRank.connect(Topology.of(0, 1, f"127.0.0.1:{port}"), deadline_s=60)
+    comm = NcclRank.connect(Topology.of(0, 1, f"127.0.0.1:{free_port()}"), deadline_s=60)
     try:
         ranked = Trainer(small_config(*GPU_SIZES, "train.backend=cuda"), comm=comm)
         plain = Trainer(small_config(*GPU_SIZES, "train.backend=cuda"))

@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import running_server, wait_until
+from conftest import free_port, running_server, wait_until
 from serverproc import ServerProcess, clean_env
 
 from service.checkpoint import latest_checkpoint
@@ -36,11 +35,6 @@ DONE = re.compile(r"^done: .*\| (?P<rollouts>\d+) rollouts, (?P<resent>\d+) rese
                   r"(?P<released>\d+) released unconfirmed$")  # fmt: skip
 STALE = re.compile(r"\((?P<applied>\d+) applied, (?P<dropped>\d+) dropped as stale\)")
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def serve(tmp_path: Path, life: int, port: int) -> ServerProcess:
