@@ -11,6 +11,7 @@ a checkpoint it holds exactly the keys whose Steps that state includes.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import re
@@ -67,7 +68,7 @@ class StepLedger:
         when the key is too old for the ledger to tell."""
         found = self._results.get(key)
         if found is not None:
-            return dataclasses.replace(found)
+            return copy.deepcopy(found)  # the caller's to change (replayed, timings)
         forgotten = self._forgotten.get(key.actor)
         if forgotten is not None and key.sequence <= forgotten:
             raise ForgottenStepKey(
@@ -80,7 +81,7 @@ class StepLedger:
 
     def record(self, key: StepKey, result: StepResult) -> None:
         """Remember that `key`'s Step was applied with `result`; let go of the oldest keys."""
-        self._results[key] = dataclasses.replace(result)
+        self._results[key] = copy.deepcopy(result)  # the engine adds to its dicts after
         self._let_go()
 
     def _let_go(self) -> None:

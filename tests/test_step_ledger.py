@@ -37,7 +37,13 @@ def test_lookup_answers_applied_keys_and_none_for_new_ones(rng: np.random.Genera
     found = ledger.lookup(StepKey("actor-1", 2))
     assert found is not None
     found.replayed = True  # a caller's copy: the ledger's own result stays as recorded
+    found.losses["q"] = 123.0
+    found.timings_ms["queue"] = 4.0
     assert ledger.lookup(StepKey("actor-1", 2)) == results[StepKey("actor-1", 2)]
+    recorded = random_result(rng)
+    ledger.record(StepKey("actor-2", 0), recorded)
+    recorded.timings_ms["queue"] = 9.0  # as the engine does after recording
+    assert "queue" not in ledger.lookup(StepKey("actor-2", 0)).timings_ms  # type: ignore[union-attr]
 
 
 def test_keys_let_go_of_are_refused_per_actor(rng: np.random.Generator) -> None:
