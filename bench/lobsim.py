@@ -128,17 +128,20 @@ def loop_config(backend: str, N: int, seed: int, *model: str) -> Config:
     )  # fmt: skip
 
 
-def time_loop(backend: str, N: int, steps: int, seed: int, env: str = "lobsim") -> dict:
-    """The integrated loop's env steps/s on `backend` with N markets (or N CartPoles)."""
+def time_loop(
+    backend: str, N: int, steps: int, seed: int, env: str = "lobsim", sets: tuple[str, ...] = ()
+) -> dict:
+    """The integrated loop's env steps/s on `backend` with N markets (or N CartPoles), the
+    settings `sets` (section.key=value) on top of the defaults."""
     phases = Phases(backend)
     if env == "cartpole":
         shape = (f"model.obs_dim={OBS_DIM}", f"model.num_actions={NUM_CARTPOLE_ACTIONS}",
                  "model.aux_dim=0")  # fmt: skip
-        config = loop_config(backend, N, seed, *shape)
+        config = loop_config(backend, N, seed, *shape, *sets)
         trainer, T = Trainer(config), config.train.rollout_len
         step = DeviceLoop(trainer, CartPole(N, seed, backend=backend), T, phases).step
     else:
-        config = lobsim_model(loop_config(backend, N, seed))
+        config = lobsim_model(loop_config(backend, N, seed, *sets))
         trainer, T = Trainer(config), config.train.rollout_len
         if backend == "cuda":
             market = LobSim(N, config.lobsim, seed, backend="cuda")
@@ -195,15 +198,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--loop-sizes", type=int, nargs="+", default=[256, 4096, 16384])
     parser.add_argument("--loop-steps", type=int, default=5)
     parser.add_argument("--cartpole-sizes", type=int, nargs="+", default=[16384, 65536])
-    parser.add_argument("--numpy-loop-max", type=int, default=256,
-                        help="largest N of the NumPy integrated loop (it is slow)")
+    parser.add_argument(
+        "--numpy-loop-max",
+        type=int,
+        default=256,
+        help="largest N of the NumPy integrated loop (it is slow)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a setting of the CUDA loops (e.g. train.precision=bf16); repeatable",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results/lobsim.json"))
     args = parser.parse_args(argv)
     record = {
         "command": shlex.join([sys.executable, *sys.argv]),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
-        "config": {"events_per_step": LobsimConfig().events_per_step},
+        "config": {"events_per_step": LobsimConfig().events_per_step, "cuda_sets": args.sets},
         "results": [],
         "loop": [],
         "cartpole_loop": [],
@@ -234,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
                 else {"available": False, "reason": "skipped: N > --numpy-loop-max"}
             )
             cuda_loop = (
-                time_loop("cuda", N, args.loop_steps, args.seed, env)
+                time_loop("cuda", N, args.loop_steps, args.seed, env, tuple(args.sets))
                 if cuda_reason is None
                 else {"available": False, "reason": cuda_reason}
             )
