@@ -6,7 +6,7 @@ the encoder (D=40, H=256, depth 2), the pi / v / bce / aux heads on the rollout 
 value, BCE and MSE losses), the C51 head (A=9, Z=51) on the replay rows with the target
 network's forward, the categorical projection and the cross-entropy, then backward, the
 global-norm clip, AdamW on every tensor and the Polyak refresh of the target. float32 with
-TF32 off.
+TF32 off, or at --precision tf32 / bf16 (Trident's train.precision, torch at the same).
 
     PYTHONPATH=. python3 bench/gpu_step.py                    # B = 256 1024 4096 16384
     PYTHONPATH=. python3 bench/gpu_step.py --sizes 4096 --repeats 200
@@ -28,7 +28,8 @@ median over --repeats samples is the headline. A back-to-back figure (--b2b upda
 device-wide synchronise, wall clock / n) is recorded as a cross-check.
 
 The floor is the largest of: bytes moved (minimal, see `update_bytes`) / 4.3 TB/s, FLOPs
-(`update_flops`) / the fp32 GEMM rate measured here, and kernel launches per update x 0.9 us,
+(`update_flops`) / the GEMM rate measured here at the run's precision (fp32 with TF32 off, TF32, or
+bf16 operands), and kernel launches per update x 0.9 us,
 the launches counted with the profiler over replays of the torch graph (and, when the
 Trident column is available, over its updates too).
 
@@ -381,13 +382,15 @@ def stats_finite(tu: TorchUpdate) -> list[float]:
 
 
 # ------------------------------------------------------------------------------- ceilings
-def measure_gemm_rate(n: int, repeats: int) -> dict:
-    """fp32 FLOP/s of an n x n x n torch.mm with TF32 off (median of `repeats`)."""
+def measure_gemm_rate(n: int, repeats: int, precision: str = "fp32") -> dict:
+    """FLOP/s of an n x n x n torch.mm at `precision` (median of `repeats`): float32 with
+    torch's TF32 setting (setup_torch: on only for tf32), or bfloat16 operands."""
     import torch
 
-    a = torch.randn(n, n, device="cuda")
-    b = torch.randn(n, n, device="cuda")
-    c = torch.empty(n, n, device="cuda")
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    c = torch.empty(n, n, device="cuda", dtype=dtype)
     for _ in range(2):
         torch.mm(a, b, out=c)
     torch.cuda.synchronize()
@@ -404,6 +407,7 @@ def measure_gemm_rate(n: int, repeats: int) -> dict:
     torch.cuda.empty_cache()
     return {
         "shape": [n, n, n],
+        "precision": precision,
         "median_s": seconds,
         "flops_per_s": 2 * n**3 / seconds,
         "tflops": 2 * n**3 / seconds / 1e12,
@@ -613,7 +617,7 @@ def print_table(results: list[dict], ceilings: dict, trident_reason: str | None)
     gemm, copy = ceilings.get("gemm"), ceilings.get("copy")
     if gemm and copy:
         print(
-            f"fp32 GEMM (TF32 off) {gemm['shape'][0]}^3: {gemm['tflops']:.1f} TFLOP/s; "
+            f"GEMM at {gemm['precision']} {gemm['shape'][0]}^3: {gemm['tflops']:.1f} TFLOP/s; "
             f"D2D copy: {copy['tb_per_s']:.2f} TB/s (read + written); the floor uses "
             f"{ceilings['bandwidth_tb_per_s_for_floor']} TB/s and "
             f"{ceilings['launch_us_for_floor']} us per launch"
@@ -945,10 +949,10 @@ def main(argv: list[str] | None = None) -> int:
         "launch_us_for_floor": args.launch_us,
     }
     if args.device == "cuda":
-        ceilings["gemm"] = measure_gemm_rate(args.gemm_n, 10)
+        ceilings["gemm"] = measure_gemm_rate(args.gemm_n, 10, args.precision)
         ceilings["copy"] = measure_copy_bandwidth(args.copy_mib, 10)
         print(
-            f"fp32 GEMM {ceilings['gemm']['tflops']:.1f} TFLOP/s, copy "
+            f"GEMM at {args.precision} {ceilings['gemm']['tflops']:.1f} TFLOP/s, copy "
             f"{ceilings['copy']['tb_per_s']:.2f} TB/s",
             file=sys.stderr,
         )

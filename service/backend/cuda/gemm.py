@@ -11,10 +11,13 @@ the same algorithm for both and a replayed graph gives the eager bytes. Pointer 
 α = 1 and β = 0 are fixed at the call (and in a captured graph).
 
 Precision (`train.precision`): "fp32" is cublasSgemm, IEEE fp32 (no TF32), what the NumPy
-twins match. "tf32" and "bf16" are cublasGemmEx on the same fp32 matrices with compute type
-CUBLAS_COMPUTE_32F_FAST_TF32 / _FAST_16BF: cuBLAS rounds the inputs to TF32 or bf16 and runs
-them on tensor cores, accumulating in fp32; the parameters, gradients and outputs stay fp32.
-cuBLAS's atomics mode is off by default, so every precision gives the same bytes run to run.
+twins match. "tf32" is cublasGemmEx on the fp32 matrices with compute type
+CUBLAS_COMPUTE_32F_FAST_TF32: cuBLAS rounds the inputs to TF32 on the tensor cores. "bf16"
+rounds both operands to bfloat16 first (kernels/bf16.cu) and calls cublasGemmEx on bf16
+operands with CUBLAS_COMPUTE_32F; cuBLAS's CUBLAS_COMPUTE_32F_FAST_16BF on fp32 operands gave
+the TF32 bytes on the H200, so it would not be bf16. Both accumulate in fp32; parameters,
+gradients and outputs stay fp32. cuBLAS's atomics mode is off by default, so every precision
+gives the same bytes run to run.
 """
 
 from __future__ import annotations
@@ -24,14 +27,22 @@ import functools
 from pathlib import Path
 
 import cupy
+import numpy as np
 
-__all__ = ["gemm"]
+from service.backend.cuda.launch import BLOCK, strided_blocks
+from service.backend.cuda.loader import load_kernel
+
+__all__ = ["gemm", "round_to_bf16"]
 
 WORKSPACE_BYTES = 32 << 20  # cuBLAS's recommendation for Hopper is 32 MiB
 _OP_N, _OP_T = 0, 1
-_CUDA_R_32F, _GEMM_DEFAULT = 0, -1
-# train.precision -> cublasComputeType_t (None: cublasSgemm)
-COMPUTE = {"fp32": None, "tf32": 77, "bf16": 75}  # CUBLAS_COMPUTE_32F_FAST_TF32 / _FAST_16BF
+_CUDA_R_32F, _CUDA_R_16BF, _GEMM_DEFAULT = 0, 14, -1
+# train.precision -> (operand type, cublasComputeType_t); fp32 is cublasSgemm
+COMPUTE = {
+    "fp32": None,
+    "tf32": (_CUDA_R_32F, 77),  # CUBLAS_COMPUTE_32F_FAST_TF32
+    "bf16": (_CUDA_R_16BF, 68),  # CUBLAS_COMPUTE_32F on operands rounded to bf16
+}
 _Ptr, _Int = ctypes.c_void_p, ctypes.c_int
 
 
@@ -65,7 +76,12 @@ class _Cublas:
         self._workspaces: dict[int, cupy.ndarray] = {}
 
     def sgemm(
-        self, a: cupy.ndarray, b: cupy.ndarray, trans_a: bool, trans_b: bool, compute: int | None
+        self,
+        a: cupy.ndarray,
+        b: cupy.ndarray,
+        trans_a: bool,
+        trans_b: bool,
+        compute: tuple[int, int] | None,
     ):
         M = a.shape[1] if trans_a else a.shape[0]
         K = a.shape[0] if trans_a else a.shape[1]
@@ -91,9 +107,12 @@ class _Cublas:
                                         a.shape[1], zero, c.data.ptr, N)  # fmt: skip
             _check(status, "cublasSgemm")
             return c
+        operand, compute_type = compute
+        if operand == _CUDA_R_16BF:
+            a, b = round_to_bf16(a), round_to_bf16(b)
         status = lib.cublasGemmEx(
-            handle, *ops, one, b.data.ptr, _CUDA_R_32F, b.shape[1], a.data.ptr, _CUDA_R_32F,
-            a.shape[1], zero, c.data.ptr, _CUDA_R_32F, N, compute, _GEMM_DEFAULT,
+            handle, *ops, one, b.data.ptr, operand, b.shape[1], a.data.ptr, operand,
+            a.shape[1], zero, c.data.ptr, _CUDA_R_32F, N, compute_type, _GEMM_DEFAULT,
         )  # fmt: skip
         _check(status, "cublasGemmEx")
         return c
@@ -121,3 +140,12 @@ def gemm(
     if precision not in COMPUTE:
         raise ValueError(f"precision: expected one of {list(COMPUTE)}, got {precision!r}")
     return _cublas(cupy.cuda.Device().id).sgemm(a, b, trans_a, trans_b, COMPUTE[precision])
+
+
+def round_to_bf16(x: cupy.ndarray) -> cupy.ndarray:
+    """The bfloat16 bits (uint16, same shape) of float32 `x`, rounded to nearest even."""
+    out = cupy.empty(x.shape, dtype=cupy.uint16)
+    if x.size:
+        kernel = load_kernel("bf16.cu", "round_to_bf16")
+        kernel(strided_blocks(x.size), (BLOCK,), (x, np.int64(x.size), out))
+    return out
