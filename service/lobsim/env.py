@@ -35,6 +35,7 @@ in `info["final_obs"]`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -53,6 +54,31 @@ from service.lobsim.book import (
     Messages,
 )
 from service.lobsim.flow import background_messages, limit_weights, scaled
+
+
+class MarketKernel(Protocol):
+    """Runs a step's market events over `Books` in place, kernels/lobsim.cu's contract: the
+    CUDA backend's CudaMarket (service/lobsim/cuda_market.py), or that kernel built for the
+    host (tests/lobsim/test_kernel_on_host.py). Returns the agent's taken and passive lots
+    and the signed flow per market."""
+
+    def step(
+        self,
+        books: Books,
+        messages: list[Messages],
+        latency: np.ndarray,
+        weights: tuple[np.ndarray, np.ndarray, np.ndarray],
+        excitation: np.ndarray,
+        direction: np.ndarray,
+        first_seq: int,
+        events: int,
+        flow_settings: tuple[int, bool, int, int, int, int],
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
+    def random_bits(self, stream: Stream, sequence: int, n: int) -> np.ndarray:
+        """Philox words [n, 4] uint32 of `sequence` in `stream` (philox.random_bits)."""
+        ...
+
 
 NUM_ACTIONS = 9
 QUOTES = {2: (0, 0), 3: (1, 1), 4: (3, 3), 5: (0, 2), 6: (2, 0)}  # action: (bid, ask) ticks
@@ -97,8 +123,15 @@ class LobSim:
     label_dim = LABEL_DIM  # perception labels per step: next mid move (BCE) and LABEL_DIM aux
 
     def __init__(
-        self, num_envs: int, cfg: LobsimConfig, seed: int, backend: str = "numpy"
+        self,
+        num_envs: int,
+        cfg: LobsimConfig,
+        seed: int,
+        backend: str = "numpy",
+        market: MarketKernel | None = None,
     ) -> None:
+        """`market` runs each step's market events in place of the NumPy engine, over books
+        on the backend (`backend="cuda"` makes its own: kernels/lobsim.cu on the GPU)."""
         if backend not in ("numpy", "cuda"):
             raise ValueError(f"backend: expected 'numpy' or 'cuda', got {backend!r}")
         self.cfg, self.num_envs = cfg, num_envs
@@ -131,11 +164,11 @@ class LobSim:
             [QUOTES.get(a, (0, 0)) for a in range(NUM_ACTIONS)], dtype=xp.int64
         )
         self._limit_weights = xp.asarray(limit_weights(cfg))
-        self._cuda = None
-        if backend == "cuda":
+        self._market = market
+        if backend == "cuda" and market is None:
             from service.lobsim.cuda_market import CudaMarket
 
-            self._cuda = CudaMarket(self.books, cfg.visible_levels, self.key)
+            self._market = CudaMarket(self.books, cfg.visible_levels, self.key)
         self._reset()
         self._last_obs = self._observe(xp.zeros(num_envs), xp.zeros(num_envs))
 
@@ -174,8 +207,8 @@ class LobSim:
         events = cfg.events_per_step
         first = self.calls  # the Philox sequences of this step's background events
         self.calls += events
-        if self._cuda is not None:
-            taken, passive, flow = self._cuda.step(
+        if self._market is not None:
+            taken, passive, flow = self._market.step(
                 books, agent_messages, latency, (self.limit_w, self.cancel_w, self.market_w),
                 self.excitation, self.direction, first, events,
                 (cfg.max_order_lots, cfg.hawkes, cfg.hawkes_jump, cfg.hawkes_decay_pct,
@@ -312,8 +345,8 @@ class LobSim:
 
     def _random_bits(self, stream: Stream, n: int) -> np.ndarray:
         """`random_bits(key, stream, self.calls, n)` [n, 4] uint32, drawn on the backend."""
-        if self._cuda is not None:
-            return self._cuda.random_bits(stream, self.calls, n)
+        if self._market is not None:
+            return self._market.random_bits(stream, self.calls, n)
         return random_bits(self.key, stream, self.calls, n)
 
     def recentre(self) -> None:
