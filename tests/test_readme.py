@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 READMES = (ROOT / "README.md", ROOT / "deploy" / "README.md")
 # Commands a README shows that this test does not run, each with why.
 NOT_RUN = {
-    "pip install -e '.[test]' && python -m pytest -q": "the test suite itself: .ci/run runs it",
+    "pip install -e '.[test]' && python -m pytest -q -n 2": "the suite itself: .ci/run runs it",
 }
 # The main job runs in its own shell, as a reader would leave it training while trying the
 # rest; it must exit 0 by the end. (Its install must finish before the next command runs.)
