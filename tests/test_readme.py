@@ -51,7 +51,7 @@ def test_the_commands_left_out_are_shown_and_run_elsewhere() -> None:
     shown = {c.split("#")[0].strip() for c in commands}
     assert set(NOT_RUN) <= shown, set(NOT_RUN) - shown
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "-e '.[test]'" in ci and "\npython3 -m pytest -q\n" in ci
+    assert "-e '.[test]'" in ci and "\npython3 -m pytest -q -n 2\n" in ci
 
 
 @pytest.mark.slow
