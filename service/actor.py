@@ -29,11 +29,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+import grpc
 import numpy as np
 
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.client.client import TridentClient
-from service.client.resilient import ResilientLink
+from service.client.resilient import GONE, ResilientLink
 from service.config import LobsimConfig
 from service.envs import LobSimVectorEnv
 from service.errors import TridentError
@@ -188,6 +189,25 @@ def latency_ms(name: str, seconds: list[float]) -> str:
     return f"{name} p50 {p50:.2f} ms p99 {p99:.2f} ms"
 
 
+def first_status(
+    client: TridentClient, link: ResilientLink, reconnect_s: float
+) -> pb.GetStatusResponse:
+    """The server's status at the actor's start. An actor may start while its server starts
+    or restarts (a fleet and its server deployed together): then it says so on one line and
+    waits as through any outage, up to `reconnect_s`."""
+    try:
+        return client.status()
+    except grpc.RpcError as error:
+        if error.code() not in GONE:
+            raise
+        print(
+            f"trident actor: no server at {client.target} yet ({error.code().name}); waiting up "
+            f"to {reconnect_s:g} s for it (--reconnect-timeout)",
+            flush=True,
+        )
+    return link.status()
+
+
 def run_actor(
     client: TridentClient,
     env: str,
@@ -220,7 +240,7 @@ def run_actor(
         link = ResilientLink(
             client, lambda status: check_dims(status, dims, env), reconnect_s=reconnect_s
         )
-        check_dims(client.status(), dims, env)
+        check_dims(first_status(client, link, reconnect_s), dims, env)
         print(
             f"trident actor: env={env} obs_dim={dims.obs_dim} actions={dims.num_actions} "
             f"rollout={rollout_len}x{num_envs} steps={steps} seed={seed} id={link.actor_id}",

@@ -3,14 +3,16 @@ a model that does not fit, and the Gymnasium adapter's same-step autoreset."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import gymnasium
 import numpy as np
 import pytest
-from conftest import running_server
-from serverproc import ServerProcess, trident_cli
+from conftest import free_port, running_server
+from serverproc import ServerProcess, clean_env, trident_cli
 
 from service.actor import (
     ActorError,
@@ -69,6 +71,32 @@ def test_a_model_that_does_not_fit_stops_the_actor(cartpole_server: ServerProces
     code, _, stderr = actor(cartpole_server, "gymnasium:Acrobot-v1", "--steps", "1")
     assert code == 2 and "model.obs_dim = 4, the env needs 6" in stderr
     assert global_step(cartpole_server) == before
+
+
+def test_an_actor_started_before_its_server_waits_for_it(tmp_path: Path) -> None:
+    """A fleet may start before its server: the actor says so on its first line, waits, and
+    trains once the server listens; one that never comes stops the actor at the timeout."""
+    port = free_port()
+    command = [sys.executable, "-m", "service.cli", "actor", "--server", f"127.0.0.1:{port}",
+               "--env", "gymnasium:CartPole-v1", "--num-envs", "4", "--rollout-len", "8",
+               "--steps", "2", "--reconnect-timeout", "120"]  # fmt: skip
+    early = subprocess.Popen(command, env=clean_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert early.stdout is not None
+        first = early.stdout.readline()  # printed before the server exists: it is started next
+        assert first.startswith(f"trident actor: no server at 127.0.0.1:{port} yet (UNAVAILABLE)")
+        assert "waiting up to 120 s" in first
+        with running_server(tmp_path, *CARTPOLE, extra_args=["--port", str(port)]) as server:
+            out, err = early.communicate(timeout=120)
+            assert early.returncode == 0 and not err.strip(), err
+            assert out.splitlines()[0].startswith("trident actor: env=gymnasium:CartPole-v1")
+            assert global_step(server) == 2
+    finally:
+        early.kill()
+    command[command.index("--reconnect-timeout") + 1] = "1"
+    gone = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 2 and "did not come back within 1 s" in gone.stderr, gone.stderr
 
 
 def test_actor_trains_the_server_on_lobsim(tmp_path: Path) -> None:

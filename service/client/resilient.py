@@ -96,6 +96,10 @@ class ResilientLink:
         self._keep = keep
 
     # ------------------------------------------------------------------------ calls
+    def status(self) -> pb.GetStatusResponse:
+        """The server's status, waiting for the server while it is gone, as every call does."""
+        return self._through_outages(self.client.status)
+
     def act(self, obs: np.ndarray, mode: ActMode = ActMode.SAMPLE) -> ActResult:
         return self._through_outages(lambda: self.client.act(obs, mode))
 
