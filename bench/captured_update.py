@@ -6,7 +6,8 @@ rollout minibatch with random data (the distributions of bench/torch_update.py's
 a replay draw, every head, backward, clip, AdamW, target refresh, the statistics) twice:
 eagerly, then captured. `run()` enqueues one more replay of that graph on CuPy's current stream
 (`Executor.replay`); each replay draws a fresh replay sample (the graph advances its Philox
-sequence). Public API only.
+sequence). With `graphs=False` the trainer launches the kernels one by one and `run()` runs
+the update again that way (bench/gpu_profile.py --serial). Public API only.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 class CapturedUpdate:
     """A CUDA trainer with one captured B-row update (B rollout rows + B replay rows)."""
 
-    def __init__(self, config: Config, batch_size: int, seed: int = 0) -> None:
-        config = with_overrides(config, ["train.backend=cuda", "train.cuda_graphs=true"])
+    def __init__(self, config: Config, batch_size: int, seed: int = 0, graphs: bool = True) -> None:
+        graphs_setting = f"train.cuda_graphs={str(graphs).lower()}"
+        config = with_overrides(config, ["train.backend=cuda", graphs_setting])
+        self.graphs = graphs
         self.trainer = trainer = Trainer(config)
         model, B = config.model, batch_size
         D, A, K = model.obs_dim, model.num_actions, model.aux_dim
@@ -67,7 +70,13 @@ class CapturedUpdate:
                 self.totals = trainer.learner.updates.run(batch, order, bounds, use_q=True)
             trainer.synchronize()
         self._key = update_key(order, bounds, batch, use_q=True)
+        self._eager = (batch, order, bounds)
 
     def run(self) -> None:
         """Enqueue one update on CuPy's current stream; does not synchronise."""
-        self.trainer.executor.replay(self._key)
+        if self.graphs:
+            self.trainer.executor.replay(self._key)
+            return
+        batch, order, bounds = self._eager
+        with self.trainer.on_device():
+            self.trainer.learner.updates.run(batch, order, bounds, use_q=True)

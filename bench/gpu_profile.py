@@ -5,6 +5,13 @@
 Builds bench/gpu_step.py's `CapturedUpdate` for each B (same config, same data), replays it
 --replays times under torch.profiler (CUPTI) and prints, per kernel name, the launches and
 the device time per update, largest first. Needs a CUDA device, CuPy and torch.
+
+In the graph the side lanes run kernels side by side, so a kernel's time includes what it
+shared the GPU with. `--serial` times each kernel alone: the trainer launches them one by one
+(`train.cuda_graphs=false`) with CUDA_LAUNCH_BLOCKING=1, so no two overlap; the sum is the
+update's serial device time, each row the kernel's own cost.
+
+    CUDA_LAUNCH_BLOCKING=1 python bench/gpu_profile.py --serial --sizes 4096 16384
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,14 +28,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_step
 
 
-def profile_update(B: int, replays: int) -> dict:
+def profile_update(B: int, replays: int, serial: bool = False) -> dict:
     import cupy
     import torch
     from captured_update import CapturedUpdate
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    update = CapturedUpdate(gpu_step.make_config(B, gpu_step.parse_args([])), B, seed=0)
+    config = gpu_step.make_config(B, gpu_step.parse_args([]))
+    update = CapturedUpdate(config, B, seed=0, graphs=not serial)
     for _ in range(5):
         update.run()
     cupy.cuda.Device().synchronize()
@@ -48,6 +57,7 @@ def profile_update(B: int, replays: int) -> dict:
     ]
     return {
         "B": B,
+        "serial": serial,
         "replays": replays,
         "busy_us": sum(r["us"] for r in rows),
         "kernels": rows,
@@ -92,12 +102,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[4096])
     parser.add_argument("--replays", type=int, default=20)
     parser.add_argument("--top", type=int, default=25, help="kernels printed per B")
+    parser.add_argument("--serial", action="store_true",
+                        help="each kernel alone: eager launches (needs CUDA_LAUNCH_BLOCKING=1)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    if args.serial and os.environ.get("CUDA_LAUNCH_BLOCKING") != "1":
+        parser.error("--serial: run with CUDA_LAUNCH_BLOCKING=1 in the environment (the CUDA "
+                     "driver reads it when it starts)")  # fmt: skip
     report = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ"),
               "results": []}  # fmt: skip
     for B in args.sizes:
-        result = profile_update(B, args.replays)
+        result = profile_update(B, args.replays, args.serial)
         report["results"].append(result)
         print(
             f"\nB={B}: device busy {result['busy_us']:.1f} us per update; one replay spans "
