@@ -50,11 +50,11 @@ def fresh_seed(bits: int = 32) -> int:
     return seed
 
 
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests marked `slow` first, the rest in collection order: with two workers (`-n 2`) the
     README test (about 150 s) starts at once instead of last."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
 
 @pytest.fixture
 def seed() -> int:
