@@ -33,12 +33,13 @@ def test_two_hosts_train_like_one_trainer(tmp_path: Path, rng: np.random.Generat
     try:
         server = ServerProcess.start(tmp_path / "rank0", [*SMALL, *SERVING, *settings],
                                      env={**place, "TRIDENT_RANK": "0"})  # fmt: skip
-        with server, TridentClient(server.target) as client:
-            for rollout in rollouts:
-                client.step(rollout)
-            assert client.status().global_step == len(rollouts)
-        other.send_signal(signal.SIGTERM)  # as Kubernetes stops every pod: rank 1 waits for 0
-        assert server.terminate() == 0
+        with server:
+            with TridentClient(server.target) as client:
+                for rollout in rollouts:
+                    client.step(rollout)
+                assert client.status().global_step == len(rollouts)
+            other.send_signal(signal.SIGTERM)  # as Kubernetes stops every pod: rank 1 waits for 0
+            assert server.terminate() == 0, server.stderr()[-3000:]
         _, err = other.communicate(timeout=60)
     finally:
         other.kill()
