@@ -169,7 +169,7 @@ def rss_bytes(pid: int) -> int | None:
 
 def actor_command(settings: Settings, target: str, index: int, token: str) -> list[str]:
     return [
-        sys.executable, "-m", "service.cli", "actor", "--server", target, "--token", token,
+        sys.executable, "-m", "service.cli", "actor", "--server", target, f"--token={token}",
         "--env", "lobsim", "--num-envs", str(settings.num_envs),
         "--rollout-len", str(settings.rollout_len),
         "--duration", f"{settings.duration_s:g}", "--steps", str(2**62),

@@ -48,7 +48,11 @@ def token_line(role: str, token: str) -> str:
 
 
 def new_token() -> str:
-    return secrets.token_urlsafe(32)
+    """32 random bytes, URL-safe, never starting with '-': a command line would read such a
+    token as a flag (`--token -x...` is "expected one argument")."""
+    while (token := secrets.token_urlsafe(32)).startswith("-"):
+        pass
+    return token
 
 
 @dataclass(frozen=True)

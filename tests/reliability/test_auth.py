@@ -37,6 +37,7 @@ from service.server.auth import (
     ROLES,
     BearerTokenInterceptor,
     TokenTable,
+    new_token,
     token_hash,
 )
 
@@ -211,6 +212,17 @@ def test_token_hashes_are_compared_with_hmac_compare_digest(
 
 
 # ------------------------------------------------------------------------------ roles
+def test_new_tokens_never_start_with_a_dash() -> None:
+    """`trident token` prints what a user pastes after `--token`: one starting with '-' would
+    read as a flag. A plain token_urlsafe starts so once in 64: 10,000 draws catch it."""
+    tokens = [new_token() for _ in range(10_000)]
+    assert not [t for t in tokens if t.startswith("-")]
+    assert all(len(t) == 43 for t in tokens) and len(set(tokens)) == len(tokens)
+    assert {c for t in tokens for c in t} <= set(
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    )
+
+
 def test_each_role_calls_its_methods_and_is_denied_the_rest(
     tmp_path: Path, rng: np.random.Generator, capsys: pytest.CaptureFixture[str]
 ) -> None:
