@@ -1,7 +1,8 @@
 """Data parallel on the NumPy backend: 2 ranks (processes over shared memory), each holding one
 of train.data_shards = 2 shards (half the environments, its minibatch share, its replay ring),
 end 10 Steps where 1 trainer holding both shards ends on the full rollouts: every tensor within
-1e-12 of its norm in float64, 1e-5 in float32; the two ranks hold the same bytes."""
+1e-12 of its norm in float64, 1e-5 of its group's norm in float32; the two ranks hold the same
+bytes."""
 
 from __future__ import annotations
 
@@ -33,10 +34,20 @@ def test_two_ranks_equal_one_trainer_on_the_full_batch(
     for name in first:
         if not name.startswith("replay/"):
             assert first[name].tobytes() == second[name].tobytes(), name
-    for name, want in expected.items():  # each tensor within rtol, relative to its norm
+    # Each tensor within rtol of its norm, or (float32) of its group's (params/, target/,
+    # optim/...): Adam moves a 1-element bias by ±lr per update, so one can end near 0 where
+    # float32's different sum order (two half-batches added) is a larger share of it (seed
+    # 1919171235: params/bce/b = -6.4e-4, off by 9.3e-9).
+    groups: dict[str, list[np.ndarray]] = {}
+    for name, want in expected.items():
+        groups.setdefault(name.split("/")[0], []).append(want.astype(np.float64).ravel())
+    for name, want in expected.items():
         if name.startswith(("params/", "target/", "optim/", "counters/")):
             error = np.linalg.norm((first[name] - want).astype(np.float64))
-            assert error <= rtol * np.linalg.norm(want.astype(np.float64)) + 1e-30, name
+            scale = np.linalg.norm(want.astype(np.float64))
+            if dtype == "float32":
+                scale = max(scale, np.linalg.norm(np.concatenate(groups[name.split("/")[0]])))
+            assert error <= rtol * scale + 1e-30, name
     for got, want in zip(losses, expected_losses, strict=True):
         assert got.keys() == want.keys()
         for head in want:
