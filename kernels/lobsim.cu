@@ -37,9 +37,13 @@
 static constexpr unsigned int kLobFlowStream = 6u;      // philox.Stream.LOB_FLOW
 static constexpr unsigned int kLobInformedStream = 8u;  // philox.Stream.LOB_INFORMED
 
+// A market's state while its thread steps it. `total` and `background_best` follow every
+// write to the rows (lob_set_lots), so an event reads them instead of scanning P prices.
 struct LobMarket {
     long long* lots;        // this market's bid row; its ask row is lots + ask_offset
     long long ask_offset;   // N · P
+    long long total[2];            // background lots per side
+    long long background_best[2];  // best background price per side (-1: none)
     long long* agent_px;    // [2] through stride N
     long long* agent_qty;
     long long* agent_ahead;
@@ -66,18 +70,39 @@ static __device__ __forceinline__ long long& lob_ahead(LobMarket& m, int side)
     return m.agent_ahead[side * m.N + m.n];
 }
 
+// The best background price of a side at or behind `from` (bids: at or below, asks: at or
+// above; -1: none), by a scan of the row.
+static __device__ long long lob_scan_best(LobMarket& m, int side, long long from)
+{
+    const long long* row = lob_row(m, side);
+    if (side == 0) {
+        for (long long p = from; p >= 0; --p)
+            if (row[p] > 0) return p;
+    } else {
+        for (long long p = from; p < TRIDENT_LOB_P; ++p)
+            if (row[p] > 0) return p;
+    }
+    return -1;
+}
+
+// row[price] = lots for one side, keeping `total` and `background_best` exact.
+static __device__ void lob_set_lots(LobMarket& m, int side, long long price, long long lots)
+{
+    long long* row = lob_row(m, side);
+    m.total[side] += lots - row[price];
+    row[price] = lots;
+    long long& best = m.background_best[side];
+    if (lots > 0) {
+        if (best < 0 || (side == 0 ? price > best : price < best)) best = price;
+    } else if (price == best) {
+        best = lob_scan_best(m, side, side == 0 ? price - 1 : price + 1);
+    }
+}
+
 // Books.best: the best price of a side over background and agent lots (-1: empty).
 static __device__ long long lob_best(LobMarket& m, int side)
 {
-    const long long* row = lob_row(m, side);
-    long long background = -1;
-    if (side == 0) {
-        for (int p = TRIDENT_LOB_P - 1; p >= 0; --p)
-            if (row[p] > 0) { background = p; break; }
-    } else {
-        for (int p = 0; p < TRIDENT_LOB_P; ++p)
-            if (row[p] > 0) { background = p; break; }
-    }
+    const long long background = m.background_best[side];
     const long long agent = lob_px(m, side);
     if (side == 0) return background > agent ? background : agent;
     if (background < 0) return agent;
@@ -138,7 +163,7 @@ static __device__ long long lob_match(LobMarket& m, long long remaining, long lo
             lots -= third;
             remaining -= third;
         }
-        row[best] = lots;
+        lob_set_lots(m, opp, best, lots);
         if (first > 0) lob_fill(m, owner, 0, side, best, first);
         if (second > 0) lob_fill(m, owner, LOB_AGENT, side, best, second);
         if (third > 0) lob_fill(m, owner, 0, side, best, third);
@@ -161,11 +186,10 @@ static __device__ void lob_apply(LobMarket& m, long long kind, long long side, l
         lob_ahead(m, own) = 0;
     }
     if (kind == LOB_CANCEL && owner != LOB_AGENT && in_window) {
-        long long* row = lob_row(m, own);
-        const long long held = row[price];
+        const long long held = lob_row(m, own)[price];
         long long removed = held - position < qty ? held - position : qty;
         removed = removed > 0 ? removed : 0;
-        row[price] = held - removed;
+        lob_set_lots(m, own, price, held - removed);
         if (lob_px(m, own) == price) {
             const long long ahead = lob_ahead(m, own);
             const long long end = position + removed < ahead ? position + removed : ahead;
@@ -182,7 +206,7 @@ static __device__ void lob_apply(LobMarket& m, long long kind, long long side, l
                 lob_qty(m, own) = remaining;
                 lob_ahead(m, own) = lob_row(m, own)[price];
             } else {
-                lob_row(m, own)[price] += remaining;
+                lob_set_lots(m, own, price, lob_row(m, own)[price] + remaining);
             }
         }
     }
@@ -218,6 +242,12 @@ extern "C" __global__ void lobsim_step(
     m.overflow = overflow[n];
     m.traded = traded[n];
     m.taken = m.passive = m.flow = 0;
+    for (int side = 0; side < 2; ++side) {
+        const long long* row = lob_row(m, side);
+        m.total[side] = 0;
+        for (int p = 0; p < TRIDENT_LOB_P; ++p) m.total[side] += row[p];
+        m.background_best[side] = lob_scan_best(m, side, side == 0 ? TRIDENT_LOB_P - 1 : 0);
+    }
     long long limit_weights[TRIDENT_LOB_D];
     long long limit_total = 0;
     for (int d = 0; d < TRIDENT_LOB_D; ++d) {
@@ -253,13 +283,9 @@ extern "C" __global__ void lobsim_step(
                 hidden = -hidden;
             if (trident_below(v.x, 100u) < (unsigned int)informed_pct) informed_side = hidden;
         }
-        long long bid_total = 0, ask_total = 0;
+        const long long bid_total = m.total[0], ask_total = m.total[1];
         const long long* bid_row = lob_row(m, 0);
         const long long* ask_row = lob_row(m, 1);
-        for (int p = 0; p < TRIDENT_LOB_P; ++p) {
-            bid_total += bid_row[p];
-            ask_total += ask_row[p];
-        }
         const long long market = market_w[n] + excite;
         const long long total = 2 * limit_total + 2 * market + cancel_w[n] * (bid_total + ask_total);
         const long long pick =
