@@ -37,13 +37,14 @@
 static constexpr unsigned int kLobFlowStream = 6u;      // philox.Stream.LOB_FLOW
 static constexpr unsigned int kLobInformedStream = 8u;  // philox.Stream.LOB_INFORMED
 
-// A market's state while its thread steps it. `total` and `background_best` follow every
-// write to the rows (lob_set_lots), so an event reads them instead of scanning P prices.
+// A market's state while its thread steps it. `total`, `background_best` and `lowest` follow
+// every write to the rows (lob_set_lots), so an event reads them instead of scanning P prices.
 struct LobMarket {
     long long* lots;        // this market's bid row; its ask row is lots + ask_offset
     long long ask_offset;   // N · P
     long long total[2];            // background lots per side
     long long background_best[2];  // best background price per side (-1: none)
+    long long lowest[2];           // lowest price with background lots per side (-1: none)
     long long* agent_px;    // [2] through stride N
     long long* agent_qty;
     long long* agent_ahead;
@@ -70,32 +71,31 @@ static __device__ __forceinline__ long long& lob_ahead(LobMarket& m, int side)
     return m.agent_ahead[side * m.N + m.n];
 }
 
-// The best background price of a side at or behind `from` (bids: at or below, asks: at or
-// above; -1: none), by a scan of the row.
-static __device__ long long lob_scan_best(LobMarket& m, int side, long long from)
+// The first price with background lots on a side from `from` on, going up (step 1) or down
+// (step -1); -1: none.
+static __device__ long long lob_scan(LobMarket& m, int side, long long from, int step)
 {
     const long long* row = lob_row(m, side);
-    if (side == 0) {
-        for (long long p = from; p >= 0; --p)
-            if (row[p] > 0) return p;
-    } else {
-        for (long long p = from; p < TRIDENT_LOB_P; ++p)
-            if (row[p] > 0) return p;
-    }
+    for (long long p = from; p >= 0 && p < TRIDENT_LOB_P; p += step)
+        if (row[p] > 0) return p;
     return -1;
 }
 
-// row[price] = lots for one side, keeping `total` and `background_best` exact.
+// row[price] = lots for one side, keeping `total`, `background_best` and `lowest` exact.
 static __device__ void lob_set_lots(LobMarket& m, int side, long long price, long long lots)
 {
     long long* row = lob_row(m, side);
     m.total[side] += lots - row[price];
     row[price] = lots;
+    const int inward = side == 0 ? -1 : 1;  // from the best price into the book
     long long& best = m.background_best[side];
+    long long& lowest = m.lowest[side];
     if (lots > 0) {
         if (best < 0 || (side == 0 ? price > best : price < best)) best = price;
-    } else if (price == best) {
-        best = lob_scan_best(m, side, side == 0 ? price - 1 : price + 1);
+        if (lowest < 0 || price < lowest) lowest = price;
+    } else {
+        if (price == best) best = lob_scan(m, side, price + inward, inward);
+        if (price == lowest) lowest = lob_scan(m, side, price + 1, 1);
     }
 }
 
@@ -246,7 +246,9 @@ extern "C" __global__ void lobsim_step(
         const long long* row = lob_row(m, side);
         m.total[side] = 0;
         for (int p = 0; p < TRIDENT_LOB_P; ++p) m.total[side] += row[p];
-        m.background_best[side] = lob_scan_best(m, side, side == 0 ? TRIDENT_LOB_P - 1 : 0);
+        m.background_best[side] =
+            side == 0 ? lob_scan(m, 0, TRIDENT_LOB_P - 1, -1) : lob_scan(m, 1, 0, 1);
+        m.lowest[side] = lob_scan(m, side, 0, 1);
     }
     long long limit_weights[TRIDENT_LOB_D];
     long long limit_total = 0;
@@ -323,9 +325,11 @@ extern "C" __global__ void lobsim_step(
                 const bool on_ask = lot >= bid_total;
                 const long long in_side = on_ask ? lot - bid_total : lot;
                 const long long* row = on_ask ? ask_row : bid_row;
+                const long long lowest = m.lowest[on_ask ? 1 : 0];
                 long long running = 0;
                 int level = 0;
-                for (int p = 0; p < TRIDENT_LOB_P; ++p) {
+                // the levels below `lowest` hold no lots: the scan from 0 would add zeros there
+                for (int p = lowest < 0 ? TRIDENT_LOB_P : (int)lowest; p < TRIDENT_LOB_P; ++p) {
                     if (running + row[p] > in_side) { level = p; break; }
                     running += row[p];
                 }
