@@ -15,7 +15,7 @@
 //   actions        [B] int32   the replayed action a_b
 //   target         [B, Z]      projected target distribution m (categorical_projection.cu)
 //   grad_taken     [B, Z]      dL/dlogits[b, a_b, :]; every other action's slice is zero
-//   order          [B] int32   rows sorted by action, stably (c51_sort_actions); rows whose
+//   order          [B] int32   rows sorted by action, stably (c51_sort_counts, _place); rows whose
 //                              action is outside [0, A) come last
 //   offsets        [A + 2] int32   action a's rows are order[offsets[a] .. offsets[a + 1]);
 //                              offsets[A] .. offsets[A + 1] the out-of-range ones
@@ -54,19 +54,23 @@ static __device__ __forceinline__ long long c51_thread_index()
 //   p_z = exp(l_z - max_z l) / Σ_z exp(l_z - max_z l)
 #define C51_LANE_ATOMS ((TRIDENT_Z + 31) / 32)
 
-// One row's softmax over its Z atoms x (+ bias, when given) in one warp: lane l gets p at atoms
-// l, l + 32, ... in e[] (0 past Z). c51_softmax's arithmetic, shared by c51_greedy.
-static __device__ __forceinline__ void c51_warp_softmax(const float* __restrict__ x,
-                                                        const float* __restrict__ bias, int lane,
-                                                        float (&e)[C51_LANE_ATOMS])
+// One row's Z atoms x (+ bias, when given) as one warp holds them: lane l gets atoms l, l + 32,
+// ... in e[] (-inf past Z).
+static __device__ __forceinline__ void c51_warp_load(const float* __restrict__ x,
+                                                     const float* __restrict__ bias, int lane,
+                                                     float (&e)[C51_LANE_ATOMS])
 {
-    const float minus_inf = __int_as_float(0xff800000);
-    float m = minus_inf;  // NaN wins every c51_nanmax, as in np.max
     for (int k = 0; k < C51_LANE_ATOMS; ++k) {
         const int z = lane + 32 * k;
-        e[k] = z < TRIDENT_Z ? (bias ? x[z] + bias[z] : x[z]) : minus_inf;
-        m = c51_nanmax(m, e[k]);
+        e[k] = z < TRIDENT_Z ? (bias ? x[z] + bias[z] : x[z]) : __int_as_float(0xff800000);
     }
+}
+
+// The softmax of c51_warp_load's atoms, in place: p at this lane's atoms (0 past Z).
+static __device__ __forceinline__ void c51_warp_softmax(int lane, float (&e)[C51_LANE_ATOMS])
+{
+    float m = __int_as_float(0xff800000);  // -inf: NaN wins every c51_nanmax, as in np.max
+    for (int k = 0; k < C51_LANE_ATOMS; ++k) m = c51_nanmax(m, e[k]);
     for (int offset = 16; offset > 0; offset >>= 1)
         m = c51_nanmax(m, __shfl_xor_sync(0xffffffffu, m, offset));
     float sum = 0.0f;
@@ -86,7 +90,8 @@ extern "C" __global__ void c51_softmax(const float* __restrict__ logits,
     const int lane = threadIdx.x & 31;
     if (row >= rows) return;
     float e[C51_LANE_ATOMS];
-    c51_warp_softmax(logits + row * TRIDENT_Z, nullptr, lane, e);
+    c51_warp_load(logits + row * TRIDENT_Z, nullptr, lane, e);
+    c51_warp_softmax(lane, e);
     for (int k = 0; k < C51_LANE_ATOMS; ++k) {
         const int z = lane + 32 * k;
         if (z < TRIDENT_Z) probs[row * TRIDENT_Z + z] = e[k];
@@ -125,6 +130,11 @@ static __device__ __forceinline__ double c51_warp_sum(double v)
 // butterfly, rounded once to float (c51_q_values sums the same products in double too). It
 // replaces softmax + q-values + argmax + gather of the target network: [B, A, Z] probabilities
 // are never written.
+// Actions whose atoms c51_greedy loads at once: 4 or 3, whichever wastes fewer slots past A.
+#define C51_GREEDY_WASTE(g) ((TRIDENT_A + (g) - 1) / (g) * (g) - TRIDENT_A)
+#define C51_GREEDY_GROUP \
+    (TRIDENT_A <= 3 ? TRIDENT_A : (C51_GREEDY_WASTE(4) <= C51_GREEDY_WASTE(3) ? 4 : 3))
+
 extern "C" __global__ void c51_greedy(const float* __restrict__ logits,
                                       const float* __restrict__ bias,
                                       const float* __restrict__ support,
@@ -137,20 +147,37 @@ extern "C" __global__ void c51_greedy(const float* __restrict__ logits,
     int chosen = 0;
     float chosen_q = 0.0f;
     float kept[C51_LANE_ATOMS];  // the chosen action's probabilities (this lane's atoms)
-    for (int a = 0; a < TRIDENT_A; ++a) {
-        float e[C51_LANE_ATOMS];
-        c51_warp_softmax(logits + (b * TRIDENT_A + a) * TRIDENT_Z, bias + a * TRIDENT_Z, lane, e);
-        double q = 0.0;
-        for (int k = 0; k < C51_LANE_ATOMS; ++k) {
-            const int z = lane + 32 * k;
-            if (z < TRIDENT_Z) q += (double)e[k] * (double)support[z];
+    // Actions in groups of C51_GREEDY_GROUP: a group's loads are all issued before its
+    // softmaxes, whose butterflies are independent and interleave; the choice runs in order.
+    for (int a0 = 0; a0 < TRIDENT_A; a0 += C51_GREEDY_GROUP) {
+        float e[C51_GREEDY_GROUP][C51_LANE_ATOMS];
+        double q[C51_GREEDY_GROUP];
+#pragma unroll
+        for (int g = 0; g < C51_GREEDY_GROUP; ++g) {
+            const int a = min(a0 + g, TRIDENT_A - 1);  // past A: a repeat, never chosen
+            c51_warp_load(logits + (b * TRIDENT_A + a) * TRIDENT_Z, bias + a * TRIDENT_Z, lane,
+                          e[g]);
         }
-        const float qf = (float)c51_warp_sum(q);
-        const bool take = a == 0 || (chosen_q == chosen_q && (qf != qf || qf > chosen_q));
-        if (take) {
-            chosen = a;
-            chosen_q = qf;
-            for (int k = 0; k < C51_LANE_ATOMS; ++k) kept[k] = e[k];
+#pragma unroll
+        for (int g = 0; g < C51_GREEDY_GROUP; ++g) {
+            c51_warp_softmax(lane, e[g]);
+            q[g] = 0.0;
+            for (int k = 0; k < C51_LANE_ATOMS; ++k) {
+                const int z = lane + 32 * k;
+                if (z < TRIDENT_Z) q[g] += (double)e[g][k] * (double)support[z];
+            }
+            q[g] = c51_warp_sum(q[g]);
+        }
+#pragma unroll
+        for (int g = 0; g < C51_GREEDY_GROUP; ++g) {
+            const int a = a0 + g;
+            const float qf = (float)q[g];
+            const bool take = a == 0 || (chosen_q == chosen_q && (qf != qf || qf > chosen_q));
+            if (a < TRIDENT_A && take) {
+                chosen = a;
+                chosen_q = qf;
+                for (int k = 0; k < C51_LANE_ATOMS; ++k) kept[k] = e[g][k];
+            }
         }
     }
     for (int k = 0; k < C51_LANE_ATOMS; ++k) {
@@ -176,12 +203,16 @@ extern "C" __global__ void c51_loss_mean(const float* __restrict__ loss_per_row,
 // c51_taken_grad_params).
 // Rows are first sorted by action so a block works on rows that share their W columns.
 //
-// c51_sort_actions: one block of C51_SORT_THREADS threads per key k in 0..A (k = A: actions
-// outside [0, A)). Block k counts the rows with a smaller key (offsets[k]), then walks the rows
-// in chunks; ballots give each row of key k its rank among them (rows in index order):
-// order[offsets[k] + rank] = row. Grid A + 1.
-#define C51_SORT_THREADS 256
+// The sort: rows in chunks of C51_SORT_THREADS, one block per chunk, one row per thread.
+// c51_sort_counts: counts[c, k] = the rows of chunk c with key k (k = A: actions outside
+// [0, A)). c51_sort_place: block c sums the counts to the start of key k's rows of chunk c
+// (offsets[k] = the rows with a smaller key, plus key k's rows of chunks before c), ranks its
+// rows of each key by ballots and a scan over the warps, and writes order[start + rank] = row:
+// each key's rows in index order. Block 0 writes offsets [A + 2]. Grid ceil(B / threads) for
+// both (at least 1); scratch counts [chunks, A + 1] int32.
+#define C51_SORT_THREADS 1024
 #define C51_SORT_WARPS (C51_SORT_THREADS / 32)
+#define C51_SORT_KEYS (TRIDENT_A + 1)
 
 static __device__ __forceinline__ int c51_key(const int* actions, int row)
 {
@@ -189,66 +220,153 @@ static __device__ __forceinline__ int c51_key(const int* actions, int row)
     return (a >= 0 && a < TRIDENT_A) ? a : TRIDENT_A;
 }
 
-extern "C" __global__ void c51_sort_actions(const int* __restrict__ actions,
-                                            int* __restrict__ order, int* __restrict__ offsets,
-                                            int B)
+// This block's row, its key (-1 past B) and, per key, each warp's rows in warp_rows[k][warp];
+// returns the row's rank among its warp's rows of its key.
+static __device__ __forceinline__ int c51_chunk_ranks(const int* __restrict__ actions, int B,
+                                                      int& row, int& key,
+                                                      int (*warp_rows)[C51_SORT_WARPS])
 {
-    __shared__ int counts[C51_SORT_THREADS];
-    __shared__ int warp_base[C51_SORT_WARPS + 1];
-    const int key = blockIdx.x;
-    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    int below = 0;
-    for (int row = t; row < B; row += C51_SORT_THREADS) below += c51_key(actions, row) < key;
-    counts[t] = below;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    row = blockIdx.x * C51_SORT_THREADS + threadIdx.x;
+    key = row < B ? c51_key(actions, row) : -1;
+    int rank = 0;
+    for (int k = 0; k < C51_SORT_KEYS; ++k) {
+        const unsigned int ballot = __ballot_sync(0xffffffffu, key == k);
+        if (key == k) rank = __popc(ballot & ((1u << lane) - 1u));
+        if (lane == 0) warp_rows[k][warp] = __popc(ballot);
+    }
+    return rank;
+}
+
+extern "C" __global__ void __launch_bounds__(C51_SORT_THREADS)
+c51_sort_counts(const int* __restrict__ actions, int* __restrict__ counts, int B)
+{
+    __shared__ int warp_rows[C51_SORT_KEYS][C51_SORT_WARPS];
+    int row, key;
+    c51_chunk_ranks(actions, B, row, key, warp_rows);
     __syncthreads();
-    for (int stride = C51_SORT_THREADS / 2; stride > 0; stride >>= 1) {
-        if (t < stride) counts[t] += counts[t + stride];
-        __syncthreads();
-    }
-    const int start = counts[0];
-    __syncthreads();  // counts is reused below
-    int placed = 0;
-    for (int base = 0; base < B; base += C51_SORT_THREADS) {
-        const int row = base + t;
-        const bool mine = row < B && c51_key(actions, row) == key;
-        const unsigned int ballot = __ballot_sync(0xffffffffu, mine);
-        if (lane == 0) counts[warp] = __popc(ballot);
-        __syncthreads();
-        if (t == 0) {
-            warp_base[0] = 0;
-            for (int w = 0; w < C51_SORT_WARPS; ++w) warp_base[w + 1] = warp_base[w] + counts[w];
-        }
-        __syncthreads();
-        if (mine) {
-            const int rank = warp_base[warp] + __popc(ballot & ((1u << lane) - 1u));
-            order[start + placed + rank] = row;
-        }
-        placed += warp_base[C51_SORT_WARPS];
-        __syncthreads();
-    }
-    if (t == 0) {
-        offsets[key] = start;
-        if (key == TRIDENT_A) offsets[TRIDENT_A + 1] = start + placed;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int k = warp; k < C51_SORT_KEYS; k += C51_SORT_WARPS) {  // warp k sums key k
+        int n = lane < C51_SORT_WARPS ? warp_rows[k][lane] : 0;
+        for (int offset = 16; offset > 0; offset >>= 1) n += __shfl_xor_sync(0xffffffffu, n, offset);
+        if (lane == 0) counts[blockIdx.x * C51_SORT_KEYS + k] = n;
     }
 }
 
-// c51_taken_fwd_bwd: block (tile, key) takes up to C51_TILE_ROWS consecutive rows of key's
-// segment of `order` (grid (ceil(B / C51_TILE_ROWS), A + 1); C51_TAKEN_THREADS threads).
+extern "C" __global__ void __launch_bounds__(C51_SORT_THREADS)
+c51_sort_place(const int* __restrict__ actions, const int* __restrict__ counts,
+               int* __restrict__ order, int* __restrict__ offsets, int B)
+{
+    __shared__ int warp_rows[C51_SORT_KEYS][C51_SORT_WARPS];
+    __shared__ int total[C51_SORT_KEYS], before[C51_SORT_KEYS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int chunks = (B + C51_SORT_THREADS - 1) / C51_SORT_THREADS;
+    int row, key;
+    const int rank = c51_chunk_ranks(actions, B, row, key, warp_rows);
+    for (int k = warp; k < C51_SORT_KEYS; k += C51_SORT_WARPS) {  // warp k: key k's counts
+        int all = 0, earlier = 0;  // over every chunk, over the chunks before this one
+        for (int c = lane; c < chunks; c += 32) {
+            const int n = counts[c * C51_SORT_KEYS + k];
+            all += n;
+            earlier += c < (int)blockIdx.x ? n : 0;
+        }
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            all += __shfl_xor_sync(0xffffffffu, all, offset);
+            earlier += __shfl_xor_sync(0xffffffffu, earlier, offset);
+        }
+        if (lane == 0) {
+            total[k] = all;
+            before[k] = earlier;
+        }
+    }
+    __syncthreads();
+    // Warp k: key k's start (the smaller keys' totals, then the earlier chunks'), and its
+    // warps' exclusive prefixes by an inclusive shuffle scan minus the own count.
+    for (int k = warp; k < C51_SORT_KEYS; k += C51_SORT_WARPS) {
+        int start = before[k];
+        for (int j = 0; j < k; ++j) start += total[j];
+        if (blockIdx.x == 0 && lane == 0) {
+            offsets[k] = start;
+            if (k == C51_SORT_KEYS - 1) offsets[C51_SORT_KEYS] = start + total[k];
+        }
+        const int own = lane < C51_SORT_WARPS ? warp_rows[k][lane] : 0;
+        int scan = own;
+        for (int offset = 1; offset < 32; offset <<= 1) {
+            const int below = __shfl_up_sync(0xffffffffu, scan, offset);
+            if (lane >= offset) scan += below;
+        }
+        __syncwarp();
+        if (lane < C51_SORT_WARPS) warp_rows[k][lane] = start + scan - own;
+    }
+    __syncthreads();
+    if (key >= 0) order[warp_rows[key][warp] + rank] = row;
+}
+
+// The tiles of `order`: each key's segment (key A: actions outside [0, A)) cut into tiles of
+// `tile_rows` consecutive rows, keys in order; block j of a 1-D grid of at least
+// ceil(B / tile_rows) + A + 1 blocks takes the j-th tile. Sets (key, tile); false past the last.
+static __device__ __forceinline__ bool c51_segment_tile(const int* __restrict__ offsets,
+                                                        int tile_rows, int j, int& key, int& tile)
+{
+    for (int k = 0; k <= TRIDENT_A; ++k) {
+        const int tiles = (offsets[k + 1] - offsets[k] + tile_rows - 1) / tile_rows;
+        if (j < tiles) {
+            key = k;
+            tile = j;
+            return true;
+        }
+        j -= tiles;
+    }
+    return false;
+}
+
+// out[0..N) = p[0..N) from shared memory, as float4 loads when N is a multiple of 4 (p is then
+// 16-byte aligned: the callers' rows are multiples of 4 floats from an aligned base).
+template <int N>
+static __device__ __forceinline__ void c51_load_shared(const float* p, float (&out)[N])
+{
+    if (N % 4 == 0) {
+#pragma unroll
+        for (int q = 0; q < N / 4; ++q) {
+            const float4 v = reinterpret_cast<const float4*>(p)[q];
+            out[4 * q] = v.x;
+            out[4 * q + 1] = v.y;
+            out[4 * q + 2] = v.z;
+            out[4 * q + 3] = v.w;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < N; ++k) out[k] = p[k];
+    }
+}
+
+// c51_taken_fwd_bwd: block j takes the j-th tile of up to C51_TILE_ROWS rows of one key's
+// segment of `order` (c51_segment_tile; 1-D grid of ceil(B / C51_TILE_ROWS) + A + 1 blocks of
+// C51_TAKEN_THREADS threads).
 //   logits[r, z] = Σ_i h[r, i] W[i, a·Z + z] + bias[a·Z + z]
 //       (C51_KSPLIT thread groups each sum the features i ≡ group mod C51_KSPLIT in index
 //        order; the groups' sums are then added in group order)
 //   loss_per_row[r] = -Σ_z m_z log p_z, grad_taken[r, z] = (p_z Σm - m_z) / B
 //   grad_h[r, i] = Σ_z grad_taken[r, z] W[i, a·Z + z]            (z in index order)
-// The softmax and loss of a row run in one warp with c51_softmax's lane layout and butterflies.
+// The tile's features are held transposed (features[i][r]: one float4 load gives four rows'
+// feature i) and so are its gradients for grad_h (grads_t[z][r]); grad_h reads the head's
+// columns from shared memory, C51_BWD_I features at a time, staged with coalesced loads. The
+// softmax and loss of a row run in one warp with c51_softmax's lane layout and butterflies.
 // Rows of key A (no valid action): NaN loss, zero grad_taken and grad_h. Shared memory:
-// C51_TILE_ROWS · (H + (C51_KSPLIT + 1) · Z) floats, at most C51_SHARED_FLOATS (C51Ops checks).
+// C51_TILE_ROWS · C51_ROW_FLOATS + C51_STAGE_FLOATS floats, at most C51_SHARED_FLOATS (C51Ops
+// checks that C51_TILE_ROWS is at least 4).
 #define C51_TAKEN_THREADS 256
 #define C51_Z_LANES (((TRIDENT_Z + 31) / 32) * 32 < 256 ? ((TRIDENT_Z + 31) / 32) * 32 : 256)
 #define C51_KSPLIT (C51_TAKEN_THREADS / C51_Z_LANES)
-#define C51_SHARED_FLOATS 10240
-#define C51_ROW_FLOATS (TRIDENT_H + (C51_KSPLIT + 1) * TRIDENT_Z)
-#define C51_TILE_FIT (C51_SHARED_FLOATS / C51_ROW_FLOATS)
-#define C51_TILE_ROWS (C51_TILE_FIT > 16 ? 16 : (C51_TILE_FIT < 1 ? 1 : C51_TILE_FIT))
+#define C51_SHARED_FLOATS 12288  // 48 KB, the static shared-memory limit
+#define C51_BWD_I 64             // features per staged chunk of the head's columns
+#define C51_BWD_GROUPS (C51_TAKEN_THREADS / C51_BWD_I)
+#define C51_ZS (TRIDENT_Z | 1)   // odd row stride: lanes on consecutive features, distinct banks
+#define C51_STAGE_FLOATS (C51_BWD_I * C51_ZS)
+#define C51_ROW_FLOATS (TRIDENT_H + 2 * TRIDENT_Z)
+#define C51_TILE_FIT ((C51_SHARED_FLOATS - C51_STAGE_FLOATS) / C51_ROW_FLOATS)
+#define C51_TILE_ROWS ((C51_TILE_FIT > 16 ? 16 : C51_TILE_FIT) / 4 * 4)  // a multiple of 4
+#define C51_GROUP_ROWS (C51_TILE_ROWS / C51_BWD_GROUPS)  // grad_h rows per thread
 
 extern "C" __global__ void __launch_bounds__(C51_TAKEN_THREADS)
 c51_taken_fwd_bwd(const float* __restrict__ h, const float* __restrict__ W,
@@ -257,14 +375,15 @@ c51_taken_fwd_bwd(const float* __restrict__ h, const float* __restrict__ W,
                   float* __restrict__ loss_per_row, float* __restrict__ grad_taken,
                   float* __restrict__ grad_h, int B)
 {
-    __shared__ float features[C51_TILE_ROWS][TRIDENT_H];
-    __shared__ float partial[C51_KSPLIT][C51_TILE_ROWS][TRIDENT_Z];
+    __shared__ __align__(16) float features[TRIDENT_H][C51_TILE_ROWS];
     __shared__ float grads[C51_TILE_ROWS][TRIDENT_Z];
+    __shared__ __align__(16) float grads_t[TRIDENT_Z][C51_TILE_ROWS];
+    __shared__ float staged[C51_BWD_I][C51_ZS];
     __shared__ int rows[C51_TILE_ROWS];
-    const int key = blockIdx.y;
-    const int first = offsets[key] + blockIdx.x * C51_TILE_ROWS;
+    int key, tile;
+    if (!c51_segment_tile(offsets, C51_TILE_ROWS, blockIdx.x, key, tile)) return;
+    const int first = offsets[key] + tile * C51_TILE_ROWS;
     const int count = min(C51_TILE_ROWS, offsets[key + 1] - first);
-    if (count <= 0) return;  // the whole block: past this key's rows
     const int t = threadIdx.x;
     if (t < count) rows[t] = order[first + t];
     __syncthreads();
@@ -278,31 +397,45 @@ c51_taken_fwd_bwd(const float* __restrict__ h, const float* __restrict__ W,
         }
         return;
     }
-    for (int r = 0; r < C51_TILE_ROWS; ++r)  // rows past `count` are zeros, never stored
-        for (int i = t; i < TRIDENT_H; i += C51_TAKEN_THREADS)
-            features[r][i] = r < count ? h[(long long)rows[r] * TRIDENT_H + i] : 0.0f;
+    for (int e = t; e < C51_TILE_ROWS * TRIDENT_H; e += C51_TAKEN_THREADS) {
+        const int r = e / TRIDENT_H, i = e % TRIDENT_H;  // rows past `count`: zeros, never stored
+        features[i][r] = r < count ? h[(long long)rows[r] * TRIDENT_H + i] : 0.0f;
+    }
     __syncthreads();
     const float* columns = W + key * TRIDENT_Z;  // W[i, a·Z + z] = columns[i·A·Z + z]
     {
-        const int group = t / C51_Z_LANES;
-        for (int z = t % C51_Z_LANES; z < TRIDENT_Z; z += C51_Z_LANES) {
-            float acc[C51_TILE_ROWS];
+        // Thread (group, z) sums its features for every row of the tile; with C51_KSPLIT > 1
+        // each thread has at most one z (Z <= C51_Z_LANES) and the groups add their sums into
+        // grads one group after the other.
+        const int group = t / C51_Z_LANES, z0 = t % C51_Z_LANES;
+        float acc[C51_TILE_ROWS];
+        for (int z = z0; group < C51_KSPLIT && z < TRIDENT_Z; z += C51_Z_LANES) {
             for (int r = 0; r < C51_TILE_ROWS; ++r) acc[r] = 0.0f;
 #pragma unroll 8
             for (int i = group; i < TRIDENT_H; i += C51_KSPLIT) {
                 const float w = columns[(long long)i * C51_WIDTH + z];
-                for (int r = 0; r < C51_TILE_ROWS; ++r) acc[r] += features[r][i] * w;
+                float f[C51_TILE_ROWS];
+                c51_load_shared(features[i], f);
+#pragma unroll
+                for (int r = 0; r < C51_TILE_ROWS; ++r) acc[r] += f[r] * w;
             }
-            for (int r = 0; r < C51_TILE_ROWS; ++r) partial[group][r][z] = acc[r];
+            if (C51_KSPLIT == 1)
+                for (int r = 0; r < C51_TILE_ROWS; ++r) grads[r][z] = acc[r];
+        }
+        if (C51_KSPLIT > 1) {
+            for (int g = 0; g < C51_KSPLIT; ++g) {
+                if (group == g && z0 < TRIDENT_Z)
+                    for (int r = 0; r < C51_TILE_ROWS; ++r)
+                        grads[r][z0] = g == 0 ? acc[r] : grads[r][z0] + acc[r];
+                __syncthreads();
+            }
         }
     }
     __syncthreads();
     for (int e = t; e < C51_TILE_ROWS * TRIDENT_Z; e += C51_TAKEN_THREADS) {
         const int r = e / TRIDENT_Z, z = e % TRIDENT_Z;
-        float logit = partial[0][r][z];
-        for (int g = 1; g < C51_KSPLIT; ++g) logit += partial[g][r][z];
         // the logits (zeros past `count`); the loop below overwrites them with their gradients
-        grads[r][z] = r < count ? logit + bias[key * TRIDENT_Z + z] : 0.0f;
+        grads[r][z] = r < count ? grads[r][z] + bias[key * TRIDENT_Z + z] : 0.0f;
     }
     __syncthreads();
     const int lane = t & 31, warp = t >> 5;
@@ -329,38 +462,54 @@ c51_taken_fwd_bwd(const float* __restrict__ h, const float* __restrict__ W,
             const float log_p = (grads[r][z] - mx) - log_norm;
             ce += (double)(m[z] * log_p);
             const float g = (expf(log_p) * mass_f - m[z]) / batch;
-            grads[r][z] = g;
+            grads_t[z][r] = g;
             grad_taken[(long long)rows[r] * TRIDENT_Z + z] = g;
         }
         ce = c51_warp_sum(ce);
         if (lane == 0) loss_per_row[rows[r]] = (float)(-ce);
     }
-    __syncthreads();
-    for (int i = t; i < TRIDENT_H; i += C51_TAKEN_THREADS) {
-        float acc[C51_TILE_ROWS];
-        for (int r = 0; r < C51_TILE_ROWS; ++r) acc[r] = 0.0f;
-        const float* w = columns + (long long)i * C51_WIDTH;
+    // grad_h: thread (feature il of the chunk, row group rg) sums over z for its rows.
+    const int il = t % C51_BWD_I, rg = t / C51_BWD_I;
+    for (int i0 = 0; i0 < TRIDENT_H; i0 += C51_BWD_I) {
+        const int n = min(C51_BWD_I, TRIDENT_H - i0);
+        __syncthreads();  // grads_t is written; the previous chunk's readers are done
+        for (int e = t; e < n * TRIDENT_Z; e += C51_TAKEN_THREADS) {
+            const int i = e / TRIDENT_Z, z = e % TRIDENT_Z;
+            staged[i][z] = columns[(long long)(i0 + i) * C51_WIDTH + z];
+        }
+        __syncthreads();
+        if (il >= n) continue;
+        float acc[C51_GROUP_ROWS];
+        for (int k = 0; k < C51_GROUP_ROWS; ++k) acc[k] = 0.0f;
 #pragma unroll 4
         for (int z = 0; z < TRIDENT_Z; ++z) {
-            const float wz = w[z];
-            for (int r = 0; r < C51_TILE_ROWS; ++r) acc[r] += grads[r][z] * wz;
+            const float wz = staged[il][z];
+            float g[C51_GROUP_ROWS];
+            c51_load_shared(&grads_t[z][rg * C51_GROUP_ROWS], g);
+#pragma unroll
+            for (int k = 0; k < C51_GROUP_ROWS; ++k) acc[k] += g[k] * wz;
         }
-        for (int r = 0; r < count; ++r) grad_h[(long long)rows[r] * TRIDENT_H + i] = acc[r];
+        for (int k = 0; k < C51_GROUP_ROWS; ++k) {
+            const int r = rg * C51_GROUP_ROWS + k;
+            if (r < count) grad_h[(long long)rows[r] * TRIDENT_H + i0 + il] = acc[k];
+        }
     }
 }
 
 // c51_taken_grad_partials: the head's weight and bias gradients, per chunk of `chunk_rows`
-// rows of one action's segment (grid (chunks = ceil(B / chunk_rows), A, ceil(H / C51_I_TILE));
-// C51_GRAD_THREADS threads; the wrapper keeps chunks <= 64). Lanes run over atoms z (coalesced
-// writes), warps over C51_I_PER_WARP features each (each staged atom feeds that many FMAs):
+// rows of one action's segment. Block (j, y) takes the j-th chunk (c51_segment_tile over the
+// actions' segments; grid (ceil(B / chunk_rows) + A + 1, ceil(H / C51_I_TILE)); the wrapper
+// keeps ceil(B / chunk_rows) <= 64) and features y·C51_I_TILE onward; C51_GRAD_THREADS threads.
+// Lanes run over atoms z (coalesced writes), warps over C51_I_PER_WARP features each (each
+// staged atom feeds that many FMAs):
 //   partial_W[c, i, a·Z + z] = Σ_{rows k of chunk c of action a} h[k, i] grad_taken[k, z]
-//   partial_b[c, a·Z + z]    = Σ_k grad_taken[k, z]          (warp 0 of blocks blockIdx.z = 0)
-// rows in sorted order. A chunk past the action's rows writes nothing: c51_taken_grad_reduce
-// sums only each action's ceil(rows / chunk_rows) chunks, in chunk order. Scratch: chunks ·
-// (H + 1) · A·Z floats, of which about (B / chunk_rows + A) · (H + 1) · Z are written.
+//   partial_b[c, a·Z + z]    = Σ_k grad_taken[k, z]          (warp 0 of blocks y = 0)
+// rows in sorted order. c51_taken_grad_reduce sums each action's ceil(rows / chunk_rows)
+// chunks, in chunk order. Scratch: chunks · (H + 1) · A·Z floats, of which about
+// (B / chunk_rows + A) · (H + 1) · Z are written.
 #define C51_GRAD_THREADS 256
 #define C51_GRAD_WARPS (C51_GRAD_THREADS / 32)
-#define C51_I_PER_WARP 4
+#define C51_I_PER_WARP 8
 #define C51_I_TILE (C51_GRAD_WARPS * C51_I_PER_WARP)
 #define C51_STAGE_ROWS 32  // one row index per lane while staging
 static_assert(C51_STAGE_ROWS == 32 && C51_STAGE_ROWS % C51_GRAD_WARPS == 0, "stage layout");
@@ -372,13 +521,15 @@ c51_taken_grad_partials(const float* __restrict__ h, const float* __restrict__ g
                         float* __restrict__ partial_W, float* __restrict__ partial_b,
                         int chunk_rows)
 {
-    __shared__ float hs[C51_STAGE_ROWS][C51_I_TILE];
+    __shared__ __align__(16) float hs[C51_STAGE_ROWS][C51_I_TILE];
     __shared__ float gs[C51_STAGE_ROWS][TRIDENT_Z];
-    const int chunk = blockIdx.x, key = blockIdx.y, i0 = blockIdx.z * C51_I_TILE;
+    int key, chunk;  // the chunks of key A (actions outside [0, A)) are never read
+    if (!c51_segment_tile(offsets, chunk_rows, blockIdx.x, key, chunk) || key == TRIDENT_A) return;
+    const int i0 = blockIdx.y * C51_I_TILE;
+    const bool with_bias = blockIdx.y == 0;
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const int begin = offsets[key] + chunk * chunk_rows;
     const int end = min(begin + chunk_rows, offsets[key + 1]);
-    if (begin >= end) return;  // past the action's rows: the reduction never reads this chunk
     float acc[C51_I_PER_WARP][C51_Z_PER_LANE];
     float bacc[C51_Z_PER_LANE];
     for (int j = 0; j < C51_Z_PER_LANE; ++j) {
@@ -411,7 +562,7 @@ c51_taken_grad_partials(const float* __restrict__ h, const float* __restrict__ g
             for (int j = 0; j < C51_Z_PER_LANE; ++j) {
                 const int z = lane + 32 * j;
                 const float g = z < TRIDENT_Z ? gs[k][z] : 0.0f;
-                bacc[j] += g;
+                if (with_bias) bacc[j] += g;
 #pragma unroll
                 for (int u = 0; u < C51_I_PER_WARP; ++u) acc[u][j] += x[u] * g;
             }
@@ -428,7 +579,7 @@ c51_taken_grad_partials(const float* __restrict__ h, const float* __restrict__ g
                 partial_W[plane + (long long)i * C51_WIDTH + key * TRIDENT_Z + z] = acc[u][j];
         }
     }
-    if (blockIdx.z == 0 && warp == 0) {
+    if (with_bias && warp == 0) {
         for (int j = 0; j < C51_Z_PER_LANE; ++j) {
             const int z = lane + 32 * j;
             if (z < TRIDENT_Z) partial_b[(long long)chunk * C51_WIDTH + key * TRIDENT_Z + z] = bacc[j];

@@ -398,12 +398,40 @@ def test_c51_taken_kernel_constants_match_the_wrapper() -> None:
     from service.backend.cuda import c51
 
     for name in ("C51_SORT_THREADS", "C51_TAKEN_THREADS", "C51_GRAD_THREADS",
-                 "C51_SHARED_FLOATS"):  # fmt: skip
+                 "C51_SHARED_FLOATS", "C51_BWD_I"):  # fmt: skip
         assert kernel_define("dqn_distributional_q.cu", name) == getattr(c51, name), name
     warps = kernel_define("dqn_distributional_q.cu", "C51_GRAD_THREADS") // 32
     per_warp = kernel_define("dqn_distributional_q.cu", "C51_I_PER_WARP")
     assert warps * per_warp == c51.C51_I_TILE
-    assert c51.c51_tile_rows(256, 51) == 16  # 256 + 5 · 51 floats a row: 20 fit
-    assert c51.c51_tile_rows(1024, 101) == 7  # 1024 + 3 · 101: 7 fit
+    assert c51.c51_tile_rows(256, 51) == 16  # 256 + 2 · 51 floats a row beside 64 · 51: 25 fit
+    assert c51.c51_tile_rows(1024, 101) == 4  # 1024 + 2 · 101 beside 64 · 101: 4 fit
+    assert c51.c51_tile_rows(512, 64) == 12  # 512 + 2 · 64 beside 64 · 65: 12 fit
     with pytest.raises(ValueError, match=r"model\.hidden_dim"):
         c51.c51_tile_rows(10_000, 51)
+
+
+TILE_ROWS_PROGRAM = r"""
+#include <cstdio>
+#include "dqn_distributional_q.cu"
+int main() { std::printf("%d\n", C51_TILE_ROWS); return 0; }
+"""
+
+
+@pytest.mark.parametrize(("H", "Z"), [(256, 51), (1024, 101), (512, 64), (64, 8)])
+def test_c51_tile_rows_of_the_kernel_and_the_wrapper_agree(
+    nvcc: str, tmp_path: Path, H: int, Z: int
+) -> None:
+    """The wrapper sizes c51_taken_fwd_bwd's grid by c51_tile_rows: a larger value than the
+    kernel's C51_TILE_ROWS would leave rows unprocessed."""
+    pytest.importorskip("cupy", reason="cupy is not installed")
+    from service.backend.cuda import c51
+
+    source = tmp_path / "tile_rows.cu"
+    source.write_text(TILE_ROWS_PROGRAM)
+    exe = tmp_path / "tile_rows"
+    cmd = [nvcc, "-std=c++17", "-arch=sm_90", "-I", str(KERNELS), f"-DTRIDENT_H={H}",
+           f"-DTRIDENT_Z={Z}", str(source), "-o", str(exe)]  # fmt: skip
+    built = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    ran = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert int(ran.stdout) == c51.c51_tile_rows(H, Z)

@@ -42,6 +42,7 @@ STATS = (
     "c51_support_clip_ratio",
 )
 APPLIED, SKIPPED, BAD = len(STATS), len(STATS) + 1, len(STATS) + 2
+SIDE_HEADS_LANE = 3  # the value and perception heads' lane, beside the policy head's
 STATS_SIZE = BAD + len(LOSS_HEADS)
 
 
@@ -331,7 +332,11 @@ class Updates:
         Ws = [params[f"{head}/W"] for head in heads]
         bs = [params[f"{head}/b"] for head in heads]
         outputs = dict(zip(heads, ops.linear_heads_fwd(h_pol, Ws, bs), strict=True))
-        grad_outputs: list[np.ndarray] = []
+        # The value and perception heads (each reads its own output, writes its own gradient)
+        # overlap the policy head's chain on a side lane, joined before the heads' backward.
+        (other_losses, other_grads), others_ready = self.executor.fork(
+            lambda: self._value_and_perception_heads(batch, outputs), lane=SIDE_HEADS_LANE
+        )
 
         # Policy head: PPO clipped surrogate + entropy bonus.
         advantages = batch.advantages
@@ -348,24 +353,9 @@ class Updates:
             hp["ppo.ent_coef"],
         )
         losses["pi"] = pi_stats["loss"]
-        grad_outputs.append(grad_logits)
-
-        # Value head: 0.5 (v - R)², optionally clipped around the rollout-time value.
-        losses["v"], grad_v = ops.value_fwd_bwd(
-            outputs["v"][:, 0],
-            batch.returns,
-            batch.old_values,
-            hp["ppo.value_clip_eps"] if ppo.clip_value_loss else None,
-        )
-        grad_outputs.append(grad_v[:, None])
-
-        # Perception heads.
-        if "bce" in outputs:
-            losses["bce"], grad_u = ops.bce_fwd_bwd(outputs["bce"][:, 0], batch.bce_labels)
-            grad_outputs.append(grad_u[:, None])
-        if "aux" in outputs:
-            losses["aux"], grad_pred = ops.aux_mse_fwd_bwd(outputs["aux"], batch.aux_targets)
-            grad_outputs.append(grad_pred)
+        losses.update(other_losses)
+        grad_outputs = [grad_logits, *other_grads]
+        self.executor.join(others_ready)
 
         lambdas = hp.weights([f"train.lambda_{head}" for head in heads])
         grad_h = ops.linear_heads_bwd_input(Ws, grad_outputs, lambdas)
@@ -376,6 +366,29 @@ class Updates:
             return {f"{head}/{kind}": g for head, W, b in named for kind, g in (("W", W), ("b", b))}
 
         return grad_h, pi_stats, parameter_grads
+
+    def _value_and_perception_heads(
+        self, batch: Batch, outputs: dict[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+        """The value head's loss 0.5 (v - R)² (optionally clipped around the rollout-time
+        value) and the perception heads' (BCE, aux MSE) where they train: their losses and
+        their output gradients, in head order."""
+        ops, hp, ppo = self.ops, self.state.hp, self.state.config.ppo
+        losses, grads = {}, []
+        losses["v"], grad_v = ops.value_fwd_bwd(
+            outputs["v"][:, 0],
+            batch.returns,
+            batch.old_values,
+            hp["ppo.value_clip_eps"] if ppo.clip_value_loss else None,
+        )
+        grads.append(grad_v[:, None])
+        if "bce" in outputs:
+            losses["bce"], grad_u = ops.bce_fwd_bwd(outputs["bce"][:, 0], batch.bce_labels)
+            grads.append(grad_u[:, None])
+        if "aux" in outputs:
+            losses["aux"], grad_pred = ops.aux_mse_fwd_bwd(outputs["aux"], batch.aux_targets)
+            grads.append(grad_pred)
+        return losses, grads
 
     def _clip_scales(
         self, names: list[str], grads: dict[str, np.ndarray]

@@ -33,26 +33,30 @@ __all__ = ["C51Ops", "c51_tile_rows"]
 PROJ_THREADS = 256  # categorical_projection.cu: PROJ_THREADS
 # dqn_distributional_q.cu's C51 taken-action kernels: sort and gradient block sizes, and the
 # weight-gradient chunking (chunks of at least C51_CHUNK_ROWS rows, at most C51_MAX_CHUNKS).
-C51_SORT_THREADS = 256
+C51_SORT_THREADS = 1024
 C51_TAKEN_THREADS = 256
 C51_GRAD_THREADS = 256
-C51_I_TILE = 32  # features per c51_taken_grad_partials block (four per warp)
+C51_I_TILE = 64  # features per c51_taken_grad_partials block (eight per warp)
 C51_CHUNK_ROWS = 64
 C51_MAX_CHUNKS = 64
-C51_SHARED_FLOATS = 10240  # c51_taken_fwd_bwd's shared-memory budget per block
+C51_SHARED_FLOATS = 12288  # c51_taken_fwd_bwd's shared-memory budget per block (48 KB)
+C51_BWD_I = 64  # features per staged chunk of the head's columns in c51_taken_fwd_bwd
 
 
 def c51_tile_rows(H: int, Z: int) -> int:
-    """C51_TILE_ROWS of c51_taken_fwd_bwd: rows per block that fit its shared memory."""
-    z_lanes = min(256, -(-Z // 32) * 32)
-    row_floats = H + (C51_TAKEN_THREADS // z_lanes + 1) * Z
-    if row_floats > C51_SHARED_FLOATS:
+    """C51_TILE_ROWS of c51_taken_fwd_bwd: rows per block (a multiple of 4, at most 16) that
+    fit its shared memory beside the staged columns."""
+    staged = C51_BWD_I * (Z | 1)
+    row_floats = H + 2 * Z
+    fit = (C51_SHARED_FLOATS - staged) // row_floats
+    if fit < 4:
         raise ValueError(
-            f"model.hidden_dim + {C51_TAKEN_THREADS // z_lanes + 1} · c51.num_atoms = "
-            f"{row_floats}: expected at most {C51_SHARED_FLOATS} (one replayed row's features "
-            "and atoms must fit the C51 head kernel's shared memory)"
+            f"model.hidden_dim = {H}, c51.num_atoms = {Z}: 4 · ({H} + 2 · {Z}) + {staged} "
+            f"floats, expected at most {C51_SHARED_FLOATS} (four replayed rows' features and "
+            "atoms and a chunk of the head's columns must fit the C51 head kernel's shared "
+            "memory)"
         )
-    return min(16, C51_SHARED_FLOATS // row_floats)
+    return min(16, fit) // 4 * 4
 
 
 class C51Ops(KernelOps):
@@ -194,7 +198,7 @@ class C51Ops(KernelOps):
         loss = scalar_out()
         order, offsets = self._sort_actions(actions)
         self._kernel("dqn_distributional_q.cu", "c51_taken_fwd_bwd")(
-            (-(-B // self._tile_rows), A + 1),
+            (-(-B // self._tile_rows) + A + 1,),
             (C51_TAKEN_THREADS,),
             (h, W, b, target, order, offsets, per_row, grad_taken, grad_h, np.int32(B)),
         )
@@ -222,7 +226,7 @@ class C51Ops(KernelOps):
         order, offsets = self._sort_actions(actions)
         file = "dqn_distributional_q.cu"
         self._kernel(file, "c51_taken_grad_partials")(
-            (chunks, A, -(-H // C51_I_TILE)),
+            (chunks + A + 1, -(-H // C51_I_TILE)),
             (C51_GRAD_THREADS,),
             (h, grad_taken, order, offsets, partial_W, partial_b, np.int32(chunk_rows)),
         )
@@ -237,12 +241,18 @@ class C51Ops(KernelOps):
 
     def _sort_actions(self, actions: Array) -> tuple[Array, Array]:
         """(order [B]: row indices stably sorted by action, rows of invalid actions last;
-        offsets [A + 2]: each action's segment of `order`)."""
-        order = cupy.empty(actions.shape[0], dtype=cupy.int32)
+        offsets [A + 2]: each action's segment of `order`), by chunks of C51_SORT_THREADS rows
+        counted, then placed (dqn_distributional_q.cu)."""
+        B = actions.shape[0]
+        chunks = max(1, -(-B // C51_SORT_THREADS))
+        counts = cupy.empty((chunks, self.dims.A + 1), dtype=cupy.int32)
+        order = cupy.empty(B, dtype=cupy.int32)
         offsets = cupy.empty(self.dims.A + 2, dtype=cupy.int32)
-        self._kernel("dqn_distributional_q.cu", "c51_sort_actions")(
-            (self.dims.A + 1,),
-            (C51_SORT_THREADS,),
-            (actions, order, offsets, np.int32(actions.shape[0])),
+        file = "dqn_distributional_q.cu"
+        self._kernel(file, "c51_sort_counts")(
+            (chunks,), (C51_SORT_THREADS,), (actions, counts, np.int32(B))
+        )
+        self._kernel(file, "c51_sort_place")(
+            (chunks,), (C51_SORT_THREADS,), (actions, counts, order, offsets, np.int32(B))
         )
         return order, offsets

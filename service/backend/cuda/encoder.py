@@ -17,12 +17,14 @@ __all__ = ["EncoderOps"]
 
 
 def _vec(H: int) -> int:
-    """Elements per thread step of encoder.cu (ENCODER_VEC)."""
+    """Elements per thread step of encoder.cu (ENCODER_VEC) and grad_h_accumulate.cu
+    (GRAD_H_VEC)."""
     return 4 if H % 4 == 0 else 1
 
 
 def _aligned(H: int, **arrays: Array) -> None:
-    """encoder.cu reads float4s when H % 4 == 0: each array must start on 16 bytes."""
+    """encoder.cu and grad_h_accumulate.cu read float4s when H % 4 == 0: each array must
+    start on 16 bytes."""
     for name, a in arrays.items():
         if _vec(H) == 4 and a.data.ptr % 16:
             raise ValueError(f"{name}: expected an array starting on a 16-byte boundary")
@@ -77,8 +79,9 @@ class EncoderOps(KernelOps):
         _int32("rows of top and bottom", rows)
         out = cupy.empty((rows, self.dims.H), dtype=cupy.float32)
         if out.size:
+            _aligned(self.dims.H, top=top, bottom=bottom)
             self._kernel("grad_h_accumulate.cu", "grad_h_stack")(
-                strided_blocks(out.size),
+                strided_blocks(out.size // _vec(self.dims.H)),
                 (BLOCK,),
                 (top, bottom, w, np.int32(top.shape[0]), np.int32(bottom.shape[0]), out),
             )

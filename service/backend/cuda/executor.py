@@ -21,7 +21,7 @@ from service.backend.cuda.capture import CapturedCalls
 
 T = TypeVar("T")
 
-LANES = 3  # side streams: enough for the update's widest fork
+LANES = 4  # side streams: enough for the update's widest fork
 
 
 class CudaExecutor:

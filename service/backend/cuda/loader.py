@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Bump when a kernel's contract (arguments, layout, semantics) changes; see kernels/CHANGELOG.md.
-KERNEL_ABI_VERSION = 7
+KERNEL_ABI_VERSION = 8
 
 KERNEL_DIR = Path(__file__).resolve().parents[3] / "kernels"
 KERNEL_DIR_ENV = "TRIDENT_KERNEL_DIR"
