@@ -113,10 +113,11 @@ extern "C" __global__ void advance_counter(long long* __restrict__ counter,
     }
 }
 
-// advance_counter for `count` counters (int64 [1] each, addresses in a uint64 table). One thread.
+// advance_counter for `count` distinct counters (int64 [1] each, addresses in a uint64 table),
+// one thread each (their loads overlap instead of one pointer chase after another); launch at
+// least `count` threads in one block.
 extern "C" __global__ void advance_counters(const unsigned long long* __restrict__ counters,
                                             int count, const unsigned char* __restrict__ ok) {
-    if (blockIdx.x == 0 && threadIdx.x == 0 && ok[0] != 0) {
-        for (int t = 0; t < count; ++t) *reinterpret_cast<long long*>(counters[t]) += 1;
-    }
+    const int t = threadIdx.x;
+    if (blockIdx.x == 0 && t < count && ok[0] != 0) *reinterpret_cast<long long*>(counters[t]) += 1;
 }

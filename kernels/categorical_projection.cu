@@ -69,10 +69,11 @@ static __device__ __forceinline__ ProjSupport proj_support(const double* v_min, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// A block takes PROJ_ROWS rows at a time (grid-stride): first one thread per (row, j) writes b_j
-// and p_j to shared memory, then one thread per output atom (row, i) sums its terms over j in
-// index order. b_j is computed once per row instead of once per output atom; the operations
-// and their order are the ones above, so m is unchanged bit for bit. Launch PROJ_THREADS threads.
+// A block takes PROJ_ROWS rows at a time (grid-stride): first one thread per row writes γ^k
+// (1 - done), then one thread per (row, j) writes b_j and p_j to shared memory, then one thread
+// per output atom (row, i) sums its terms over j in index order. The discount is computed once
+// per row and b_j once per row instead of once per output atom; the operations and their order
+// are the ones above, so m is unchanged bit for bit. Launch PROJ_THREADS threads.
 #define PROJ_THREADS 256
 #define PROJ_ROWS (TRIDENT_Z >= PROJ_THREADS ? 1 : PROJ_THREADS / TRIDENT_Z)
 
@@ -87,18 +88,21 @@ extern "C" __global__ void categorical_projection(const float* __restrict__ next
 {
     __shared__ float atoms_b[PROJ_ROWS][TRIDENT_Z];  // b_j, in atom units
     __shared__ float probs[PROJ_ROWS][TRIDENT_Z];    // p_j
+    __shared__ float discounts[PROJ_ROWS];           // γ^k (1 - done): one pow() per row
     const ProjSupport s = proj_support(v_min, v_max);
     const float last = (float)(TRIDENT_Z - 1);
     for (long long row0 = (long long)blockIdx.x * PROJ_ROWS; row0 < B;
          row0 += (long long)gridDim.x * PROJ_ROWS) {
         const int n = (int)min((long long)PROJ_ROWS, (long long)B - row0);
         __syncthreads();  // the previous rows' readers are done
+        for (int r = threadIdx.x; r < n; r += blockDim.x)
+            discounts[r] = proj_discount(gamma[0], horizons[row0 + r], dones[row0 + r]);
+        __syncthreads();
         for (int t = threadIdx.x; t < n * TRIDENT_Z; t += blockDim.x) {
             const int r = t / TRIDENT_Z, j = t % TRIDENT_Z;
             const long long b = row0 + r;
-            const float discount = proj_discount(gamma[0], horizons[b], dones[b]);
             const float z = proj_atom(s.v_min, s.delta, j);
-            const float tz = proj_clip(__fadd_rn(rewards[b], __fmul_rn(discount, z)), s.lo, s.hi);
+            const float tz = proj_clip(__fadd_rn(rewards[b], __fmul_rn(discounts[r], z)), s.lo, s.hi);
             // The second clip absorbs rounding at the ends of the support.
             atoms_b[r][j] = proj_clip(__fdiv_rn(__fsub_rn(tz, s.lo), s.dz), 0.0f, last);
             probs[r][j] = next_probs[b * TRIDENT_Z + j];

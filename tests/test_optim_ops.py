@@ -114,6 +114,18 @@ def test_advance_counter(rng: np.random.Generator) -> None:
     assert counter.dtype == np.int64 and counter[0] == start + int(flags.sum())
 
 
+def test_advance_counters_advances_each_once_and_refuses_a_repeat(
+    rng: np.random.Generator,
+) -> None:
+    starts = rng.integers(0, 1000, size=5)
+    counters = [np.array([v], dtype=np.int64) for v in starts]
+    ops.advance_counters(counters, np.ones(1, dtype=np.uint8))
+    assert [int(c[0]) for c in counters] == [int(v) + 1 for v in starts]
+    with pytest.raises(ValueError, match="counters: expected distinct arrays"):
+        ops.advance_counters([counters[0], counters[1], counters[0]], np.ones(1, dtype=np.uint8))
+    assert [int(c[0]) for c in counters] == [int(v) + 1 for v in starts]  # nothing changed
+
+
 # --------------------------------------------------------------------------- target refresh
 def test_target_refresh_hard_copies_on_period_multiples(rng: np.random.Generator) -> None:
     period = 3

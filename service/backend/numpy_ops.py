@@ -485,7 +485,10 @@ def adamw_step(
 
 
 def advance_counters(counters: Sequence[Array], ok: Array) -> None:
-    """advance_counter for each counter."""
+    """advance_counter for each of distinct counters (the CUDA kernel gives each its own
+    thread)."""
+    if len({c.__array_interface__["data"][0] for c in counters}) != len(counters):
+        raise ValueError("counters: expected distinct arrays (each advances once)")
     for counter in counters:
         advance_counter(counter, ok)
 

@@ -225,6 +225,29 @@ def test_linear_heads(
     assert all(same_bytes(a, b) for a, b in repeated)
 
 
+def test_linear_heads_fwd_sums_in_its_documented_order(
+    ops: CudaOps, rng: np.random.Generator
+) -> None:
+    """linear_heads.cu's order, emulated in float32 (each product and add rounded, as the
+    kernels compile with --fmad=false): p_m over the features k = m mod 4 below H rounded down
+    to 4, the last H mod 4 features into p_0, then ((p_0 + p_1) + (p_2 + p_3)) + b. Bit for bit,
+    so a change of order fails here and not only in the golden record."""
+    H, B = ops.dims.H, 77
+    widths = (9, 1, 17)  # two column groups of the kernel
+    h = np.maximum(normal(rng, B, H), 0)
+    Ws = [normal(rng, H, w) for w in widths]
+    bs = [normal(rng, w) for w in widths]
+    got = ops.linear_heads_fwd(dev(h), [dev(W) for W in Ws], [dev(b) for b in bs])
+    for out, W, b in zip(got, Ws, bs, strict=True):
+        p = np.zeros((4, B, W.shape[1]), dtype=np.float32)
+        paired = H // 4 * 4
+        for k in range(H):
+            m = k % 4 if k < paired else 0
+            p[m] = p[m] + h[:, k : k + 1] * W[k]
+        want = ((p[0] + p[1]) + (p[2] + p[3])) + b
+        np.testing.assert_array_equal(host(out), want)
+
+
 def test_linear_heads_bad_input(core: CudaOps, rng: np.random.Generator) -> None:
     h = dev(normal(rng, 5, 256))
     Ws = [dev(normal(rng, 256, 9)), dev(normal(rng, 256, 1))]
@@ -555,6 +578,7 @@ def bad_calls(core: CudaOps) -> list[tuple[str, Callable[[], object]]]:
         ("lr", lambda: adamw(lr="fast")),
         ("grad_scale", lambda: adamw(grad_scale=one)),
         ("counter", lambda: core.advance_counter(cupy.zeros(1, cupy.int32), ok)),
+        ("counters", lambda: core.advance_counters([step, cupy.zeros(1, cupy.int64), step], ok)),
         ("grads[0]", lambda: core.global_norm([f64])),
         ("norm", lambda: core.clip_coefficient(one, 1.0)),
         ("norm", lambda: core.clip_coefficient(cupy.ones((2, 2), cupy.float64), 1.0)),

@@ -34,11 +34,14 @@ class OptimOps(TensorTableOps):
         self._kernel("adamw_step.cu", "advance_counter")((1,), (1,), (counter, _flag("ok", ok)))
 
     def advance_counters(self, counters: Sequence[Array], ok: Array) -> None:
-        """advance_counter for each counter, in one launch (up to 16 per launch)."""
+        """advance_counter for each of distinct counters, in one launch (up to 16 per launch),
+        one thread per counter."""
         checked = [_counter(f"counters[{i}]", c) for i, c in enumerate(counters)]
+        if len({c.data.ptr for c in checked}) != len(checked):
+            raise ValueError("counters: expected distinct arrays (each advances once)")
         kernel = self._kernel("adamw_step.cu", "advance_counters")
         for group in groups(checked):
-            kernel((1,), (1,), (self._table(group), np.int32(len(group)), _flag("ok", ok)))
+            kernel((1,), (32,), (self._table(group), np.int32(len(group)), _flag("ok", ok)))
 
     def adamw_step(
         self,
