@@ -350,12 +350,11 @@ static __device__ __forceinline__ void c51_load_shared(const float* p, float (&o
 //   grad_h[r, i] = Σ_z grad_taken[r, z] W[i, a·Z + z]            (z in index order)
 // The tile's features are held transposed (features[i][r]: one float4 load gives four rows'
 // feature i) and so are its gradients for grad_h (grads_t[z][r]); grad_h reads the head's
-// columns from shared memory, C51_BWD_I features at a time, staged with coalesced loads into
-// the features' memory (no longer read by then). The softmax and loss of a row run in one warp
-// with c51_softmax's lane layout and butterflies. Rows of key A (no valid action): NaN loss,
-// zero grad_taken and grad_h. Shared memory: C51_TILE_ROWS · 2Z floats and the larger of
-// C51_TILE_ROWS · H and C51_STAGE_FLOATS, at most C51_SHARED_FLOATS (C51Ops checks that
-// C51_TILE_ROWS is at least 4).
+// columns from shared memory, C51_BWD_I features at a time, staged with coalesced loads. The
+// softmax and loss of a row run in one warp with c51_softmax's lane layout and butterflies.
+// Rows of key A (no valid action): NaN loss, zero grad_taken and grad_h. Shared memory:
+// C51_TILE_ROWS · C51_ROW_FLOATS + C51_STAGE_FLOATS floats, at most C51_SHARED_FLOATS (C51Ops
+// checks that C51_TILE_ROWS is at least 4).
 #define C51_TAKEN_THREADS 256
 #define C51_Z_LANES (((TRIDENT_Z + 31) / 32) * 32 < 256 ? ((TRIDENT_Z + 31) / 32) * 32 : 256)
 #define C51_KSPLIT (C51_TAKEN_THREADS / C51_Z_LANES)
@@ -364,25 +363,9 @@ static __device__ __forceinline__ void c51_load_shared(const float* p, float (&o
 #define C51_BWD_GROUPS (C51_TAKEN_THREADS / C51_BWD_I)
 #define C51_ZS (TRIDENT_Z | 1)   // odd row stride: lanes on consecutive features, distinct banks
 #define C51_STAGE_FLOATS (C51_BWD_I * C51_ZS)
-#define C51_MAX_TILE_ROWS 32
-
-// Floats of shared memory a tile of `rows` rows takes.
-__host__ __device__ constexpr int c51_tile_floats(int rows)
-{
-    return rows * 2 * TRIDENT_Z +
-           (rows * TRIDENT_H > C51_STAGE_FLOATS ? rows * TRIDENT_H : C51_STAGE_FLOATS);
-}
-
-// The largest multiple of 4 up to C51_MAX_TILE_ROWS that fits (0 if not even 4 do).
-__host__ __device__ constexpr int c51_tile_rows_fit()
-{
-    int rows = C51_MAX_TILE_ROWS;
-    while (rows > 0 && c51_tile_floats(rows) > C51_SHARED_FLOATS) rows -= 4;
-    return rows;
-}
-
-#define C51_TILE_ROWS (c51_tile_rows_fit())
-static_assert(C51_TILE_ROWS >= 4, "c51_taken_fwd_bwd: shared memory for 4 rows (C51Ops checks)");
+#define C51_ROW_FLOATS (TRIDENT_H + 2 * TRIDENT_Z)
+#define C51_TILE_FIT ((C51_SHARED_FLOATS - C51_STAGE_FLOATS) / C51_ROW_FLOATS)
+#define C51_TILE_ROWS ((C51_TILE_FIT > 16 ? 16 : C51_TILE_FIT) / 4 * 4)  // a multiple of 4
 #define C51_GROUP_ROWS (C51_TILE_ROWS / C51_BWD_GROUPS)  // grad_h rows per thread
 
 extern "C" __global__ void __launch_bounds__(C51_TAKEN_THREADS)
@@ -392,13 +375,10 @@ c51_taken_fwd_bwd(const float* __restrict__ h, const float* __restrict__ W,
                   float* __restrict__ loss_per_row, float* __restrict__ grad_taken,
                   float* __restrict__ grad_h, int B)
 {
-    // features [H][C51_TILE_ROWS] for the logits, then staged [C51_BWD_I][C51_ZS] for grad_h
-    __shared__ __align__(16) float region[c51_tile_floats(C51_TILE_ROWS) -
-                                          C51_TILE_ROWS * 2 * TRIDENT_Z];
-    float(*features)[C51_TILE_ROWS] = reinterpret_cast<float(*)[C51_TILE_ROWS]>(region);
-    float(*staged)[C51_ZS] = reinterpret_cast<float(*)[C51_ZS]>(region);
+    __shared__ __align__(16) float features[TRIDENT_H][C51_TILE_ROWS];
     __shared__ float grads[C51_TILE_ROWS][TRIDENT_Z];
     __shared__ __align__(16) float grads_t[TRIDENT_Z][C51_TILE_ROWS];
+    __shared__ float staged[C51_BWD_I][C51_ZS];
     __shared__ int rows[C51_TILE_ROWS];
     int key, tile;
     if (!c51_segment_tile(offsets, C51_TILE_ROWS, blockIdx.x, key, tile)) return;
@@ -434,13 +414,10 @@ c51_taken_fwd_bwd(const float* __restrict__ h, const float* __restrict__ W,
 #pragma unroll 8
             for (int i = group; i < TRIDENT_H; i += C51_KSPLIT) {
                 const float w = columns[(long long)i * C51_WIDTH + z];
+                float f[C51_TILE_ROWS];
+                c51_load_shared(features[i], f);
 #pragma unroll
-                for (int q = 0; q < C51_TILE_ROWS / 4; ++q) {
-                    float f[4];
-                    c51_load_shared(&features[i][4 * q], f);
-#pragma unroll
-                    for (int u = 0; u < 4; ++u) acc[4 * q + u] += f[u] * w;
-                }
+                for (int r = 0; r < C51_TILE_ROWS; ++r) acc[r] += f[r] * w;
             }
             if (C51_KSPLIT == 1)
                 for (int r = 0; r < C51_TILE_ROWS; ++r) grads[r][z] = acc[r];

@@ -152,9 +152,7 @@ extern "C" __global__ void all_finite_finalize(
             all = 0;
         }
     }
-#pragma unroll  // the small arrays' loads issue together, not one array after another
-    for (int j = 0; j < TRIDENT_FINITE_SMALL; ++j) {
-        if (j >= small) break;
+    for (int j = 0; j < small && j < TRIDENT_FINITE_SMALL; ++j) {
         for (long long i = threadIdx.x; i < sizes[j]; i += TRIDENT_REDUCE_THREADS) {
             const bool finite = (f64_mask >> j) & 1
                                     ? trident_finite(((const double*)arrays[j])[i])

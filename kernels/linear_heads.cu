@@ -6,12 +6,13 @@
 // LINEAR_HEADS_MAX heads; head j has W_j [TRIDENT_H, w_j], b_j [w_j], output and gradient
 // [rows, w_j], all row-major; the heads' S = Σ w_j columns are numbered s = 0..S-1, head 0's
 // first. Unused pointer slots are never read.
-// The backward kernels work on tiles of rows staged in dynamic shared memory (the wrapper sizes
-// them); no atomics, and every sum runs in an order fixed by the shapes.
+// Every kernel works on tiles of rows staged in dynamic shared memory (the wrapper sizes them);
+// no atomics, and every sum runs in an order fixed by the shapes.
 #include "common.cuh"
 
 #define LINEAR_HEADS_MAX 4
-#define LINEAR_HEADS_TILE 16  // rows per tile: linear_heads_bwd_input's accumulators
+#define LINEAR_HEADS_TILE 16  // rows per tile: linear_heads_bwd_input's accumulators, and at most
+                              // that many in linear_heads_fwd
 #define LINEAR_HEADS_COLS 16  // columns per register pass (the default heads have 14)
 
 #define LINEAR_HEADS_TABLE(type, name) \
@@ -31,78 +32,75 @@ __device__ __forceinline__ int linear_heads_columns(const int* width, int count,
     return columns;
 }
 
-// out_j[r, c] = Σ_k h[r, k] W_j[k, c] + b_j[c], k summed in four partial sums p_m (the
-// features k ≡ m mod 4 below H rounded down to 4, in index order; the last H mod 4 features
-// then go to p_0 in order), added as ((p_0 + p_1) + (p_2 + p_3)) + b. Block (x, y) takes rows
-// x·FWD_ROWS onward and the heads' columns y·FWD_COLS onward (grid (ceil(rows / FWD_ROWS),
-// ceil(S / FWD_COLS)), FWD_THREADS threads): thread (row, m) sums p_m of its row for every
-// column of the group, each feature read once from h and the group's W columns staged
-// (transposed, FWD_KC features at a time) in shared memory; the four threads of a row are
-// adjacent lanes and add their sums by shuffles.
-#define LINEAR_HEADS_FWD_ROWS 32
-#define LINEAR_HEADS_FWD_THREADS (4 * LINEAR_HEADS_FWD_ROWS)
-#define LINEAR_HEADS_FWD_COLS 16
-#define LINEAR_HEADS_FWD_KC 128  // a multiple of 4: a chunk keeps each feature's residue
+// out_j[r, c] = Σ_k h[r, k] W_j[k, c] + b_j[c]. A block takes tile_rows rows at a time
+// (grid-stride) and stages, k_chunk features at a time, those rows of h and the heads' W
+// columns (transposed: column s is a row of ws) in dynamic shared memory, both with row
+// stride k_chunk + 1 (no bank conflicts); each (row, column) output belongs to one thread (at
+// most LINEAR_HEADS_OUT per thread: the wrapper keeps tile_rows·S within that many blocks'
+// worth), which sums k in four interleaved partial sums added in a fixed order at the end.
+// k_chunk is a multiple of 4. Shared: (tile_rows + S)·(k_chunk + 1) floats + 2·S ints.
+#define LINEAR_HEADS_OUT 2
 
-extern "C" __global__ void __launch_bounds__(LINEAR_HEADS_FWD_THREADS)
-linear_heads_fwd(const float* __restrict__ h, const float* W0, const float* W1, const float* W2,
-                 const float* W3, const float* b0, const float* b1, const float* b2,
-                 const float* b3, float* out0, float* out1, float* out2, float* out3, int width0,
-                 int width1, int width2, int width3, int count, int rows) {
-    __shared__ float ws[LINEAR_HEADS_FWD_KC][LINEAR_HEADS_FWD_COLS + 1];  // odd stride
-    __shared__ int head[LINEAR_HEADS_FWD_COLS], col[LINEAR_HEADS_FWD_COLS];
+extern "C" __global__ void linear_heads_fwd(const float* __restrict__ h, const float* W0,
+                                            const float* W1, const float* W2, const float* W3,
+                                            const float* b0, const float* b1, const float* b2,
+                                            const float* b3, float* out0, float* out1,
+                                            float* out2, float* out3, int width0, int width1,
+                                            int width2, int width3, int count, int rows,
+                                            int tile_rows, int k_chunk) {
+    extern __shared__ float shared[];
     LINEAR_HEADS_TABLE(const float*, W);
     LINEAR_HEADS_TABLE(const float*, b);
     LINEAR_HEADS_TABLE(float*, out);
     const int width[LINEAR_HEADS_MAX] = {width0, width1, width2, width3};
-    int columns = 0;
-    for (int j = 0; j < count; ++j) columns += width[j];
-    const int s0 = blockIdx.y * LINEAR_HEADS_FWD_COLS;
-    const int group = min(LINEAR_HEADS_FWD_COLS, columns - s0);
-    const int t = threadIdx.x, m = t & 3;
-    if (t < group) {
-        int j = 0, c = s0 + t;
-        while (c >= width[j]) c -= width[j++];
-        head[t] = j;
-        col[t] = c;
-    }
-    const long long row = (long long)blockIdx.x * LINEAR_HEADS_FWD_ROWS + (t >> 2);
-    const bool live = row < rows;
-    const float* x = h + (live ? row : 0) * TRIDENT_H;
-    const int paired = TRIDENT_H / 4 * 4;  // features in the four interleaved sums
-    float p[LINEAR_HEADS_FWD_COLS];
+    const int all = width0 + width1 + width2 + width3;
+    const int stride = k_chunk + 1;
+    float* hs = shared;
+    float* ws = hs + tile_rows * stride;
+    int* head = (int*)(ws + all * stride);
+    int* col = head + all;
+    const int columns = linear_heads_columns(width, count, head, col);
+    for (int row0 = blockIdx.x * tile_rows; row0 < rows; row0 += gridDim.x * tile_rows) {
+        const int n = min(tile_rows, rows - row0);
+        float p[LINEAR_HEADS_OUT][4];
 #pragma unroll
-    for (int c = 0; c < LINEAR_HEADS_FWD_COLS; ++c) p[c] = 0.0f;
-    for (int k0 = 0; k0 < TRIDENT_H; k0 += LINEAR_HEADS_FWD_KC) {
-        const int kn = min(LINEAR_HEADS_FWD_KC, TRIDENT_H - k0);
-        __syncthreads();  // head and col are written; the previous chunk's readers are done
-        for (int e = t; e < kn * LINEAR_HEADS_FWD_COLS; e += LINEAR_HEADS_FWD_THREADS) {
-            const int k = e / LINEAR_HEADS_FWD_COLS, c = e % LINEAR_HEADS_FWD_COLS;
-            ws[k][c] = c < group ? W[head[c]][(long long)(k0 + k) * width[head[c]] + col[c]] : 0.0f;
-        }
-        __syncthreads();
-        const int stop = min(kn, paired - k0);
-#pragma unroll 4
-        for (int k = m; k < stop; k += 4) {
-            const float xv = x[k0 + k];
+        for (int m = 0; m < LINEAR_HEADS_OUT; ++m)
+            p[m][0] = p[m][1] = p[m][2] = p[m][3] = 0.0f;
+        for (int k0 = 0; k0 < TRIDENT_H; k0 += k_chunk) {
+            const int kn = min(k_chunk, TRIDENT_H - k0);
+            __syncthreads();  // the table is written; the previous stage's readers are done
+            for (int i = threadIdx.x; i < n * kn; i += blockDim.x) {
+                const int r = i / kn, k = i % kn;
+                hs[r * stride + k] = h[(long long)(row0 + r) * TRIDENT_H + k0 + k];
+            }
+            for (int i = threadIdx.x; i < columns * kn; i += blockDim.x) {
+                const int c = i / kn, k = i % kn, j = head[c];
+                ws[c * stride + k] = W[j][(long long)(k0 + k) * width[j] + col[c]];
+            }
+            __syncthreads();
 #pragma unroll
-            for (int c = 0; c < LINEAR_HEADS_FWD_COLS; ++c) p[c] += xv * ws[k][c];
-        }
-        if (m == 0) {
-            for (int k = stop; k < kn; ++k) {  // the last H mod 4 features, in order
-                const float xv = x[k0 + k];
-#pragma unroll
-                for (int c = 0; c < LINEAR_HEADS_FWD_COLS; ++c) p[c] += xv * ws[k][c];
+            for (int m = 0; m < LINEAR_HEADS_OUT; ++m) {
+                const int o = threadIdx.x + m * blockDim.x;
+                if (o >= n * columns) continue;
+                const float* x = hs + (o / columns) * stride;
+                const float* w = ws + (o % columns) * stride;
+                int k = 0;
+                for (; k + 4 <= kn; k += 4) {
+                    p[m][0] += x[k] * w[k];
+                    p[m][1] += x[k + 1] * w[k + 1];
+                    p[m][2] += x[k + 2] * w[k + 2];
+                    p[m][3] += x[k + 3] * w[k + 3];
+                }
+                for (; k < kn; ++k) p[m][0] += x[k] * w[k];  // only in the last chunk
             }
         }
-    }
 #pragma unroll
-    for (int c = 0; c < LINEAR_HEADS_FWD_COLS; ++c) {
-        const float pair = p[c] + __shfl_down_sync(0xffffffffu, p[c], 1);  // m = 0: p0 + p1
-        const float other = __shfl_down_sync(0xffffffffu, pair, 2);        // m = 0: p2 + p3
-        if (m == 0 && live && c < group) {
-            const int j = head[c];
-            out[j][row * width[j] + col[c]] = (pair + other) + b[j][col[c]];
+        for (int m = 0; m < LINEAR_HEADS_OUT; ++m) {
+            const int o = threadIdx.x + m * blockDim.x;
+            if (o >= n * columns) continue;
+            const int r = o / columns, s = o % columns, j = head[s], c = col[s];
+            out[j][(long long)(row0 + r) * width[j] + c] =
+                ((p[m][0] + p[m][1]) + (p[m][2] + p[m][3])) + b[j][c];
         }
     }
 }

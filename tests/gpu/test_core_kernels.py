@@ -233,7 +233,7 @@ def test_linear_heads_fwd_sums_in_its_documented_order(
     to 4, the last H mod 4 features into p_0, then ((p_0 + p_1) + (p_2 + p_3)) + b. Bit for bit,
     so a change of order fails here and not only in the golden record."""
     H, B = ops.dims.H, 77
-    widths = (9, 1, 17)  # two column groups of the kernel
+    widths = (9, 1, 17)
     h = np.maximum(normal(rng, B, H), 0)
     Ws = [normal(rng, H, w) for w in widths]
     bs = [normal(rng, w) for w in widths]

@@ -41,21 +41,22 @@ C51_CHUNK_ROWS = 64
 C51_MAX_CHUNKS = 64
 C51_SHARED_FLOATS = 12288  # c51_taken_fwd_bwd's shared-memory budget per block (48 KB)
 C51_BWD_I = 64  # features per staged chunk of the head's columns in c51_taken_fwd_bwd
-C51_MAX_TILE_ROWS = 32
 
 
 def c51_tile_rows(H: int, Z: int) -> int:
-    """C51_TILE_ROWS of c51_taken_fwd_bwd: rows per block (a multiple of 4, at most 32) whose
-    features (or, later, the staged columns) and atoms fit its shared memory."""
+    """C51_TILE_ROWS of c51_taken_fwd_bwd: rows per block (a multiple of 4, at most 16) that
+    fit its shared memory beside the staged columns."""
     staged = C51_BWD_I * (Z | 1)
-    for rows in range(C51_MAX_TILE_ROWS, 0, -4):
-        if rows * 2 * Z + max(rows * H, staged) <= C51_SHARED_FLOATS:
-            return rows
-    raise ValueError(
-        f"model.hidden_dim = {H}, c51.num_atoms = {Z}: 4 · (2 · {Z}) + max(4 · {H}, {staged}) "
-        f"floats, expected at most {C51_SHARED_FLOATS} (four replayed rows' features and atoms "
-        "must fit the C51 head kernel's shared memory)"
-    )
+    row_floats = H + 2 * Z
+    fit = (C51_SHARED_FLOATS - staged) // row_floats
+    if fit < 4:
+        raise ValueError(
+            f"model.hidden_dim = {H}, c51.num_atoms = {Z}: 4 · ({H} + 2 · {Z}) + {staged} "
+            f"floats, expected at most {C51_SHARED_FLOATS} (four replayed rows' features and "
+            "atoms and a chunk of the head's columns must fit the C51 head kernel's shared "
+            "memory)"
+        )
+    return min(16, fit) // 4 * 4
 
 
 class C51Ops(KernelOps):

@@ -18,8 +18,6 @@ __all__ = ["LinearHeadsOps"]
 
 LINEAR_HEADS_MAX = 4  # linear_heads.cu: heads per launch
 LINEAR_HEADS_TILE = 16  # linear_heads.cu: rows per tile (linear_heads_bwd_input's accumulators)
-LINEAR_HEADS_FWD_ROWS = 32  # linear_heads.cu: rows per linear_heads_fwd block (four threads each)
-LINEAR_HEADS_FWD_COLS = 16  # linear_heads.cu: the heads' columns per linear_heads_fwd block
 LINEAR_HEADS_MAX_COLUMNS = 512  # Σ head widths: a tile of gradients fits in SHARED_BYTES
 LINEAR_HEADS_CHUNK_ROWS = 32  # rows per weight-gradient partial, at least; more rows when
 LINEAR_HEADS_CHUNKS = 128  # that would make more partials than this
@@ -58,14 +56,21 @@ class LinearHeadsOps(KernelOps):
             _array(f"bs[{j}]", b, shape=(w,))
             for j, (b, w) in enumerate(zip(bs, widths, strict=True))
         ]
-        rows, columns = h.shape[0], sum(widths)
+        rows, columns, H = h.shape[0], sum(widths), self.dims.H
         outs = [cupy.empty((rows, w), dtype=cupy.float32) for w in widths]
         if rows:
+            table = 8 * columns  # linear_heads_columns' head / col ints
+            # One output per thread where S allows (at most LINEAR_HEADS_OUT always), and as
+            # many features per stage as fit beside the tile (a multiple of 4).
+            tile = max(1, min(LINEAR_HEADS_TILE, BLOCK // columns))
+            fit = (SHARED_BYTES - table) // (4 * (tile + columns)) - 1
+            k_chunk = min(-(-H // 4) * 4, fit // 4 * 4)
             self._kernel("linear_heads.cu", "linear_heads_fwd")(
-                (-(-rows // LINEAR_HEADS_FWD_ROWS), -(-columns // LINEAR_HEADS_FWD_COLS)),
-                (4 * LINEAR_HEADS_FWD_ROWS,),
+                strided_blocks(rows, tile),
+                (BLOCK,),
                 (h, *_slots(Ws), *_slots(bs), *_slots(outs), *_widths(widths), np.int32(len(Ws)),
-                 np.int32(rows)),
+                 np.int32(rows), np.int32(tile), np.int32(k_chunk)),
+                shared_mem=4 * (tile + columns) * (k_chunk + 1) + table,
             )  # fmt: skip
         return outs
 
