@@ -69,9 +69,10 @@ def test_act_reports_the_denormalised_value(rng: np.random.Generator) -> None:
     """V(s) from Act is σ v̂ + μ, with v̂ the value head's output, computed here from the saved
     parameters and statistics."""
     trainer = Trainer(small_config("ppo.value_norm=true"))
-    for _ in range(3):
+    for _ in range(3):  # rewards of mean 10 and spread 30: returns whose statistics must move
         rollout = random_rollout(rng)
-        trainer.step(rollout.__class__(**{**rollout.__dict__, "rewards": rollout.rewards * 30}))
+        rewards = rollout.rewards * 30 + 10
+        trainer.step(rollout.__class__(**{**rollout.__dict__, "rewards": rewards}))
     state = trainer.state_dict()
     a, b, c = state["params/v/norm"]
     mean = a / c
