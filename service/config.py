@@ -217,7 +217,9 @@ class ServerConfig(_Section):
     # Idempotency keys of applied Steps remembered, with their answers (saved in checkpoints):
     # a Step re-sent with a key this old or newer is answered, never applied twice.
     step_key_window: int = _f(4096, ge=1)
-    act_max_batch: int = _f(1024, ge=1)  # max observations per batched act call
+    # max observations per batched Act forward: concurrent actors' requests are merged up to
+    # this (a size that fills a GPU; a larger request runs alone)
+    act_max_batch: int = _f(65536, ge=1)
     # extra wait to fill an Act batch (ms); 0 batches what queued during the previous forward
     act_max_wait_ms: float = _f(0.0, ge=0)
     # client authentication to enforce, checked at start-up: 'auto' (what auth_token and

@@ -42,7 +42,17 @@ class Executor(Protocol):
         ...
 
     def join(self, token: object) -> None:
-        """Make the current lane wait for the work of the `fork` that gave `token`."""
+        """Make the current lane wait for the work of the `fork` or `mark` that gave `token`."""
+        ...
+
+    def mark(self) -> object:
+        """A token for the work queued so far on the main lane: another executor's lane that
+        `join`s it waits for that work (how a copy between two trainers' lanes is ordered)."""
+        ...
+
+    def padded_rows(self, rows: int) -> int:
+        """The rows a call of `rows` rows should be padded to: a capturing executor keeps one
+        graph per shape, so it rounds row counts up to a few sizes."""
         ...
 
     def run(self, key: Hashable, fn: Callable[..., T], *inputs: Any) -> T:
@@ -82,6 +92,12 @@ class NumpyExecutor:
 
     def join(self, token: object) -> None:
         pass
+
+    def mark(self) -> object:
+        return None
+
+    def padded_rows(self, rows: int) -> int:
+        return rows
 
     def run(self, key: Hashable, fn: Callable[..., T], *inputs: Any) -> T:
         return fn(*inputs)

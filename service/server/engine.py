@@ -1,7 +1,11 @@
 """The data plane behind the servicer: one trainer, its Step queue, Act batching, checkpoints.
 
-Everything that reads or writes the trainer holds `self._lock`, so Steps, Act forwards,
-checkpoints and restores never interleave. A keyed Step is looked up in the ledger of applied
+Acting never waits for learning: Act reads the trainer's published policy snapshot
+(`Trainer.snapshot`, its own copy of the parameters and its own executor) under
+`self._act_lock`, while what reads or writes the live trainer (Steps, checkpoints, restores,
+settings, status) holds `self._lock`. After each Step and each restore the new parameters are
+published to the snapshot (a device copy, under both locks, always taken in that order); the
+version an Act reports is the snapshot's. A keyed Step is looked up in the ledger of applied
 keys first (and joins the same key's Step while that one is queued), so a Step sent again is
 answered, never applied twice; the ledger changes only with the trainer, under the lock, and
 is saved and restored with it. Nothing here knows gRPC.
@@ -93,7 +97,9 @@ class Engine:
         self.inference_only = inference_only
         self.clock = clock
         self.root = Path(trainer.config.checkpoint.dir)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the live trainer
+        self._act_lock = threading.Lock()  # the snapshot and the act counter; after _lock
+        self._policy = trainer.snapshot()
         server = trainer.config.server
         self.ledger = StepLedger(server.step_key_window)
         self._keys_lock = threading.RLock()  # the ledger and _queued; taken inside _lock
@@ -165,6 +171,7 @@ class Engine:
         with self._lock:
             self._check_lag(rollout.policy_version)
             result = self.trainer.step(rollout)
+            self._publish()
             if work.key is not None:
                 with self._keys_lock:
                     self.ledger.record(work.key, result)
@@ -222,17 +229,23 @@ class Engine:
         return self._acts.pending()
 
     def _act_batch(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> ActResult:
-        with self._lock:  # the timer starts once a Step in progress has let go of the trainer
+        with self._act_lock:  # the timer starts once a publish in progress has let go
             started = self.clock()
-            result = self.trainer.act(obs, mode, epsilon)
+            result = self._policy.act(obs, mode, epsilon)
             seconds = self.clock() - started
         self.metrics.observe_act(obs.shape[0], seconds)
         return result
 
+    def _publish(self) -> None:
+        """Acts from now on read the live parameters as they are; the caller holds _lock."""
+        with self._act_lock:
+            self._policy.publish()
+
     # ------------------------------------------------------------------------ state
     def _save(self, name: str | None) -> CheckpointInfo:
-        """Commit a checkpoint with the ledger; the caller holds the lock."""
-        with self._keys_lock:
+        """Commit a checkpoint with the ledger; the caller holds _lock (and the act counter
+        is read under _act_lock)."""
+        with self._act_lock, self._keys_lock:
             info = save_checkpoint(self.trainer, self.root, name, ledger=self.ledger)
         self._checkpoint_step = info.global_step
         self.metrics.observe_checkpoint(info)
@@ -254,8 +267,9 @@ class Engine:
     def restore(self, name: str) -> tuple[CheckpointInfo, str]:
         self._require_training("Restore")
         with self._lock:
-            with self._keys_lock:
+            with self._act_lock, self._keys_lock:
                 info = restore_checkpoint(self.trainer, self.root, name, ledger=self.ledger)
+                self._policy.publish()
             self._checkpoint_step = info.global_step
             self._state_epoch = secrets.randbits(62)
             digest = self.trainer.param_digest()

@@ -1,7 +1,8 @@
 """Act: actions, log-probabilities and values from the online network, in every mode.
 
 Each call draws fresh Philox counters (the `act_calls` counter's sequence) and runs as one
-call of the executor per (rows, mode), so a capturing executor replays it.
+call of the executor per (rows, mode), so a capturing executor replays it. `Policy` reads the
+live parameters; `PolicySnapshot` (snapshot.py) reads a published copy of them.
 """
 
 from __future__ import annotations
@@ -16,10 +17,18 @@ from service.types import ActMode, ActResult
 
 
 class Policy:
-    """Acts with the parameters of `state`."""
+    """Acts with the parameters of `state`: `params`, `value_norm` and the policy `version`
+    are what Act reads, the device `sequence` the Philox sequence it is handed."""
 
     def __init__(self, state: State, executor: Executor) -> None:
         self.state, self.executor = state, executor
+        self.params, self.value_norm = state.params, state.value_norm
+        self.sequence = state.sequences["act_calls"]
+
+    @property
+    def version(self) -> int:
+        """The policy version Act reports: the Steps applied to the parameters it reads."""
+        return self.state.global_step
 
     def act(
         self, obs: np.ndarray, mode: ActMode = ActMode.SAMPLE, epsilon: float = 0.0
@@ -42,7 +51,7 @@ class Policy:
             actions=actions,
             log_probs=log_probs,
             values=values,
-            policy_version=state.global_step,
+            policy_version=self.version,
         )
 
     def act_on_device(
@@ -64,8 +73,8 @@ class Policy:
 
     def _outputs(self, x: np.ndarray, mode: ActMode, epsilon: float) -> tuple:
         """Act's device work on device observations; advances the act counter."""
-        counters, sequences = self.state.counters, self.state.sequences
-        sequences["act_calls"].fill(int(counters["act_calls"][0]))
+        counters = self.state.counters
+        self.sequence.fill(int(counters["act_calls"][0]))
         outputs = self.executor.run(
             ("act", x.shape[0], mode), lambda obs, eps: self._forward(obs, mode, eps), x, epsilon
         )
@@ -75,16 +84,16 @@ class Policy:
     def _forward(self, x: np.ndarray, mode: ActMode, epsilon) -> tuple:
         """Act's device work: forwards and the action choice (what a captured Act replays)."""
         state, ops, cfg = self.state, self.state.backend.ops, self.state.config
-        params = state.params
+        params = self.params
         h = model.encoder_fwd(ops, params, x, cfg.model.depth)[-1]
         logits = model.head_fwd(ops, params, "pi", h)
-        values = state.value_norm.denormalize(model.head_fwd(ops, params, "v", h)[:, 0])
+        values = self.value_norm.denormalize(model.head_fwd(ops, params, "v", h)[:, 0])
         q_values = None
         if mode in (ActMode.GREEDY_Q, ActMode.EPSILON_GREEDY):
             A, Z = cfg.model.num_actions, cfg.c51.num_atoms
             probs = model.q_distribution(ops, params, h, A, Z)
             q_values = ops.c51_q_values(probs, state.support)
         actions, log_probs = ops.act_select(
-            logits, q_values, mode, epsilon, state.key_on_device, state.sequences["act_calls"]
+            logits, q_values, mode, epsilon, state.key_on_device, self.sequence
         )
         return actions, log_probs, values

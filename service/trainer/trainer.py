@@ -21,6 +21,7 @@ from service.trainer.learner import Learner
 from service.trainer.policy import Policy
 from service.trainer.sharding import Sharding
 from service.trainer.sizing import sized_backend
+from service.trainer.snapshot import PolicySnapshot
 from service.trainer.state import State
 from service.types import ActMode, ActResult, DeviceRollout, Rollout, StepResult
 
@@ -49,6 +50,7 @@ class Trainer:
         self.executor = self.backend.executor(config.train.cuda_graphs)
         self.learner = Learner(self.state, self.executor)
         self.policy = Policy(self.state, self.executor)
+        self._snapshot: PolicySnapshot | None = None
 
     @property
     def config(self) -> Config:
@@ -98,6 +100,15 @@ class Trainer:
         next work on them inside `on_device()`."""
         with self.on_device():
             return self.policy.act_on_device(obs, mode, epsilon)
+
+    def snapshot(self) -> PolicySnapshot:
+        """The published policy, for Acts that run beside Steps (server.engine): made on first
+        use, on an executor of its own, from the parameters as they are then; `publish()`
+        refreshes it."""
+        if self._snapshot is None:
+            executor = self.backend.executor(self.config.train.cuda_graphs)
+            self._snapshot = PolicySnapshot(self.state, executor, self.executor)
+        return self._snapshot
 
     def update_hyperparams(self, updates: Mapping[str, float]) -> None:
         """Change hot settings (HOT_KEYS) between Steps; all or nothing."""

@@ -22,6 +22,9 @@ from service.backend.cuda.capture import CapturedCalls
 T = TypeVar("T")
 
 LANES = 4  # side streams: enough for the update's widest fork
+# Captured calls of variable rows (Act) run at the next of these sizes, doubling beyond the
+# last: one graph per size instead of one per row count an actor happens to send.
+PADDED_ROWS = (64, 256, 1024)
 
 
 class CudaExecutor:
@@ -52,6 +55,17 @@ class CudaExecutor:
 
     def join(self, token: object) -> None:
         cupy.cuda.get_current_stream().wait_event(token)
+
+    def mark(self) -> object:
+        return self.stream.record()
+
+    def padded_rows(self, rows: int) -> int:
+        if self._calls is None:
+            return rows
+        size = next((size for size in PADDED_ROWS if size >= rows), PADDED_ROWS[-1])
+        while size < rows:
+            size *= 2
+        return size
 
     def run(self, key: Hashable, fn: Callable[..., T], *inputs: Any) -> T:
         if self._calls is None:
