@@ -1,9 +1,12 @@
 """`trident actor`: N environments in this process, trained by a remote `trident serve`.
 
-Per env step the actor asks the server's Act (mode sample) for actions on all N observations
-and steps the envs; after T steps it sends the time-major rollout [T, N] in one Step, with the
-final observations of truncated episodes, the policy version its Act replies named and, for
-LobSim, the perception labels.
+The actor runs its environments through one Interact stream (SEED RL's design): per env step a
+group of environments sends its observations with the outcome of its previous actions (rewards,
+episode ends, final observations of truncated episodes and, for LobSim, the perception labels)
+and gets its actions back; the server assembles the time-major rollouts [T, N] and trains on
+each as a keyed Step. The environments are split into `--env-groups` groups (2 by default,
+Sample Factory's double buffering): one group steps while the other's actions are in flight.
+With one group and one actor the server computes what Act x T then Step would.
 
 `--env lobsim` runs LobSim markets (the `lobsim` settings of --config / --set): start the
 server with `--set model.obs_dim=<observation_dim(lobsim)> --set model.num_actions=9
@@ -24,9 +27,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import grpc
@@ -34,13 +37,16 @@ import numpy as np
 
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.client.client import TridentClient
-from service.client.resilient import GONE, ResilientLink
+from service.client.interact import InteractOutcome, InteractReply, InteractStream
+from service.client.resilient import GONE, ResilientLink, stale
 from service.config import LobsimConfig
 from service.envs import LobSimVectorEnv
 from service.errors import TridentError
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
-from service.types import ActMode, ActResult
-from service.vector_env import EnvStep, VectorEnv, collect_rollout
+from service.step_ledger import StepKey
+from service.types import Rollout
+from service.unroll import GroupStep, Unroller
+from service.vector_env import EnvStep, VectorEnv
 
 if TYPE_CHECKING:  # Gymnasium is optional (pip install 'trident[gym]')
     from gymnasium.vector import VectorEnv as GymnasiumVector
@@ -208,6 +214,138 @@ def first_status(
     return link.status()
 
 
+GROUP_SEED_STRIDE = 2**20  # group g's environments are seeded from seed + g * this
+
+
+def group_sizes(num_envs: int, groups: int) -> list[int]:
+    """`num_envs` split into `groups` sizes as equal as they can be, larger first."""
+    return [num_envs // groups + (g < num_envs % groups) for g in range(groups)]
+
+
+@dataclass
+class Progress:
+    """What the actor's lines report."""
+
+    env_steps: int = 0
+    rollouts: int = 0  # rollouts completed (sent whole to the server)
+    outcomes: int = 0  # of those, answered or dropped
+    applied: int = 0
+    abandoned_env_steps: int = 0  # steps of rollouts a broken stream left unfinished
+    act_s: list[float] = field(default_factory=list)  # per env step: request to actions
+
+
+class StreamActor:
+    """The actor's side of its Interact streams: its env groups, the rollouts the server has
+    not answered yet, and a reconnect (sending those again as keyed Steps) when a stream
+    breaks."""
+
+    def __init__(
+        self,
+        link: ResilientLink,
+        envs: list[ActorEnv],
+        rollout_len: int,
+        obs_dim: int,
+        report: Callable[[InteractOutcome, Progress], None],
+    ) -> None:
+        self.link, self.envs, self.T, self.D = link, envs, rollout_len, obs_dim
+        self.sizes = [env.num_envs for env in envs]
+        self.report = report
+        self.progress = Progress()
+        self._waiting: dict[int, tuple[StepKey, Rollout]] = {}  # sequence -> unanswered rollout
+        self._sent_at = [0.0] * len(envs)
+        self._open()
+
+    def _open(self) -> None:
+        """A new stream from the environments' current observations."""
+        self._first = self.link.next_sequence
+        self._unroller = Unroller(self.T, self.sizes, self.D)
+        client = self.link.client
+        self._stream: InteractStream = client.interact(
+            self.link.actor_id, self._first, self.T, self.sizes
+        )
+        for group, env in enumerate(self.envs):
+            self._send(group, env.obs, None)
+
+    def _send(self, group: int, obs: np.ndarray, outcome: EnvStep | None) -> None:
+        step = GroupStep(obs) if outcome is None else GroupStep(
+            obs=obs, rewards=outcome.rewards, terminated=outcome.terminated,
+            truncated=outcome.truncated, final_obs=outcome.final_obs,
+            final_obs_index=np.flatnonzero(outcome.truncated), bce_labels=outcome.bce_labels,
+            aux_targets=outcome.aux_targets,
+        )  # fmt: skip
+        for k, rollout in self._unroller.observe(group, step):
+            key = self.link.new_key()
+            assert key.sequence == self._first + k, "the stream's keys follow the link's"
+            self._waiting[key.sequence] = (key, rollout)
+            self.progress.rollouts += 1
+        self._sent_at[group] = time.perf_counter()
+        self._stream.send(group, obs, outcome)
+
+    def turn(self) -> None:
+        """Take one reply: its outcomes, then step its group's environments on its actions and
+        send what they observed. A broken stream is reconnected."""
+        try:
+            reply = self._stream.receive()
+        except grpc.RpcError as error:
+            if error.code() not in GONE:
+                raise
+            self._reconnect()
+            return
+        if reply is None:
+            raise ActorError("the server closed the Interact stream without being asked")
+        self._take(reply)
+        group = reply.group
+        self.progress.act_s.append(time.perf_counter() - self._sent_at[group])
+        self._unroller.acted(group, reply.actions, reply.log_probs, reply.policy_version)
+        moved = self.envs[group].step(reply.actions)
+        self.progress.env_steps += self.sizes[group]
+        self._send(group, moved.obs, moved)
+
+    def close(self) -> None:
+        """Half-close the stream and take every outcome the server still sends."""
+        self._stream.close()
+        try:
+            while (reply := self._stream.receive()) is not None:
+                self._take(reply)
+        except grpc.RpcError as error:
+            if error.code() not in GONE:
+                raise
+            self._resend_waiting()
+        self.progress.abandoned_env_steps += self._unroller.env_steps_pending
+
+    def _take(self, reply: InteractReply) -> None:
+        for outcome in reply.outcomes:
+            key, rollout = self._waiting.pop(outcome.sequence)
+            self.progress.outcomes += 1
+            if outcome.reply is not None:
+                self.link.answered(key, rollout, outcome.reply)
+                self.progress.applied += outcome.reply.updates_applied > 0
+            elif outcome.code == grpc.StatusCode.FAILED_PRECONDITION and stale(outcome.message):
+                self.link.dropped(key)
+            else:
+                code = outcome.code.name if outcome.code else "UNKNOWN"
+                raise ActorError(f"the server refused rollout {key}: {code} {outcome.message}")
+            self.report(outcome, self.progress)
+
+    def _reconnect(self) -> None:
+        """Wait for the server, send the rollouts it never answered as keyed Steps (applied
+        once whatever became of them), and open a new stream where the environments are."""
+        self.progress.abandoned_env_steps += self._unroller.env_steps_pending
+        self._stream.cancel()
+        self.link.status()  # waits through the outage, re-checks the model shape
+        self._resend_waiting()
+        self._open()
+
+    def _resend_waiting(self) -> None:
+        for sequence in sorted(self._waiting):
+            key, rollout = self._waiting.pop(sequence)
+            reply = self.link.send_lost(key, rollout)
+            self.progress.outcomes += 1
+            if reply is not None:
+                self.progress.applied += reply.updates_applied > 0
+                self.report(InteractOutcome(sequence, reply, None, ""), self.progress)
+
+
 def run_actor(
     client: TridentClient,
     env: str,
@@ -220,73 +358,78 @@ def run_actor(
     log_every: int,
     duration_s: float | None = None,
     reconnect_s: float = 300.0,
+    env_groups: int = 2,
 ) -> int:
-    """Send `steps` Steps of `rollout_len` x `num_envs` env steps (or stop after the first Step
-    that ends `duration_s` after the start); print progress, then a `done:` summary line.
-    A server gone for longer than `reconnect_s` stops the actor (ServerGone)."""
+    """Send `steps` rollouts of `rollout_len` x `num_envs` env steps (or stop after the first
+    that ends `duration_s` after the start) through an Interact stream, the environments in
+    `env_groups` groups; print progress, then a `done:` summary line. A server gone for
+    longer than `reconnect_s` stops the actor (ServerGone)."""
     for name, value in (
         ("--num-envs", num_envs), ("--steps", steps), ("--rollout-len", rollout_len),
-        ("--log-every", log_every),
+        ("--log-every", log_every), ("--env-groups", env_groups),
     ):  # fmt: skip
         if value < 1:
             raise ActorError(f"{name}: expected a positive integer, got {value}")
-    if not 0 <= seed < 2**63:
-        raise ActorError(f"--seed: expected an integer in [0, 2**63), got {seed}")
+    if env_groups > num_envs:
+        raise ActorError(f"--env-groups: expected at most --num-envs ({num_envs}), got "
+                         f"{env_groups}")  # fmt: skip
+    seeds = 2**63 - env_groups * GROUP_SEED_STRIDE  # every group's seed fits in 63 bits
+    if not 0 <= seed < seeds:
+        raise ActorError(f"--seed: expected an integer in [0, {seeds}), got {seed}")
     if duration_s is not None and not duration_s > 0:
         raise ActorError(f"--duration: expected a positive number of seconds, got {duration_s}")
     if not reconnect_s > 0:
         raise ActorError(f"--reconnect-timeout: expected a positive number, got {reconnect_s}")
-    with open_env(env, num_envs, lobsim, seed) as (vec_env, dims):
+    sizes = group_sizes(num_envs, env_groups)
+    with ExitStack() as opened:
+        envs, dims = [], None
+        for group, size in enumerate(sizes):
+            vec_env, dims = opened.enter_context(
+                open_env(env, size, lobsim, seed + group * GROUP_SEED_STRIDE)
+            )
+            envs.append(vec_env)
+        assert dims is not None
         link = ResilientLink(
             client, lambda status: check_dims(status, dims, env), reconnect_s=reconnect_s
         )
         check_dims(first_status(client, link, reconnect_s), dims, env)
         print(
             f"trident actor: env={env} obs_dim={dims.obs_dim} actions={dims.num_actions} "
-            f"rollout={rollout_len}x{num_envs} steps={steps} seed={seed} id={link.actor_id}",
+            f"rollout={rollout_len}x{num_envs} groups={'+'.join(map(str, sizes))} "
+            f"steps={steps} seed={seed} id={link.actor_id}",
             flush=True,
         )
         started = time.perf_counter()
-        sent = applied = env_steps = 0
-        act_s: list[float] = []
-        step_s: list[float] = []
+        step_keys: list[str] = []  # the loss columns, in the first reply's order
 
-        def act(obs: np.ndarray) -> ActResult:
-            called = time.perf_counter()
-            result = link.act(obs, ActMode.SAMPLE)
-            act_s.append(time.perf_counter() - called)
-            return result
-
-        while sent < steps:
-            if duration_s is not None and time.perf_counter() - started >= duration_s:
-                break
-            rollout = collect_rollout(act, vec_env, rollout_len)
-            env_steps += rollout_len * num_envs
-            called = time.perf_counter()
-            reply = link.step(rollout)
-            step_s.append(time.perf_counter() - called)
-            if reply is None:  # too stale: counted by the link
-                continue
-            sent += 1
-            if reply.updates_applied:
-                applied += 1
-            if sent % log_every and sent != steps:
-                continue
-            returns = vec_env.take_returns()
+        def report(outcome: InteractOutcome, progress: Progress) -> None:
+            reply = outcome.reply
+            if reply is None or (progress.outcomes % log_every and progress.outcomes != steps):
+                return
+            returns = [r for vec_env in envs for r in vec_env.take_returns()]
             episodes = f"{np.mean(returns):.2f} ({len(returns)})" if returns else "n/a"
-            losses = " ".join(f"{k} {v:.3f}" for k, v in reply.losses.items())
+            step_keys.extend(k for k in sorted(reply.losses) if k not in step_keys)
+            losses = " ".join(f"{k} {reply.losses[k]:.3f}" for k in step_keys if k in reply.losses)
             skipped = f" | skipped: {reply.skip_reason}" if reply.skipped else ""
             print(
-                f"step {sent:>5}/{steps} | global step {reply.global_step} | "
-                f"{env_steps / (time.perf_counter() - started):7.0f} env steps/s | "
+                f"step {progress.outcomes:>5}/{steps} | global step {reply.global_step} | "
+                f"{progress.env_steps / (time.perf_counter() - started):7.0f} env steps/s | "
                 f"episode return {episodes} | {losses}{skipped}",
                 flush=True,
             )
-        counts = link.counts
+
+        actor = StreamActor(link, envs, rollout_len, dims.obs_dim, report)
+        while actor.progress.rollouts < steps:
+            if duration_s is not None and time.perf_counter() - started >= duration_s:
+                break
+            actor.turn()
+        actor.close()
+        progress, counts = actor.progress, link.counts
         print(
-            f"done: {sent} Steps ({applied} applied, {counts.dropped_stale} dropped as stale), "
-            f"{len(act_s)} Acts in {time.perf_counter() - started:.1f} s | "
-            f"{latency_ms('Step', step_s)} | {latency_ms('Act', act_s)} | "
+            f"done: {progress.outcomes} Steps ({progress.applied} applied, "
+            f"{counts.dropped_stale} dropped as stale), {progress.env_steps} env steps "
+            f"({progress.abandoned_env_steps} in unfinished rollouts) in "
+            f"{time.perf_counter() - started:.1f} s | {latency_ms('Act', progress.act_s)} | "
             f"{counts.rollouts} rollouts, {counts.resent} resent, {counts.replayed} replayed, "
             f"{counts.reconnects} reconnects, {counts.released} released unconfirmed",
             flush=True,

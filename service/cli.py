@@ -265,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
         if action == "restore":
             sub.add_argument("name", metavar="NAME", help="checkpoint name, as `list` prints it")
     actor = commands.add_parser(
-        "actor", help="run N environments here, trained by a server (Act + Step)"
+        "actor", help="run N environments here, trained by a server (an Interact stream)"
     )
     _add_client_flags(actor)
     _add_config_flags(actor)  # the lobsim section, for --env lobsim
@@ -282,6 +282,13 @@ def build_parser() -> argparse.ArgumentParser:
     actor.add_argument("--seed", type=int, default=0, help="environment seed")
     actor.add_argument("--log-every", type=int, default=10, help="Steps between progress lines")
     actor.add_argument(
+        "--env-groups",
+        type=int,
+        default=2,
+        help="groups the environments act in: one steps while another's actions are in flight "
+        "(1: every environment acts at once, what Act x T then Step would compute)",
+    )
+    actor.add_argument(
         "--reconnect-timeout",
         type=float,
         default=300.0,
@@ -293,9 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
         "token",
         help="make a bearer token with a role: prints the token once, appends its hash to the "
         "server's token file",
-        description="Roles: actor (Act, Step, StreamStep, GetStatus), viewer (GetStatus, "
-        "ListCheckpoints), admin (every method). The file keeps sha256 hashes, never tokens; "
-        "serve it with `trident serve --auth-tokens-file FILE`.",
+        description="Roles: actor (Act, Step, StreamStep, Interact, GetStatus), viewer "
+        "(GetStatus, ListCheckpoints), admin (every method). The file keeps sha256 hashes, "
+        "never tokens; serve it with `trident serve --auth-tokens-file FILE`.",
     )
     token.add_argument("--role", required=True, choices=("actor", "viewer", "admin"),
                        help="what the token may call")  # fmt: skip
@@ -566,6 +573,7 @@ def run_actor_command(args: argparse.Namespace, client: TridentClient) -> int:
         log_every=args.log_every,
         duration_s=args.duration,
         reconnect_s=args.reconnect_timeout,
+        env_groups=args.env_groups,
     )
 
 

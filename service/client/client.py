@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import numpy as np
@@ -27,6 +27,9 @@ from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.config import ServerConfig
 from service.step_ledger import StepKey
 from service.types import ActMode, ActResult, Rollout
+
+if TYPE_CHECKING:
+    from service.client.interact import InteractStream
 
 Reply = TypeVar("Reply")
 MAX_BACKOFF_S = 2.0
@@ -244,6 +247,22 @@ class TridentClient:
         requests = (pb.StreamStepRequest(step=step_request(r)) for r in rollouts)
         for reply in self._stub.StreamStep(requests, metadata=self._metadata()):
             yield StepReply.from_message(reply.step)
+
+    def interact(
+        self, actor_id: str, first_sequence: int, rollout_len: int, group_envs: Sequence[int]
+    ) -> InteractStream:
+        """Open an Interact stream (service/client/interact.py): the server acts on each
+        group's observations and trains on the rollouts it assembles, keyed (actor_id,
+        first_sequence + k). No deadline: the stream lives as long as the actor."""
+        from service.client.interact import InteractStream  # it reads this module's replies
+
+        start = pb.InteractStart(
+            actor_id=actor_id,
+            first_sequence=first_sequence,
+            rollout_len=rollout_len,
+            group_envs=list(group_envs),
+        )
+        return InteractStream(self._stub.Interact, self._metadata(), start)
 
     def act(
         self, obs: np.ndarray, mode: ActMode = ActMode.SAMPLE, epsilon: float = 0.0

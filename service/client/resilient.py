@@ -41,6 +41,11 @@ BUSY = (Code.RESOURCE_EXHAUSTED,)  # a full Step queue: the same Step later
 MAX_WAIT_S = 2.0
 
 
+def stale(details: str | None) -> bool:
+    """Whether a FAILED_PRECONDITION refused a rollout for its policy version."""
+    return "policy_version" in (details or "")
+
+
 class ServerGone(TridentError):
     """The server did not come back within the reconnect timeout."""
 
@@ -105,26 +110,52 @@ class ResilientLink:
 
     def step(self, rollout: Rollout) -> StepReply | None:
         """Send a new rollout; its reply, or None when it was dropped as too stale."""
+        return self.send_lost(self.new_key(), rollout)
+
+    def new_key(self) -> StepKey:
+        """The key of this link's next new rollout (a Step, or one an Interact stream made)."""
         key = StepKey(self.actor_id, self._sequence)
         self._sequence += 1
         self.counts.rollouts += 1
+        return key
+
+    @property
+    def next_sequence(self) -> int:
+        """The sequence `new_key` gives next."""
+        return self._sequence
+
+    def send_lost(self, key: StepKey, rollout: Rollout) -> StepReply | None:
+        """Send rollout `key` as a keyed Step: a new one, or one whose Interact stream broke
+        before its outcome came; its reply, or None when it was dropped as too stale."""
         reply = self._send(key, rollout)
         if reply is not None:
             self.counts.answered += 1
         return reply
 
+    def answered(self, key: StepKey, rollout: Rollout, reply: StepReply) -> None:
+        """Take an Interact stream's reply to rollout `key`, as `step` takes its own."""
+        self.counts.answered += 1
+        self._record(key, rollout, reply)
+
+    def dropped(self, key: StepKey) -> None:
+        """Count rollout `key` as refused for being too many policy versions old."""
+        self.counts.dropped_stale += 1
+        self.counts.dropped_keys.append(key)
+
     def _send(self, key: StepKey, rollout: Rollout) -> StepReply | None:
         try:
             reply = self._through_outages(lambda: self.client.step(rollout, key=key))
         except grpc.RpcError as error:
-            if error.code() != Code.FAILED_PRECONDITION or "policy_version" not in error.details():
+            if error.code() != Code.FAILED_PRECONDITION or not stale(error.details()):
                 raise
-            self.counts.dropped_stale += 1
-            self.counts.dropped_keys.append(key)
+            self.dropped(key)
             return None
+        self._record(key, rollout, reply)
+        return reply
+
+    def _record(self, key: StepKey, rollout: Rollout, reply: StepReply) -> None:
         self.counts.replayed += reply.replayed
         self._kept(key, rollout, reply)
-        return reply
 
     def _through_outages(self, call: Callable[[], Answer]) -> Answer:
         """`call()`, waiting for the server while it is gone or busy."""

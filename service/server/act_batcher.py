@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from service.errors import Unavailable
 from service.types import ActMode, ActResult
 
 RunBatch = Callable[[np.ndarray, ActMode, float], ActResult]
@@ -46,6 +47,8 @@ class ActBatcher:
     def act(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> ActResult:
         request = _Request(obs, (mode, epsilon))
         with self._wake:
+            if self._closed:  # the worker is gone: nothing would answer
+                raise Unavailable("the server is draining and acts no more")
             self._pending.append(request)
             self._wake.notify()
         return request.future.result()

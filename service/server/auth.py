@@ -26,10 +26,10 @@ from service.config import ConfigError, ServerConfig
 
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 SERVICE_PREFIX = "/trident.v1.TrainerService/"
-EVERY_METHOD = frozenset({"Step", "StreamStep", "Act", "Checkpoint", "Restore",
+EVERY_METHOD = frozenset({"Step", "StreamStep", "Interact", "Act", "Checkpoint", "Restore",
                           "ListCheckpoints", "GetStatus", "UpdateHyperparams"})  # fmt: skip
 ROLES: dict[str, frozenset[str]] = {
-    "actor": frozenset({"Act", "Step", "StreamStep", "GetStatus"}),
+    "actor": frozenset({"Act", "Step", "StreamStep", "Interact", "GetStatus"}),
     "viewer": frozenset({"GetStatus", "ListCheckpoints"}),
     "admin": EVERY_METHOD,
 }

@@ -15,12 +15,20 @@ from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.checkpoint import CheckpointInfo
-from service.errors import Unavailable
+from service.errors import InvalidInput, Unavailable
 from service.server.engine import Engine
+from service.server.interact import InteractSteps, Outcome
 from service.server.metrics import Metrics
 from service.server.status import status_of
-from service.server.validation import act_inputs, key_from_request, rollout_from_request
-from service.types import StepResult
+from service.server.validation import (
+    act_inputs,
+    group_step,
+    interact_start,
+    key_from_request,
+    rollout_from_request,
+)
+from service.types import ActMode, StepResult
+from service.unroll import Unroller
 
 Handler = TypeVar("Handler", bound=Callable[..., Any])
 # Error details travel in trailing metadata; clients drop a stream whose metadata passes 8 KiB.
@@ -41,6 +49,23 @@ STEP_RESPONSE_FIELDS = tuple(field.name for field in pb.StepResponse.DESCRIPTOR.
 
 def step_response(result: StepResult) -> pb.StepResponse:
     return pb.StepResponse(**{name: getattr(result, name) for name in STEP_RESPONSE_FIELDS})
+
+
+def outcome_message(outcome: Outcome) -> pb.InteractOutcome:
+    """An Interact outcome: the Step's reply, or the status it was refused with (INTERNAL,
+    without details, for what is no domain error)."""
+    if outcome.result is not None:
+        return pb.InteractOutcome(sequence=outcome.sequence, step=step_response(outcome.result))
+    assert outcome.error is not None
+    code = status_of(outcome.error)
+    if code is None:
+        logs.logger.error("internal error in an Interact Step", exc_info=outcome.error)
+        code, message = grpc.StatusCode.INTERNAL, "internal error"
+    else:
+        message = str(outcome.error)[:MAX_MESSAGE_CHARS]
+    return pb.InteractOutcome(
+        sequence=outcome.sequence, error_code=code.value[0], error_message=message
+    )
 
 
 def checkpoint_message(info: CheckpointInfo) -> pb.CheckpointInfo:
@@ -142,6 +167,50 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
                 yield pb.StreamStepResponse(step=step_response(result))
         except Exception as error:
             self._fail("StreamStep", error, context, request_id)
+
+    def Interact(
+        self, request_iterator: Iterator[pb.InteractRequest], context: grpc.ServicerContext
+    ) -> Iterator[pb.InteractResponse]:
+        request_id = request_id_of(context)
+        context.set_trailing_metadata((("x-request-id", request_id),))
+        try:
+            yield from self._interact(request_iterator, context)
+        except Exception as error:
+            self._fail("Interact", error, context, request_id)
+
+    def _interact(
+        self, requests: Iterator[pb.InteractRequest], context: grpc.ServicerContext
+    ) -> Iterator[pb.InteractResponse]:
+        """Per request: the group's outcome into its rollout, a completed rollout to the Step
+        queue, the group's actions back (sampled from the published policy)."""
+        request = next(requests, None)
+        if request is None:
+            return
+        engine = self.engine
+        config = engine.trainer.config
+        actor, first_sequence, T, groups = interact_start(request)
+        unroller = Unroller(T, groups, config.model.obs_dim)
+        steps = InteractSteps(engine, actor, first_sequence, context.is_active)
+        while request is not None:
+            step = group_step(request, config)
+            for k, rollout in unroller.observe(request.group, step):
+                steps.submit(k, rollout)
+            acted = self.engine.act(step.obs, ActMode.SAMPLE, 0.0)
+            unroller.acted(request.group, acted.actions, acted.log_probs, acted.policy_version)
+            yield pb.InteractResponse(
+                group=request.group,
+                actions=encode(acted.actions.astype("<i4")),
+                log_probs=encode(acted.log_probs.astype("<f4")),
+                policy_version=acted.policy_version,
+                outcomes=[outcome_message(o) for o in steps.take_outcomes()],
+            )
+            request = next(requests, None)
+            if request is not None and request.HasField("start"):
+                raise InvalidInput("start", "on the stream's first request alone", "again")
+        steps.finish()
+        yield pb.InteractResponse(
+            group=-1, outcomes=[outcome_message(o) for o in steps.take_outcomes()]
+        )
 
     @_rpc("Act")
     def Act(self, request: pb.ActRequest, context: grpc.ServicerContext) -> pb.ActResponse:

@@ -11,6 +11,7 @@ from service.errors import InvalidInput
 from service.step_ledger import StepKey
 from service.trainer.rollout import validate_rollout
 from service.types import ActMode, Rollout
+from service.unroll import GroupStep
 
 FLOAT = (pb.D_TYPE_FLOAT32,)
 INDEX = (pb.D_TYPE_INT32, pb.D_TYPE_INT64)
@@ -91,3 +92,85 @@ def key_from_request(request: pb.StepRequest) -> StepKey | None:
         return None
     key = request.idempotency_key
     return StepKey.checked(key.actor_id, key.sequence)
+
+
+MAX_ROLLOUT_LEN = 4096  # InteractStart.rollout_len
+
+
+def interact_start(request: pb.InteractRequest) -> tuple[str, int, int, list[int]]:
+    """The (actor_id, first_sequence, rollout_len, group_envs) of a stream's first request."""
+    if not request.HasField("start"):
+        raise InvalidInput("start", "an InteractStart on the stream's first request", "nothing")
+    start = request.start
+    key = StepKey.checked(start.actor_id, start.first_sequence)
+    if not 1 <= start.rollout_len <= MAX_ROLLOUT_LEN:
+        raise InvalidInput("start.rollout_len", f"an integer in [1, {MAX_ROLLOUT_LEN}]",
+                           start.rollout_len)  # fmt: skip
+    groups = list(start.group_envs)
+    if not groups or any(n < 1 for n in groups):
+        raise InvalidInput("start.group_envs", "one or more positive group sizes", groups)
+    return key.actor, key.sequence, start.rollout_len, groups
+
+
+def group_step(request: pb.InteractRequest, config: Config) -> GroupStep:
+    """Decode and check one InteractRequest's tensors (shapes against the group: Unroller)."""
+    if request.HasField("start") and request.group != 0:
+        raise InvalidInput("group", "0 on the request that carries start", request.group)
+    if not request.HasField("obs"):
+        raise InvalidInput("obs", "a Tensor", "nothing")
+    obs = decode(request.obs, "obs", FLOAT)
+    D = config.model.obs_dim
+    if obs.ndim != 2 or obs.shape[1] != D or obs.shape[0] == 0:
+        raise InvalidInput("obs", f"shape [n, {D}] with n >= 1", list(obs.shape))
+    _require_finite("obs", obs)
+    if not request.HasField("rewards"):
+        for name in ("terminated", "truncated", "final_obs", "bce_labels", "aux_targets"):
+            if request.HasField(name):
+                raise InvalidInput(name, "nothing on a request without rewards", "a Tensor")
+        return GroupStep(obs)
+    n = obs.shape[0]
+    arrays: dict[str, np.ndarray | None] = {}
+    for name, dtypes, shape in (
+        ("rewards", FLOAT, (n,)), ("terminated", FLAGS, (n,)), ("truncated", FLAGS, (n,)),
+    ):  # fmt: skip
+        if not request.HasField(name):
+            raise InvalidInput(name, "a Tensor beside rewards", "nothing")
+        arrays[name] = _shaped(decode(getattr(request, name), name, dtypes), name, shape)
+    _require_finite("rewards", arrays["rewards"])
+    terminated = arrays["terminated"].astype(bool)
+    truncated = arrays["truncated"].astype(bool)
+    if np.any(terminated & truncated):
+        raise InvalidInput("truncated", "false where terminated is true", "both set")
+    M = int(truncated.sum())
+    final_obs = final_index = None
+    if M or request.HasField("final_obs"):
+        if not (request.HasField("final_obs") and request.HasField("final_obs_index")):
+            raise InvalidInput("final_obs", f"final_obs and final_obs_index for the {M} "
+                               "truncated environments", "one of them or none")  # fmt: skip
+        final_obs = _shaped(decode(request.final_obs, "final_obs", FLOAT), "final_obs", (M, D))
+        _require_finite("final_obs", final_obs)
+        final_index = _shaped(
+            decode(request.final_obs_index, "final_obs_index", INDEX), "final_obs_index", (M,)
+        )
+        if not np.array_equal(np.sort(final_index), np.flatnonzero(truncated)):
+            raise InvalidInput("final_obs_index", "the truncated environments, each once",
+                               final_index[:8].tolist())  # fmt: skip
+    bce = aux = None
+    if request.HasField("bce_labels"):
+        bce = _shaped(decode(request.bce_labels, "bce_labels", FLAGS), "bce_labels", (n,))
+        bce = bce.astype(np.uint8)
+        if np.any(bce > 1):
+            raise InvalidInput("bce_labels", "labels in {0, 1}", int(bce.max()))
+    if request.HasField("aux_targets"):
+        aux = decode(request.aux_targets, "aux_targets", FLOAT)
+        K = config.model.aux_dim
+        aux = _shaped(aux, "aux_targets", (n, K))
+        _require_finite("aux_targets", aux)
+    return GroupStep(obs, arrays["rewards"], terminated, truncated, final_obs, final_index,
+                     bce, aux)  # fmt: skip
+
+
+def _shaped(array: np.ndarray, field: str, shape: tuple[int, ...]) -> np.ndarray:
+    if array.shape != shape:
+        raise InvalidInput(field, f"shape {list(shape)}", list(array.shape))
+    return array

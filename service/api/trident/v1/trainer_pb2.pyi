@@ -143,6 +143,68 @@ class StreamStepResponse(_message.Message):
     step: StepResponse
     def __init__(self, step: _Optional[_Union[StepResponse, _Mapping]] = ...) -> None: ...
 
+class InteractStart(_message.Message):
+    __slots__ = ("actor_id", "first_sequence", "rollout_len", "group_envs")
+    ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_LEN_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ENVS_FIELD_NUMBER: _ClassVar[int]
+    actor_id: str
+    first_sequence: int
+    rollout_len: int
+    group_envs: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, actor_id: _Optional[str] = ..., first_sequence: _Optional[int] = ..., rollout_len: _Optional[int] = ..., group_envs: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class InteractRequest(_message.Message):
+    __slots__ = ("start", "group", "obs", "rewards", "terminated", "truncated", "final_obs", "final_obs_index", "bce_labels", "aux_targets")
+    START_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    OBS_FIELD_NUMBER: _ClassVar[int]
+    REWARDS_FIELD_NUMBER: _ClassVar[int]
+    TERMINATED_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    FINAL_OBS_FIELD_NUMBER: _ClassVar[int]
+    FINAL_OBS_INDEX_FIELD_NUMBER: _ClassVar[int]
+    BCE_LABELS_FIELD_NUMBER: _ClassVar[int]
+    AUX_TARGETS_FIELD_NUMBER: _ClassVar[int]
+    start: InteractStart
+    group: int
+    obs: Tensor
+    rewards: Tensor
+    terminated: Tensor
+    truncated: Tensor
+    final_obs: Tensor
+    final_obs_index: Tensor
+    bce_labels: Tensor
+    aux_targets: Tensor
+    def __init__(self, start: _Optional[_Union[InteractStart, _Mapping]] = ..., group: _Optional[int] = ..., obs: _Optional[_Union[Tensor, _Mapping]] = ..., rewards: _Optional[_Union[Tensor, _Mapping]] = ..., terminated: _Optional[_Union[Tensor, _Mapping]] = ..., truncated: _Optional[_Union[Tensor, _Mapping]] = ..., final_obs: _Optional[_Union[Tensor, _Mapping]] = ..., final_obs_index: _Optional[_Union[Tensor, _Mapping]] = ..., bce_labels: _Optional[_Union[Tensor, _Mapping]] = ..., aux_targets: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class InteractOutcome(_message.Message):
+    __slots__ = ("sequence", "step", "error_code", "error_message")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    step: StepResponse
+    error_code: int
+    error_message: str
+    def __init__(self, sequence: _Optional[int] = ..., step: _Optional[_Union[StepResponse, _Mapping]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class InteractResponse(_message.Message):
+    __slots__ = ("group", "actions", "log_probs", "policy_version", "outcomes")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    group: int
+    actions: Tensor
+    log_probs: Tensor
+    policy_version: int
+    outcomes: _containers.RepeatedCompositeFieldContainer[InteractOutcome]
+    def __init__(self, group: _Optional[int] = ..., actions: _Optional[_Union[Tensor, _Mapping]] = ..., log_probs: _Optional[_Union[Tensor, _Mapping]] = ..., policy_version: _Optional[int] = ..., outcomes: _Optional[_Iterable[_Union[InteractOutcome, _Mapping]]] = ...) -> None: ...
+
 class ActRequest(_message.Message):
     __slots__ = ("obs", "mode", "epsilon")
     OBS_FIELD_NUMBER: _ClassVar[int]

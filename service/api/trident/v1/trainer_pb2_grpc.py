@@ -50,6 +50,11 @@ class TrainerServiceStub:
                 request_serializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.ActRequest.SerializeToString,
                 response_deserializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.ActResponse.FromString,
                 _registered_method=True)
+        self.Interact = channel.stream_stream(
+                '/trident.v1.TrainerService/Interact',
+                request_serializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.InteractRequest.SerializeToString,
+                response_deserializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.InteractResponse.FromString,
+                _registered_method=True)
         self.Checkpoint = channel.unary_unary(
                 '/trident.v1.TrainerService/Checkpoint',
                 request_serializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.CheckpointRequest.SerializeToString,
@@ -97,6 +102,17 @@ class TrainerServiceServicer:
 
     def Act(self, request, context):
         """Act returns actions for a batch of observations; concurrent calls are batched together.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Interact(self, request_iterator, context):
+        """Interact runs an actor's environments through the server (SEED RL's design): per env step
+        the actor sends what one group of its environments observed, with that group's previous
+        rewards and episode ends, and gets the group's actions back; the server assembles the
+        time-major rollout and trains on it every rollout_len steps as a keyed Step, reporting
+        each Step's outcome on a later response. Requests are answered in order.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -154,6 +170,11 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.Act,
                     request_deserializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.ActRequest.FromString,
                     response_serializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.ActResponse.SerializeToString,
+            ),
+            'Interact': grpc.stream_stream_rpc_method_handler(
+                    servicer.Interact,
+                    request_deserializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.InteractRequest.FromString,
+                    response_serializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.InteractResponse.SerializeToString,
             ),
             'Checkpoint': grpc.unary_unary_rpc_method_handler(
                     servicer.Checkpoint,
@@ -263,6 +284,33 @@ class TrainerService:
             '/trident.v1.TrainerService/Act',
             service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.ActRequest.SerializeToString,
             service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.ActResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Interact(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/trident.v1.TrainerService/Interact',
+            service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.InteractRequest.SerializeToString,
+            service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.InteractResponse.FromString,
             options,
             channel_credentials,
             insecure,
