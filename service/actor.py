@@ -246,8 +246,10 @@ class StreamActor:
         rollout_len: int,
         obs_dim: int,
         report: Callable[[InteractOutcome, Progress], None],
+        synchronous: bool = False,
     ) -> None:
         self.link, self.envs, self.T, self.D = link, envs, rollout_len, obs_dim
+        self.synchronous = synchronous
         self.sizes = [env.num_envs for env in envs]
         self.report = report
         self.progress = Progress()
@@ -261,7 +263,7 @@ class StreamActor:
         self._unroller = Unroller(self.T, self.sizes, self.D)
         client = self.link.client
         self._stream: InteractStream = client.interact(
-            self.link.actor_id, self._first, self.T, self.sizes
+            self.link.actor_id, self._first, self.T, self.sizes, self.synchronous
         )
         for group, env in enumerate(self.envs):
             self._send(group, env.obs, None)
@@ -359,10 +361,12 @@ def run_actor(
     duration_s: float | None = None,
     reconnect_s: float = 300.0,
     env_groups: int = 2,
+    synchronous: bool = False,
 ) -> int:
     """Send `steps` rollouts of `rollout_len` x `num_envs` env steps (or stop after the first
     that ends `duration_s` after the start) through an Interact stream, the environments in
-    `env_groups` groups; print progress, then a `done:` summary line. A server gone for
+    `env_groups` groups (`synchronous`: a rollout's first actions wait for the previous
+    rollout's Step); print progress, then a `done:` summary line. A server gone for
     longer than `reconnect_s` stops the actor (ServerGone)."""
     for name, value in (
         ("--num-envs", num_envs), ("--steps", steps), ("--rollout-len", rollout_len),
@@ -418,7 +422,7 @@ def run_actor(
                 flush=True,
             )
 
-        actor = StreamActor(link, envs, rollout_len, dims.obs_dim, report)
+        actor = StreamActor(link, envs, rollout_len, dims.obs_dim, report, synchronous)
         while actor.progress.rollouts < steps:
             if duration_s is not None and time.perf_counter() - started >= duration_s:
                 break

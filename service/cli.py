@@ -286,7 +286,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=2,
         help="groups the environments act in: one steps while another's actions are in flight "
-        "(1: every environment acts at once, what Act x T then Step would compute)",
+        "(1: every environment acts at once)",
+    )
+    actor.add_argument(
+        "--synchronous",
+        action="store_true",
+        help="act on a rollout's first observations only once the previous rollout's Step is "
+        "applied: with one group and one actor, what Act x T then Step compute, byte for byte",
     )
     actor.add_argument(
         "--reconnect-timeout",
@@ -574,6 +580,7 @@ def run_actor_command(args: argparse.Namespace, client: TridentClient) -> int:
         duration_s=args.duration,
         reconnect_s=args.reconnect_timeout,
         env_groups=args.env_groups,
+        synchronous=args.synchronous,
     )
 
 

@@ -249,11 +249,17 @@ class TridentClient:
             yield StepReply.from_message(reply.step)
 
     def interact(
-        self, actor_id: str, first_sequence: int, rollout_len: int, group_envs: Sequence[int]
+        self,
+        actor_id: str,
+        first_sequence: int,
+        rollout_len: int,
+        group_envs: Sequence[int],
+        synchronous: bool = False,
     ) -> InteractStream:
         """Open an Interact stream (service/client/interact.py): the server acts on each
         group's observations and trains on the rollouts it assembles, keyed (actor_id,
-        first_sequence + k). No deadline: the stream lives as long as the actor."""
+        first_sequence + k); `synchronous`: a rollout's first actions wait for the previous
+        rollout's Step. No deadline: the stream lives as long as the actor."""
         from service.client.interact import InteractStream  # it reads this module's replies
 
         start = pb.InteractStart(
@@ -261,6 +267,7 @@ class TridentClient:
             first_sequence=first_sequence,
             rollout_len=rollout_len,
             group_envs=list(group_envs),
+            synchronous=synchronous,
         )
         return InteractStream(self._stub.Interact, self._metadata(), start)
 

@@ -188,13 +188,15 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
             return
         engine = self.engine
         config = engine.trainer.config
-        actor, first_sequence, T, groups = interact_start(request)
+        actor, first_sequence, T, groups, synchronous = interact_start(request)
         unroller = Unroller(T, groups, config.model.obs_dim)
         steps = InteractSteps(engine, actor, first_sequence, context.is_active)
         while request is not None:
             step = group_step(request, config)
             for k, rollout in unroller.observe(request.group, step):
                 steps.submit(k, rollout)
+                if synchronous:
+                    steps.finish()
             acted = self.engine.act(step.obs, ActMode.SAMPLE, 0.0)
             unroller.acted(request.group, acted.actions, acted.log_probs, acted.policy_version)
             yield pb.InteractResponse(

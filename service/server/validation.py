@@ -97,8 +97,9 @@ def key_from_request(request: pb.StepRequest) -> StepKey | None:
 MAX_ROLLOUT_LEN = 4096  # InteractStart.rollout_len
 
 
-def interact_start(request: pb.InteractRequest) -> tuple[str, int, int, list[int]]:
-    """The (actor_id, first_sequence, rollout_len, group_envs) of a stream's first request."""
+def interact_start(request: pb.InteractRequest) -> tuple[str, int, int, list[int], bool]:
+    """The (actor_id, first_sequence, rollout_len, group_envs, synchronous) of a stream's
+    first request."""
     if not request.HasField("start"):
         raise InvalidInput("start", "an InteractStart on the stream's first request", "nothing")
     start = request.start
@@ -109,7 +110,7 @@ def interact_start(request: pb.InteractRequest) -> tuple[str, int, int, list[int
     groups = list(start.group_envs)
     if not groups or any(n < 1 for n in groups):
         raise InvalidInput("start.group_envs", "one or more positive group sizes", groups)
-    return key.actor, key.sequence, start.rollout_len, groups
+    return key.actor, key.sequence, start.rollout_len, groups, start.synchronous
 
 
 def group_step(request: pb.InteractRequest, config: Config) -> GroupStep:

@@ -144,16 +144,18 @@ class StreamStepResponse(_message.Message):
     def __init__(self, step: _Optional[_Union[StepResponse, _Mapping]] = ...) -> None: ...
 
 class InteractStart(_message.Message):
-    __slots__ = ("actor_id", "first_sequence", "rollout_len", "group_envs")
+    __slots__ = ("actor_id", "first_sequence", "rollout_len", "group_envs", "synchronous")
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_LEN_FIELD_NUMBER: _ClassVar[int]
     GROUP_ENVS_FIELD_NUMBER: _ClassVar[int]
+    SYNCHRONOUS_FIELD_NUMBER: _ClassVar[int]
     actor_id: str
     first_sequence: int
     rollout_len: int
     group_envs: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, actor_id: _Optional[str] = ..., first_sequence: _Optional[int] = ..., rollout_len: _Optional[int] = ..., group_envs: _Optional[_Iterable[int]] = ...) -> None: ...
+    synchronous: bool
+    def __init__(self, actor_id: _Optional[str] = ..., first_sequence: _Optional[int] = ..., rollout_len: _Optional[int] = ..., group_envs: _Optional[_Iterable[int]] = ..., synchronous: _Optional[bool] = ...) -> None: ...
 
 class InteractRequest(_message.Message):
     __slots__ = ("start", "group", "obs", "rewards", "terminated", "truncated", "final_obs", "final_obs_index", "bce_labels", "aux_targets")

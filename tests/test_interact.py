@@ -1,0 +1,141 @@
+"""Interact through a real server: with one group it trains what Act x T then Step would, byte
+for byte; the rollouts it assembles from two interleaved groups are the groups' own steps, in
+their columns; and a malformed request is refused naming its field, changing nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from conftest import running_server
+
+from service.client.client import TridentClient
+from service.step_ledger import StepKey
+from service.unroll import GroupStep, Unroller
+from service.vector_env import EnvStep, collect_rollout
+
+T, N, D, K = 4, 5, 6, 3  # the small model of conftest.SMALL: obs_dim 6, aux_dim 3
+
+
+class ScriptedEnv:
+    """N environments whose every step is drawn from `seed` alone: obs, rewards, terminations,
+    truncations with final observations, perception labels."""
+
+    def __init__(self, seed: int, num_envs: int = N) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.num_envs = num_envs
+        self.obs = self.rng.standard_normal((num_envs, D)).astype(np.float32)
+
+    def step(self, actions: np.ndarray) -> EnvStep:
+        n, rng = self.num_envs, self.rng
+        truncated = rng.random(n) < 0.2
+        terminated = (rng.random(n) < 0.2) & ~truncated
+        final = rng.standard_normal((int(truncated.sum()), D)).astype(np.float32)
+        self.obs = (rng.standard_normal((n, D)) + 0.01 * actions[:, None]).astype(np.float32)
+        return EnvStep(
+            obs=self.obs,
+            rewards=rng.standard_normal(n).astype(np.float32),
+            terminated=terminated,
+            truncated=truncated,
+            final_obs=final,
+            bce_labels=rng.integers(0, 2, n).astype(np.uint8),
+            aux_targets=rng.standard_normal((n, K)).astype(np.float32),
+        )
+
+
+def test_one_synchronous_group_trains_what_act_then_step_would(tmp_path: Path, seed: int) -> None:
+    rollouts = 3
+    with (
+        running_server(tmp_path / "a") as streamed, running_server(tmp_path / "b") as unary,
+        TridentClient(streamed.target) as one, TridentClient(unary.target) as other,
+    ):  # fmt: skip
+        env = ScriptedEnv(seed)
+        stream = one.interact("actor-a", 10, T, [N], synchronous=True)
+        stream.send(0, env.obs, None)
+        outcomes = []
+        for _ in range(rollouts * T):  # the last request closes the last rollout
+            reply = stream.receive()
+            assert reply is not None and reply.group == 0
+            outcomes.extend(reply.outcomes)
+            moved = env.step(reply.actions)
+            stream.send(0, moved.obs, moved)
+        stream.close()
+        while (reply := stream.receive()) is not None:
+            outcomes.extend(reply.outcomes)
+
+        twin = ScriptedEnv(seed)
+        act = lambda obs: other.act(obs)  # noqa: E731
+        replies = [other.step(collect_rollout(act, twin, T), key=StepKey("actor-b", i))
+                   for i in range(rollouts)]  # fmt: skip
+        assert [o.sequence for o in outcomes] == [10, 11, 12]
+        for outcome, reply in zip(outcomes, replies, strict=True):
+            assert outcome.reply is not None, outcome
+            assert outcome.reply.losses == reply.losses
+            assert outcome.reply.global_step == reply.global_step
+        assert one.status().param_digest == other.status().param_digest
+        assert one.status().global_step == rollouts
+
+
+def test_two_groups_fill_their_own_columns(rng: np.random.Generator) -> None:
+    sizes = [3, 2]
+    unroller = Unroller(T, sizes, D)
+    envs = [ScriptedEnv(int(rng.integers(2**31)), n) for n in sizes]
+    steps: list[list[tuple[np.ndarray, EnvStep | None, np.ndarray]]] = [[], []]
+    done = []
+    for group, env in enumerate(envs):
+        assert unroller.observe(group, GroupStep(env.obs)) == []
+    for turn in range(2 * T):
+        for group in (1, 0) if turn % 3 else (0, 1):  # the groups' replies in either order
+            env = envs[group]
+            actions = rng.integers(0, 9, sizes[group]).astype(np.int32)
+            unroller.acted(group, actions, -np.ones(sizes[group], np.float32), turn)
+            before = env.obs
+            moved = env.step(actions)
+            steps[group].append((before, moved, actions))
+            done += unroller.observe(group, GroupStep(
+                moved.obs, moved.rewards, moved.terminated, moved.truncated, moved.final_obs,
+                np.flatnonzero(moved.truncated), moved.bce_labels, moved.aux_targets))  # fmt: skip
+    assert [k for k, _ in done] == [0, 1]
+    for k, rollout in done:
+        assert rollout.policy_version == k * T
+        for group, lo in ((0, 0), (1, sizes[0])):
+            cols = slice(lo, lo + sizes[group])
+            mine = steps[group][k * T : (k + 1) * T]
+            np.testing.assert_array_equal(rollout.obs[:T, cols], [s[0] for s in mine])
+            np.testing.assert_array_equal(rollout.obs[T, cols], mine[-1][1].obs)
+            np.testing.assert_array_equal(rollout.actions[:, cols], [s[2] for s in mine])
+            np.testing.assert_array_equal(rollout.rewards[:, cols], [s[1].rewards for s in mine])
+            np.testing.assert_array_equal(rollout.aux_targets[:, cols],
+                                          [s[1].aux_targets for s in mine])  # fmt: skip
+        finals = {int(i): row for i, row in zip(rollout.final_obs_index, rollout.final_obs,
+                                                strict=True)}  # fmt: skip
+        assert sorted(finals) == np.flatnonzero(rollout.truncated.reshape(-1)).tolist()
+        for t in range(T):
+            for group, lo in ((0, 0), (1, sizes[0])):
+                moved = steps[group][k * T + t][1]
+                for j, n in enumerate(np.flatnonzero(moved.truncated)):
+                    np.testing.assert_array_equal(finals[t * sum(sizes) + lo + n],
+                                                  moved.final_obs[j])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("start", "obs_shape", "field"),
+    [(False, (N, D), "start"), (True, (N, D + 1), "obs"), (True, (0, D), "obs")],
+)
+def test_a_malformed_request_is_refused_naming_its_field(
+    tmp_path: Path, rng: np.random.Generator, start: bool, obs_shape: tuple, field: str
+) -> None:
+    from service.api.tensors import encode
+    from service.api.trident.v1 import trainer_pb2 as pb
+
+    request = pb.InteractRequest(obs=encode(rng.standard_normal(obs_shape).astype(np.float32)))
+    if start:
+        request.start.CopyFrom(pb.InteractStart(actor_id="a", rollout_len=T, group_envs=[N]))
+    with running_server(tmp_path) as server, TridentClient(server.target) as client:
+        with pytest.raises(grpc.RpcError) as caught:
+            list(client.stub.Interact(iter([request])))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert caught.value.details().startswith(field), caught.value.details()
+        assert client.status().global_step == 0
