@@ -1,0 +1,70 @@
+"""The published policy on the GPU: a snapshot Act on its own stream and graphs answers what the
+live trainer's Act answers after the same Steps, also while Steps run beside it."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+from conftest import random_rollout
+
+from service.types import ActMode
+from tests.gpu.test_trainer_cuda import trainer
+
+STEPS = 5
+
+
+def test_a_published_snapshot_acts_as_the_live_trainer(rng: np.random.Generator) -> None:
+    served, live = trainer("cuda"), trainer("cuda")  # same seed: same parameters, same draws
+    snapshot = served.snapshot()
+    obs = rng.standard_normal((64, 6)).astype(np.float32)  # a padded size: nothing added
+    for _ in range(STEPS):
+        rollout = random_rollout(rng)
+        served.step(rollout)
+        live.step(rollout)
+        snapshot.publish()
+        for mode in ActMode:
+            got, want = snapshot.act(obs, mode, 0.3), live.act(obs, mode, 0.3)
+            assert got.policy_version == want.policy_version == served.global_step
+            np.testing.assert_array_equal(got.actions, want.actions)
+            assert got.log_probs.tobytes() == want.log_probs.tobytes()
+            assert got.values.tobytes() == want.values.tobytes()
+    padded = snapshot.act(obs[:37], ActMode.GREEDY_PI)  # 37 rows run as 64
+    np.testing.assert_allclose(padded.values, live.act(obs[:37], ActMode.GREEDY_PI).values,
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+
+
+def test_acts_beside_steps_read_whole_published_versions(rng: np.random.Generator) -> None:
+    served = trainer("cuda")
+    snapshot = served.snapshot()
+    lock, stop = threading.Lock(), threading.Event()
+    obs = rng.standard_normal((256, 6)).astype(np.float32)
+    seen: list[tuple[int, bytes]] = []
+    errors: list[BaseException] = []
+
+    def acting() -> None:
+        try:
+            while not stop.is_set():
+                with lock:
+                    got = snapshot.act(obs, ActMode.GREEDY_PI)
+                seen.append((got.policy_version, got.values.tobytes()))
+        except BaseException as error:  # reported by the main thread
+            errors.append(error)
+
+    values_at: dict[int, bytes] = {}
+    thread = threading.Thread(target=acting)
+    thread.start()
+    try:
+        for _ in range(STEPS):
+            served.step(random_rollout(rng))
+            with lock:
+                snapshot.publish()
+                published = snapshot.act(obs, ActMode.GREEDY_PI)
+            values_at[served.global_step] = published.values.tobytes()
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not errors, errors
+    for version, values in seen:  # every Act read one whole published version
+        if version in values_at:
+            assert values == values_at[version], version
