@@ -42,6 +42,10 @@ UNAVAILABLE, DEADLINE_EXCEEDED = grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DE
 SERVE_FLAGS = {
     "--host": ("server.host", "HOST", "bind address"),
     "--port": ("server.port", "PORT", "gRPC port; 0 picks a free one"),
+    "--unix-socket": (
+        "server.unix_socket", "PATH", "also listen on this Unix-domain socket (actors on this "
+        "host: --server unix:PATH)"
+    ),
     "--metrics-port": ("server.metrics_port", "PORT", "Prometheus port; 0 picks a free one"),
     "--checkpoint-dir": (
         "checkpoint.dir", "DIR", "checkpoint root (default runs/serve-<port>/checkpoints)"

@@ -208,6 +208,9 @@ class ServerConfig(_Section):
 
     host: str = "127.0.0.1"  # gRPC bind address
     port: int = _f(50051, ge=0, le=65535)  # gRPC TCP port
+    # also listen on this Unix-domain socket path (empty: not); clients on the same host reach
+    # it as `unix:PATH`, past the TCP stack. Same TLS and tokens as the TCP port
+    unix_socket: str = ""
     metrics_port: int = _f(9464, ge=0, le=65535)  # metrics HTTP TCP port
     max_message_mb: int = _f(64, ge=1)  # max gRPC message size (MiB)
     step_queue_size: int = _f(8, ge=1)  # queued rollout batches before backpressure

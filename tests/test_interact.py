@@ -10,6 +10,7 @@ import grpc
 import numpy as np
 import pytest
 from conftest import running_server
+from serverproc import trident_cli
 
 from service.client.client import TridentClient
 from service.step_ledger import StepKey
@@ -139,3 +140,34 @@ def test_a_malformed_request_is_refused_naming_its_field(
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert caught.value.details().startswith(field), caught.value.details()
         assert client.status().global_step == 0
+
+
+def test_actors_on_the_host_reach_the_server_over_a_unix_socket(
+    tmp_path: Path, seed: int
+) -> None:
+    path = tmp_path / "trident.sock"
+    with running_server(tmp_path, extra_args=("--unix-socket", str(path))) as server:
+        assert server.events("serving")[0]["unix_socket"] == str(path)
+        with TridentClient(f"unix:{path}") as client:
+            env = ScriptedEnv(seed)
+            stream = client.interact("local", 0, T, [N])
+            stream.send(0, env.obs, None)
+            for _ in range(T):
+                reply = stream.receive()
+                assert reply is not None
+                moved = env.step(reply.actions)
+                stream.send(0, moved.obs, moved)
+            stream.close()
+            outcomes = []
+            while (reply := stream.receive()) is not None:
+                outcomes.extend(reply.outcomes)
+            assert [o.sequence for o in outcomes] == [0] and outcomes[0].reply is not None
+            assert client.status().global_step == 1
+        # A second server may not take a socket that is being listened on.
+        taken = trident_cli("serve", "--port", "0", "--metrics-port", "0", "--unix-socket",
+                            str(path), "--set", "train.backend=numpy")  # fmt: skip
+        assert taken.returncode == 2 and "server.unix_socket" in taken.stderr, taken.stderr
+    path.write_text("not a socket")
+    refused = trident_cli("serve", "--port", "0", "--metrics-port", "0", "--unix-socket",
+                          str(path), "--set", "train.backend=numpy")  # fmt: skip
+    assert refused.returncode == 2 and "existing file" in refused.stderr, refused.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import ssl
 import sys
 import tempfile
@@ -116,6 +117,36 @@ def _bind(
     return bound
 
 
+def _bind_unix(
+    server: grpc.Server, path: str, credentials: grpc.ServerCredentials | None
+) -> None:
+    """Listen on the Unix-domain socket `path` too; a socket file left by a server that is gone
+    is replaced, anything else there (a file, a server still listening) is an error naming the
+    setting."""
+    where = Path(path)
+    setting = f"server.unix_socket = {path!r} (--unix-socket)"
+    if where.exists() or where.is_symlink():
+        if not where.is_socket():
+            raise ConfigError(f"{setting}: expected a free path or a stale socket, got an "
+                              "existing file")  # fmt: skip
+        with socket.socket(socket.AF_UNIX) as probe:
+            if probe.connect_ex(str(where)) == 0:
+                raise ConfigError(f"{setting}: a server is listening there; expected a free "
+                                  "path (stop it, or pick another --unix-socket)")  # fmt: skip
+        where.unlink()
+    address = f"unix:{where}"
+    try:
+        if credentials is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, credentials)
+    except RuntimeError:
+        bound = 0
+    if not bound:
+        raise ConfigError(f"{setting}: gRPC could not listen there; expected a path in a "
+                          "writable folder")  # fmt: skip
+
+
 @dataclass
 class Running:
     """A started server: its ports and the pieces shutdown needs."""
@@ -174,6 +205,8 @@ def start(
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     port = _bind(server, server_cfg.host, server_cfg.port, credentials)
+    if server_cfg.unix_socket:
+        _bind_unix(server, server_cfg.unix_socket, credentials)
     try:
         http_server, _ = start_http_server(
             server_cfg.metrics_port, addr=server_cfg.host, registry=registry
@@ -204,6 +237,7 @@ def start(
         "serving",
         host=server_cfg.host,
         port=port,
+        unix_socket=server_cfg.unix_socket or None,
         metrics_port=running.metrics_port,
         backend=engine.trainer.backend.name,
         tls=credentials is not None,
