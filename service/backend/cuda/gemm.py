@@ -23,7 +23,7 @@ gives the same bytes run to run.
 from __future__ import annotations
 
 import ctypes
-import functools
+import threading
 from pathlib import Path
 
 import cupy
@@ -123,9 +123,17 @@ def _check(status: int, call: str) -> None:
         raise RuntimeError(f"{call} failed with cuBLAS status {status}")
 
 
-@functools.cache
+_THREAD = threading.local()  # per thread: its handle of each device
+
+
 def _cublas(device: int) -> _Cublas:
-    return _Cublas()
+    """This thread's handle of `device`: a handle is not thread-safe (cublasSetStream, then the
+    call), and the server's Act runs beside its Step, each on a thread of its own."""
+    handles: dict[int, _Cublas] = _THREAD.__dict__.setdefault("handles", {})
+    handle = handles.get(device)
+    if handle is None:
+        handle = handles[device] = _Cublas()
+    return handle
 
 
 def gemm(
