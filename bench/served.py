@@ -1,0 +1,822 @@
+"""The served path end to end: one real `trident serve` trained by K real actor processes.
+
+    python bench/served.py                                  # lobsim cartpole loadgen, K = 1 3 6 12
+    python bench/served.py --loads loadgen --actors 1 6 --set train.backend=cuda
+
+Per cell (load, K) the script starts a server (127.0.0.1, ports picked by the OS; the shape the
+load needs, a Step queue of at least K and `train.max_policy_lag` = 4 K, so that K actors are
+neither refused nor dropped as stale by design), then K processes of the load:
+
+- `lobsim`: `trident actor --env lobsim` (N LobSim markets each, on its Interact stream);
+- `cartpole`: `trident actor --env gymnasium:CartPole-v1`;
+- `loadgen`: this script's hidden worker mode (`--worker loadgen`): no environment, random
+  observations of LobSim's shape and its label shapes, so the server is measured with almost
+  nothing else on the cores. `--protocol` names its calls: `act-step`, the unary path (T Acts,
+  then one keyed Step of the [T, N] rollout).
+
+Each process runs `--duration` seconds from its own start (the line it prints once connected).
+The window opens `--warmup` s after the last process started and closes `--duration` s after the
+first one started; over it the script takes the delta of the server's `trident_samples_total`
+(env steps trained per second), the server's Act forward histogram, the CPU time of the server
+(its process tree), of each load process (/proc/PID/stat) and of the whole machine (what none
+of them used is `other_cores`: another job on the machine), and `nvidia-smi`'s GPU utilisation
+every 0.5 s. Act latency: loadgen workers record every call, so their p50 / p99 are pooled over
+the window; an actor prints its own over its whole run (`done:` line: from a group's
+observations sent to its actions received), so the cell shows the median of the actors' p50s
+and the largest p99. Writes JSON (command, date, machine, versions, settings, every cell) to
+--out and prints one table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # host_report, also as bench.served
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' server harness
+import host_report
+from serverproc import Samples, ServerProcess, clean_env, die_with_parent, scrape
+
+from service.client.client import TridentClient
+from service.config import LobsimConfig
+from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
+from service.step_ledger import StepKey
+from service.types import ActMode, ActResult
+from service.vector_env import EnvStep, collect_rollout
+
+SCRIPT = Path(__file__).resolve()
+PACKAGES = ("numpy", "grpcio", "protobuf", "gymnasium", "trident")
+SERVER_START_S = 300.0  # a cuda server compiles its kernels first
+PROCESS_START_S = 120.0  # K processes importing NumPy, gRPC (and Gymnasium) on a few cores
+# Each process runs this much past --duration, so the window (which closes --duration s after
+# the first one started, as the parent saw it) closes while every process still runs.
+LINGER_S = 1.0
+EXIT_WAIT_S = 120.0  # after the planned end: a last Step queued behind K-1 others
+STOP_TIMEOUT_S = 30.0  # SIGTERM, then SIGKILL
+POLL_S = 0.05
+GPU_SAMPLE_S = 0.5
+MIN_WINDOW_S = 1.0
+OTHER_CORES_WARN = 0.1  # CPU used by processes outside the cell: its figures are contended
+TAIL_CHARS = 2000
+CALL_TIMEOUT_S = 60.0
+LOBSIM_OBS_DIM = observation_dim(LobsimConfig())
+ACTOR_READY = "trident actor: env="
+WORKER_READY = "served worker: ready"
+DONE_COUNTS = re.compile(r"^done: (\d+) Steps \((\d+) applied, (\d+) dropped as stale\)")
+DONE_LATENCY = re.compile(r"\b(Act|Step) p50 ([\d.]+) ms p99 ([\d.]+) ms")
+
+
+@dataclass(frozen=True)
+class Load:
+    """What drives the server in a cell: the actor's env (None: the loadgen worker) and the
+    model shape the server needs for it."""
+
+    name: str
+    env: str | None
+    shape: tuple[str, ...]
+    default_num_envs: int
+
+
+LOBSIM_SHAPE = (
+    f"model.obs_dim={LOBSIM_OBS_DIM}",
+    f"model.num_actions={NUM_ACTIONS}",
+    f"model.aux_dim={LABEL_DIM}",
+)
+LOADS = {
+    "lobsim": Load("lobsim", "lobsim", LOBSIM_SHAPE, 1024),
+    "cartpole": Load(
+        "cartpole",
+        "gymnasium:CartPole-v1",
+        ("model.obs_dim=4", "model.num_actions=2", "model.aux_dim=0"),
+        512,
+    ),
+    "loadgen": Load("loadgen", None, LOBSIM_SHAPE, 1024),
+}
+
+
+# ------------------------------------------------------------------------------- worker
+class NoEnv:
+    """LobSim's shapes without its dynamics: random observations and rewards, no episode ends,
+    and LobSim's label shapes, so a Step is as big as LobSim's while the env costs next to
+    nothing."""
+
+    def __init__(self, num_envs: int, obs_dim: int, aux_dim: int, seed: int) -> None:
+        self.num_envs, self.obs_dim, self.aux_dim = num_envs, obs_dim, aux_dim
+        self.rng = np.random.default_rng(seed)
+        self.obs = self._observe()
+
+    def _observe(self) -> np.ndarray:
+        return self.rng.standard_normal((self.num_envs, self.obs_dim), dtype=np.float32)
+
+    def step(self, actions: np.ndarray) -> EnvStep:
+        n = self.num_envs
+        self.obs = self._observe()
+        return EnvStep(
+            obs=self.obs,
+            rewards=self.rng.standard_normal(n, dtype=np.float32),
+            terminated=np.zeros(n, bool),
+            truncated=np.zeros(n, bool),
+            final_obs=np.zeros((0, self.obs_dim), np.float32),
+            bce_labels=self.rng.integers(0, 2, n, dtype=np.uint8),
+            aux_targets=self.rng.standard_normal((n, self.aux_dim), dtype=np.float32),
+        )
+
+
+@dataclass
+class Record:
+    """What a worker measured: each Act's end time (time.monotonic, one clock for every process
+    of the machine, so the parent can keep its window's calls) and wall time, and its counts."""
+
+    protocol: str
+    actor_id: str
+    started: float | None = None
+    act_end: list[float] = field(default_factory=list)
+    act_s: list[float] = field(default_factory=list)
+    step_s: list[float] = field(default_factory=list)
+    steps: int = 0
+    applied: int = 0
+    stale: int = 0
+    error: str | None = None
+
+    def ready(self) -> float:
+        """Connected: the duration starts now (returned), and the parent learns it from the
+        line printed."""
+        self.started = time.monotonic()
+        print(f"{WORKER_READY} id={self.actor_id} protocol={self.protocol}", flush=True)
+        return self.started
+
+
+def act_step(args: argparse.Namespace, record: Record) -> None:
+    """The unary path: T Acts, then one keyed Step of the [T, N] rollout they built; a Step
+    refused as too stale is counted and not sent again, as `trident actor` drops it."""
+    env = NoEnv(args.num_envs, LOBSIM_OBS_DIM, LABEL_DIM, args.seed)
+    with TridentClient(args.server, timeout_s=CALL_TIMEOUT_S) as client:
+        client.status()
+        started = record.ready()
+
+        def act(obs: np.ndarray) -> ActResult:
+            called = time.monotonic()
+            result = client.act(obs, ActMode.SAMPLE)
+            ended = time.monotonic()
+            record.act_end.append(ended)
+            record.act_s.append(ended - called)
+            return result
+
+        sequence = 0
+        while time.monotonic() - started < args.duration:
+            rollout = collect_rollout(act, env, args.rollout_len)
+            called = time.monotonic()
+            try:
+                reply = client.step(rollout, key=StepKey(record.actor_id, sequence))
+            except grpc.RpcError as error:
+                if error.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                    raise
+                record.stale += 1
+            else:
+                record.steps += 1
+                record.applied += bool(reply.updates_applied)
+            record.step_s.append(time.monotonic() - called)
+            sequence += 1
+
+
+def interact(args: argparse.Namespace, record: Record) -> None:
+    """The streaming path `trident actor` takes: the envs in two groups on one Interact stream,
+    one group's next observations sent while the other's actions are in flight; the server
+    assembles the rollouts. An Act here is one group's request-to-actions time."""
+    sizes = [args.num_envs - args.num_envs // 2, args.num_envs // 2]
+    envs = [NoEnv(n, LOBSIM_OBS_DIM, LABEL_DIM, args.seed + g) for g, n in enumerate(sizes)]
+    with TridentClient(args.server, timeout_s=CALL_TIMEOUT_S) as client:
+        client.status()
+        started = record.ready()
+        stream = client.interact(record.actor_id, 0, args.rollout_len, sizes)
+        sent_at = [0.0] * len(sizes)
+
+        def take(outcomes: list) -> None:
+            for outcome in outcomes:
+                if outcome.reply is not None:
+                    record.steps += 1
+                    record.applied += bool(outcome.reply.updates_applied)
+                elif outcome.code == grpc.StatusCode.FAILED_PRECONDITION:
+                    record.stale += 1
+                else:
+                    raise RuntimeError(f"rollout {outcome.sequence}: {outcome.message}")
+
+        for group, env in enumerate(envs):
+            sent_at[group] = time.monotonic()
+            stream.send(group, env.obs, None)
+        while time.monotonic() - started < args.duration:
+            reply = stream.receive()
+            if reply is None:
+                raise RuntimeError("the server closed the stream")
+            ended = time.monotonic()
+            record.act_end.append(ended)
+            record.act_s.append(ended - sent_at[reply.group])
+            take(reply.outcomes)
+            moved = envs[reply.group].step(reply.actions)
+            sent_at[reply.group] = time.monotonic()
+            stream.send(reply.group, moved.obs, moved)
+        stream.close()
+        while (reply := stream.receive()) is not None:
+            take(reply.outcomes)
+
+
+PROTOCOLS: dict[str, Callable[[argparse.Namespace, Record], None]] = {
+    "act-step": act_step,
+    "interact": interact,
+}
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    """One loadgen process: run its protocol for --duration s, write the record even when
+    stopped by SIGTERM or an error (then exit 1 with the error on stderr)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    record = Record(args.protocol, args.actor_id)
+    code = 0
+    try:
+        PROTOCOLS[args.protocol](args, record)
+    except Exception as error:
+        record.error = f"{type(error).__name__}: {error}"
+        print(f"served worker: {record.error}", file=sys.stderr, flush=True)
+        code = 1
+    finally:
+        args.record.write_text(json.dumps(vars(record)) + "\n")
+    return code
+
+
+def parse_worker_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="bench/served.py's loadgen worker (internal)")
+    parser.add_argument("--worker", choices=("loadgen",), required=True)
+    parser.add_argument("--protocol", choices=sorted(PROTOCOLS), default="interact")
+    parser.add_argument("--server", required=True, help="HOST:PORT")
+    parser.add_argument("--num-envs", type=int, required=True)
+    parser.add_argument("--rollout-len", type=int, required=True)
+    parser.add_argument("--duration", type=float, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--actor-id", required=True)
+    parser.add_argument("--record", type=Path, required=True, help="JSON written at exit")
+    return parser.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------- processes
+def child_env() -> dict[str, str]:
+    """Without TRIDENT_* variables, with this checkout first on the path (installed or not)."""
+    env = clean_env()
+    root = str(host_report.REPO_ROOT)
+    env["PYTHONPATH"] = f"{root}:{env['PYTHONPATH']}" if env.get("PYTHONPATH") else root
+    return env
+
+
+@dataclass
+class LoadProcess:
+    """One of a cell's K processes, its log files, and when it started and ended."""
+
+    index: int
+    popen: subprocess.Popen[str]
+    out: Path
+    err: Path
+    record: Path | None
+    ready_prefix: str
+    ready_at: float | None = None
+    exited_at: float | None = None
+    start_line: str | None = None  # how it runs: an actor's env, groups, rollout and id
+
+    def watch(self) -> None:
+        """Note the start line and the exit when they first show."""
+        if self.ready_at is None:
+            for line in self.out.read_text().splitlines():
+                if line.startswith(self.ready_prefix):
+                    self.ready_at, self.start_line = time.monotonic(), line
+                    break
+        if self.exited_at is None and self.popen.poll() is not None:
+            self.exited_at = time.monotonic()
+
+    @property
+    def settled(self) -> bool:
+        return self.ready_at is not None or self.exited_at is not None
+
+
+def load_command(
+    load: Load, index: int, target: str, num_envs: int, args: argparse.Namespace, workdir: Path
+) -> tuple[list[str], Path | None]:
+    """The command of process `index` of a cell, and the worker's record path (None: an actor)."""
+    common = ["--num-envs", str(num_envs), "--rollout-len", str(args.rollout_len),
+              "--duration", f"{args.duration + LINGER_S:g}", "--seed", str(index)]  # fmt: skip
+    if load.env is None:
+        record = workdir / f"worker{index}.json"
+        return [
+            sys.executable, str(SCRIPT), "--worker", "loadgen", "--protocol", args.protocol,
+            "--server", target, "--actor-id", f"loadgen-{index}", "--record", str(record),
+            *common,
+        ], record  # fmt: skip
+    return [
+        sys.executable, "-m", "service.cli", "actor", "--server", target, "--env", load.env,
+        "--steps", str(2**62), "--log-every", str(2**62), *common, *args.actor_arg,
+    ], None  # fmt: skip
+
+
+def spawn(command: list[str], index: int, record: Path | None, workdir: Path) -> LoadProcess:
+    """Start `command` with its output in files; it gets SIGTERM if this bench dies."""
+    out, err = workdir / f"proc{index}.out", workdir / f"proc{index}.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        popen = subprocess.Popen(
+            command,
+            cwd=workdir,
+            env=child_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            text=True,
+            preexec_fn=die_with_parent,
+        )
+    ready = WORKER_READY if record is not None else ACTOR_READY
+    return LoadProcess(index, popen, out, err, record, ready)
+
+
+def stop(popen: subprocess.Popen[str]) -> None:
+    """SIGTERM if still running, SIGKILL after STOP_TIMEOUT_S."""
+    if popen.poll() is None:
+        popen.send_signal(signal.SIGTERM)
+        try:
+            popen.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait(10)
+
+
+def tail(path: Path) -> str:
+    """The end of a log file: enough to say why a process stopped, small enough for the JSON."""
+    with contextlib.suppress(OSError):
+        return path.read_text(errors="replace")[-TAIL_CHARS:]
+    return ""
+
+
+# ------------------------------------------------------------------------------- measuring
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system, every thread) of a running process; None once it is gone."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return None
+
+
+def tree_cpu_s(pid: int) -> float | None:
+    """CPU seconds of a process and its running descendants (a server's rank processes)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    total, todo = process_cpu_s(pid), list(children.get(pid, []))
+    if total is None:
+        return None
+    while todo:
+        child = todo.pop()
+        total += process_cpu_s(child) or 0.0
+        todo.extend(children.get(child, []))
+    return total
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Counters at one edge of the window."""
+
+    at: float
+    samples: Samples | None
+    server_cpu_s: float | None
+    process_cpu_s: list[float | None]
+    machine_busy_s: float | None
+    own_cpu_s: float  # this script and its waited-for children (nvidia-smi)
+
+    @classmethod
+    def take(cls, server: ServerProcess, processes: list[LoadProcess]) -> Snapshot:
+        samples: Samples | None = None
+        with contextlib.suppress(OSError):
+            samples = scrape(server)
+        return cls(
+            time.monotonic(),
+            samples,
+            tree_cpu_s(server.proc.pid),
+            [process_cpu_s(p.popen.pid) for p in processes],
+            host_report.cpu_busy_s(),
+            host_report.own_cpu_s(),
+        )
+
+
+def delta(before: Samples, after: Samples, name: str) -> float:
+    """The change of the sum of every series named `name` (0 when absent)."""
+    total = lambda s: sum(v for (n, _), v in s.items() if n == name)  # noqa: E731
+    return total(after) - total(before)
+
+
+def histogram_mean(before: Samples, after: Samples, name: str, scale: float) -> float | None:
+    """The mean observation of histogram `name` between two scrapes, times `scale`."""
+    count = delta(before, after, f"{name}_count")
+    return round(scale * delta(before, after, f"{name}_sum") / count, 4) if count else None
+
+
+class GpuSampler:
+    """`nvidia-smi`'s utilization.gpu of every GPU every GPU_SAMPLE_S while open; no samples
+    (None) on a machine without nvidia-smi."""
+
+    def __init__(self) -> None:
+        self.binary = shutil.which("nvidia-smi")
+        self.samples: list[list[float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpu-sampler", daemon=True)
+
+    def __enter__(self) -> GpuSampler:
+        if self.binary is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        assert self.binary is not None
+        query = [self.binary, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"]
+        while not self._stop.is_set():
+            started = time.monotonic()
+            with contextlib.suppress(OSError, ValueError, subprocess.SubprocessError):
+                done = subprocess.run(query, capture_output=True, text=True, timeout=5)
+                if done.returncode == 0:
+                    self.samples.append([float(x) for x in done.stdout.split()])
+            self._stop.wait(max(0.0, GPU_SAMPLE_S - (time.monotonic() - started)))
+
+    def figures(self) -> dict[str, Any]:
+        """Mean busy % per GPU over the samples, and the busiest GPU's (the table's)."""
+        if self.binary is None or not self.samples:
+            return {"gpu_busy_pct": None, "gpu_busy_pct_per_gpu": None, "gpu_samples": 0}
+        width = min(len(s) for s in self.samples)
+        per_gpu = np.mean([s[:width] for s in self.samples], axis=0).round(1).tolist()
+        return {
+            "gpu_busy_pct": max(per_gpu) if per_gpu else None,
+            "gpu_busy_pct_per_gpu": per_gpu,
+            "gpu_samples": len(self.samples),
+        }
+
+
+def percentiles_ms(seconds: list[float]) -> dict[str, float | None]:
+    """p50 / p99 in ms (None without calls: a process that never got an answer)."""
+    if not seconds:
+        return {"p50_ms": None, "p99_ms": None, "n": 0}
+    p50, p99 = np.percentile(1e3 * np.asarray(seconds), [50, 99])
+    return {"p50_ms": round(float(p50), 3), "p99_ms": round(float(p99), 3), "n": len(seconds)}
+
+
+def actor_done(out: Path) -> dict[str, Any] | None:
+    """The figures of an actor's `done:` line (None when it printed none)."""
+    lines = [line for line in tail(out).splitlines() if line.startswith("done:")]
+    if not lines:
+        return None
+    figures: dict[str, Any] = {"line": lines[-1]}
+    counts = DONE_COUNTS.match(lines[-1])
+    if counts is not None:
+        figures.update(zip(("steps", "applied", "stale"), map(int, counts.groups()), strict=True))
+    for name, p50, p99 in DONE_LATENCY.findall(lines[-1]):
+        figures[f"{name.lower()}_p50_ms"] = float(p50)
+        figures[f"{name.lower()}_p99_ms"] = float(p99)
+    return figures
+
+
+# ------------------------------------------------------------------------------- a cell
+def server_settings(load: Load, actors: int, args: argparse.Namespace) -> list[str]:
+    """The load's model shape, room for every actor's Step in the queue, a lag limit that K
+    actors do not reach by design (as bench/soak.py), a short drain; then the user's --set."""
+    return [
+        *load.shape,
+        f"server.step_queue_size={max(8, actors)}",
+        f"train.max_policy_lag={4 * actors}",
+        "server.shutdown_grace_s=5",
+        *args.set,
+    ]
+
+
+def num_envs(load: Load, args: argparse.Namespace) -> int:
+    """--num-envs, or the load's own default (CartPole's envs cost more per step than LobSim's)."""
+    return args.num_envs or load.default_num_envs
+
+
+def wait_until(moment: float, processes: list[LoadProcess], server: ServerProcess) -> bool:
+    """Watch the processes until `moment`; False as soon as the server has exited."""
+    while True:
+        for process in processes:
+            process.watch()
+        if server.proc.poll() is not None:
+            return False
+        left = moment - time.monotonic()
+        if left <= 0:
+            return True
+        time.sleep(min(POLL_S, left))
+
+
+def measure(
+    cell: dict[str, Any],
+    server: ServerProcess,
+    processes: list[LoadProcess],
+    warmup: float,
+    duration: float,
+) -> tuple[float, float] | None:
+    """Wait for the processes to start, then take the window's figures into `cell`; the
+    window's (start, end) on time.monotonic, or None when there was none."""
+    deadline = time.monotonic() + PROCESS_START_S
+    while not all(p.settled for p in processes) and time.monotonic() < deadline:
+        if not wait_until(time.monotonic() + POLL_S, processes, server):
+            break
+    ready = [p.ready_at for p in processes if p.ready_at is not None]
+    if server.proc.poll() is not None:
+        cell["errors"].append("no window: the server exited before the processes started")
+        return None
+    if not ready:
+        cell["errors"].append(f"no window: no process started within {PROCESS_START_S:g} s")
+        return None
+    start, end = max(ready) + warmup, min(ready) + duration
+    cell["start_spread_s"] = round(max(ready) - min(ready), 3)
+    if end - start < MIN_WINDOW_S:
+        cell["errors"].append(
+            f"no window: the processes started {cell['start_spread_s']} s apart, more than "
+            "--duration minus --warmup"
+        )
+        return None
+    if not wait_until(start, processes, server):
+        cell["errors"].append("the server exited during the warm-up")
+        return None
+    before = Snapshot.take(server, processes)
+    with GpuSampler() as gpu:
+        survived = wait_until(end, processes, server)
+    after = Snapshot.take(server, processes)
+    seconds = after.at - before.at
+    cell["window_s"] = round(seconds, 3)
+    cell.update(gpu.figures())
+    if not survived or before.samples is None or after.samples is None:
+        cell["errors"].append("the server exited or stopped answering /metrics in the window")
+        return before.at, after.at
+    b, a = before.samples, after.samples
+    samples = delta(b, a, "trident_samples_total")
+    cell["samples_in_window"] = int(samples)
+    cell["steps_in_window"] = int(delta(b, a, "trident_steps_total"))
+    cell["env_steps_per_s"] = round(samples / seconds, 1)
+    mean = lambda name, scale=1.0: histogram_mean(b, a, name, scale)  # noqa: E731
+    cell["server_act_forward_mean_ms"] = mean("trident_act_duration_seconds", 1e3)
+    cell["server_act_batch_mean"] = mean("trident_act_batch_size")
+    cell["server_step_mean_ms"] = mean("trident_step_duration_seconds", 1e3)
+    cell["rpc_errors_in_window"] = {
+        f"{dict(labels)['method']}/{dict(labels)['code']}": value - b.get((name, labels), 0.0)
+        for (name, labels), value in a.items()
+        if name == "trident_rpc_errors_total" and value > b.get((name, labels), 0.0)
+    }
+    cores = lambda x, y: None if x is None or y is None else round((y - x) / seconds, 3)  # noqa: E731
+    cell["server_cores"] = cores(before.server_cpu_s, after.server_cpu_s)
+    each = [cores(x, y) for x, y in zip(before.process_cpu_s, after.process_cpu_s, strict=True)]
+    alive = [c for c in each if c is not None]
+    cell["actor_cores"] = each
+    cell["actor_cores_each"] = round(float(np.mean(alive)), 3) if alive else None
+    machine = cores(before.machine_busy_s, after.machine_busy_s)
+    cell["machine_cores_busy"] = machine
+    if machine is not None and cell["server_cores"] is not None and None not in each:
+        own = (after.own_cpu_s - before.own_cpu_s) / seconds
+        cell["other_cores"] = round(max(0.0, machine - cell["server_cores"] - sum(alive) - own), 3)
+    return before.at, after.at
+
+
+def latency_figures(
+    cell: dict[str, Any], processes: list[LoadProcess], window: tuple[float, float] | None
+) -> None:
+    """Each process's own figures into `cell`, and the cell's Act / Step latency."""
+    figures: list[dict[str, Any]] = []
+    window_act: list[float] = []
+    for p in processes:
+        entry: dict[str, Any] = {
+            "index": p.index,
+            "exit": p.popen.returncode,
+            "start_line": p.start_line,
+        }
+        if p.record is not None:
+            with contextlib.suppress(OSError, ValueError):
+                record = json.loads(p.record.read_text())
+                act = percentiles_ms(record["act_s"])
+                entry.update(
+                    steps=record["steps"], applied=record["applied"], stale=record["stale"],
+                    acts=len(record["act_s"]), act_p50_ms=act["p50_ms"], act_p99_ms=act["p99_ms"],
+                    step=percentiles_ms(record["step_s"]), error=record["error"],
+                )  # fmt: skip
+                if window is not None:
+                    window_act += [
+                        s for t, s in zip(record["act_end"], record["act_s"], strict=True)
+                        if window[0] <= t <= window[1]
+                    ]  # fmt: skip
+        else:
+            entry["done"] = actor_done(p.out)
+        early = window is not None and p.exited_at is not None and p.exited_at < window[1]
+        if p.popen.returncode not in (0, None) or early or (p.record is None and not entry["done"]):
+            entry["stderr_tail"] = tail(p.err)
+            cell["errors"].append(f"process {p.index} exited with {p.popen.returncode}"
+                                  f"{' before the window closed' if early else ''}")  # fmt: skip
+        figures.append(entry)
+    cell["processes"] = figures
+    if processes and processes[0].record is not None:
+        act = percentiles_ms(window_act)
+        cell["act"] = {**act, "source": "every worker's Acts in the window, pooled"}
+    else:
+        done = [f["done"] for f in figures if f.get("done") and "act_p50_ms" in f["done"]]
+        cell["act"] = {
+            "p50_ms": float(np.median([d["act_p50_ms"] for d in done])) if done else None,
+            "p99_ms": max(d["act_p99_ms"] for d in done) if done else None,
+            "n": len(done),
+            "source": "the actors' done lines (whole run): median of p50, largest p99",
+        }
+
+
+def run_cell(load: Load, actors: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """One (load, K) cell on a server of its own; every process stopped before it returns."""
+    workdir = root / f"{load.name}-{actors}"
+    workdir.mkdir(parents=True)
+    N = num_envs(load, args)
+    sets = server_settings(load, actors, args)
+    cell: dict[str, Any] = {
+        "load": load.name,
+        "actors": actors,
+        "num_envs": N,
+        "rollout_len": args.rollout_len,
+        "server_set": sets,
+        "errors": [],
+    }
+    try:
+        server = ServerProcess.start(
+            workdir, sets, startup_timeout_s=SERVER_START_S, dies_with_parent=True,
+            env={"PYTHONPATH": child_env()["PYTHONPATH"]},
+        )  # fmt: skip
+    except RuntimeError as error:
+        cell["errors"].append(f"the server did not start: {str(error)[-TAIL_CHARS:]}")
+        return cell
+    processes: list[LoadProcess] = []
+    window = None
+    try:
+        for index in range(actors):
+            command, record = load_command(load, index, server.target, N, args, workdir)
+            processes.append(spawn(command, index, record, workdir))
+        window = measure(cell, server, processes, args.warmup, args.duration)
+        if window is not None:  # let each process end by itself: an actor's done line
+            planned_end = max(p.ready_at or 0.0 for p in processes) + args.duration + LINGER_S
+            deadline = max(time.monotonic(), planned_end) + EXIT_WAIT_S
+            while any(p.popen.poll() is None for p in processes) and time.monotonic() < deadline:
+                wait_until(time.monotonic() + POLL_S, processes, server)
+    finally:
+        for process in processes:
+            stop(process.popen)
+        server_exit = server.terminate(STOP_TIMEOUT_S)
+    cell["server_exit"] = server_exit
+    if server_exit != 0:
+        cell["server_stderr_tail"] = server.stderr()[-TAIL_CHARS:]
+        cell["errors"].append(f"the server exited with {server_exit}")
+    latency_figures(cell, processes, window)
+    return cell
+
+
+# ------------------------------------------------------------------------------- report
+def add_scaling(cells: list[dict[str, Any]]) -> None:
+    """rate(K) / (K rate(1)) of each cell whose load was measured at K = 1."""
+    single = {c["load"]: c.get("env_steps_per_s") for c in cells if c["actors"] == 1}
+    for cell in cells:
+        rate, base = cell.get("env_steps_per_s"), single.get(cell["load"])
+        cell["scaling"] = round(rate / (cell["actors"] * base), 3) if rate and base else None
+
+
+def print_table(cells: list[dict[str, Any]]) -> None:
+    def num(value: float | None, spec: str) -> str:
+        return "-" if value is None or not math.isfinite(value) else format(value, spec)
+
+    header = (
+        f"{'load':<9} {'K':>3} {'actors×envs':>12} {'env steps/s':>12} {'Steps':>5} {'scaling':>7} "
+        f"{'Act p50':>8} {'p99':>8} {'srv fwd':>8} {'server cores':>12} {'actor cores':>11} "
+        f"{'GPU busy':>8}"
+    )
+    print("\n" + header + "\n" + "-" * len(header))
+    for c in cells:
+        act = c.get("act", {})
+        gpu = c.get("gpu_busy_pct")
+        shape = f"{c['actors']}×{c['num_envs']}"
+        print(
+            f"{c['load']:<9} {c['actors']:>3} {shape:>12} "
+            f"{num(c.get('env_steps_per_s'), ',.0f'):>12} {num(c.get('steps_in_window'), 'd'):>5} "
+            f"{num(c.get('scaling'), '.2f'):>7} "
+            f"{num(act.get('p50_ms'), '.2f'):>8} {num(act.get('p99_ms'), '.2f'):>8} "
+            f"{num(c.get('server_act_forward_mean_ms'), '.2f'):>8} "
+            f"{num(c.get('server_cores'), '.2f'):>12} {num(c.get('actor_cores_each'), '.2f'):>11} "
+            f"{'-' if gpu is None else f'{gpu:.0f}%':>8}"
+        )
+    print(
+        "Steps: Steps trained in the window. Act p50 / p99, srv fwd (the server's batched"
+        " forward, mean): ms. Cores: CPU seconds per second of the window (actor cores: the mean"
+        " process's)."
+    )
+    for c in cells:
+        other = c.get("other_cores")
+        if other is not None and other > OTHER_CORES_WARN:
+            print(f"{c['load']} K={c['actors']}: other processes used {other:.2f} cores")
+        for error in c["errors"]:
+            print(f"{c['load']} K={c['actors']}: {error}")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--loads", nargs="+", choices=list(LOADS), default=list(LOADS),
+                        help="what drives the server (default: all three)")
+    parser.add_argument("--actors", type=int, nargs="+", default=[1, 3, 6, 12],
+                        help="K: actor processes per cell")
+    parser.add_argument("--num-envs", type=int,
+                        help="environments per process (default: lobsim 1024, cartpole 512, "
+                        "loadgen 1024)")
+    parser.add_argument("--rollout-len", type=int, default=32, help="T: env steps per Step")
+    parser.add_argument("--duration", type=float, default=20.0,
+                        help="seconds each process runs in a cell")
+    parser.add_argument("--warmup", type=float, default=5.0,
+                        help="seconds after the last process started left out of the window")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a server setting (repeatable), after the bench's own")
+    parser.add_argument("--actor-arg", action="append", default=[], metavar="ARG",
+                        help="an argument for every `trident actor` (repeatable; "
+                        "--actor-arg=--set ... for one that starts with a dash)")
+    parser.add_argument("--protocol", choices=sorted(PROTOCOLS), default="interact",
+                        help="the loadgen workers' calls")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/served.json"))
+    args = parser.parse_args(argv)
+    for name in ("num_envs", "rollout_len", "duration"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            parser.error(f"--{name.replace('_', '-')}: expected a positive number, got {value}")
+    if not 0 <= args.warmup < args.duration or min(args.actors) < 1:
+        parser.error("expected 0 <= --warmup < --duration and every --actors >= 1")
+    return args
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    cells: list[dict[str, Any]] = []
+    started = time.monotonic()
+    versions = host_report.versions(PACKAGES)  # the tree the cells ran, from its start
+    with tempfile.TemporaryDirectory(prefix="served-") as tmp:
+        for name in args.loads:
+            for actors in args.actors:
+                print(f"{name} K={actors} ...", file=sys.stderr, flush=True)
+                cells.append(run_cell(LOADS[name], actors, args, Path(tmp)))
+    add_scaling(cells)
+    report = {
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": host_report.machine(),
+        "versions": versions,
+        "git_commit_at_end": host_report.git_commit(),
+        "settings": {
+            "loads": args.loads,
+            "actors": args.actors,
+            "num_envs": {name: num_envs(LOADS[name], args) for name in args.loads},
+            "rollout_len": args.rollout_len,
+            "duration_s": args.duration,
+            "warmup_s": args.warmup,
+            "set": args.set,
+            "actor_arg": args.actor_arg,
+            "protocol": args.protocol,
+            "transport": "plaintext gRPC over 127.0.0.1: the actors' own calls (each process's "
+            "start_line), the loadgen workers' --protocol",
+        },
+        "cells": cells,
+        "runtime_s": round(time.monotonic() - started, 1),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print_table(cells)
+    print(f"runtime {report['runtime_s']} s; wrote {args.out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--worker" in argv:
+        return run_worker(parse_worker_args(argv))
+    return run_bench(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

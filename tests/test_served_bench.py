@@ -1,0 +1,72 @@
+"""bench/served.py end to end on the CPU: a real server per cell trained by 1 and 2 loadgen
+workers, then 1 and 2 CartPole actors, on the tests' small model. Every cell must train and time
+its Acts; the rates themselves depend on the machine and are not checked beyond > 0."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import SMALL
+from serverproc import clean_env
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+LOADS = ("loadgen", "cartpole")
+ACTORS = (1, 2)
+# The small model's settings but its obs_dim: each load sets the shape its env needs.
+SETTINGS = [f"--set={s}" for s in SMALL if not s.startswith("model.obs_dim=")]
+# 8 s per process, the first 2 s after the last one started left out: the window still holds
+# several seconds when a busy 2-core machine starts the processes a few seconds apart.
+RUN = ["--duration", "8", "--warmup", "2", "--num-envs", "16", "--rollout-len", "8"]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("served") / "served.json"
+    command = [sys.executable, str(ROOT / "bench" / "served.py"), "--loads", *LOADS,
+               "--actors", *map(str, ACTORS), *RUN, *SETTINGS, "--out", str(out)]  # fmt: skip
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**clean_env(), "PYTHONPATH": path}  # this checkout, installed or not
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(out.read_text())
+
+
+def finite_positive(value: object) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+def test_every_cell_is_reported(report: dict[str, Any]) -> None:
+    cells = [(c["load"], c["actors"]) for c in report["cells"]]
+    assert cells == [(load, k) for load in LOADS for k in ACTORS]
+    assert report["settings"]["num_envs"] == dict.fromkeys(LOADS, 16)
+    assert report["command"] and report["date"] and report["machine"]["cpu_count"]
+
+
+def test_every_cell_trains_and_times_its_acts(report: dict[str, Any]) -> None:
+    for cell in report["cells"]:
+        where = f"{cell['load']} K={cell['actors']}: {cell}"
+        assert cell["errors"] == [], where
+        assert finite_positive(cell["env_steps_per_s"]) and cell["steps_in_window"] > 0, where
+        act = cell["act"]
+        assert finite_positive(act["p50_ms"]) and act["p50_ms"] <= act["p99_ms"], where
+        assert math.isfinite(act["p99_ms"]) and act["n"] > 0, where
+        assert finite_positive(cell["server_act_forward_mean_ms"]), where
+        assert finite_positive(cell["server_cores"]), where
+        assert all(finite_positive(c) for c in cell["actor_cores"]), where
+        assert len(cell["processes"]) == cell["actors"], where
+        assert all(p["exit"] == 0 for p in cell["processes"]), where
+        assert finite_positive(cell["scaling"]), where
+        if cell["actors"] == 1:
+            assert cell["scaling"] == 1.0, where
+        if shutil.which("nvidia-smi") is None:
+            assert cell["gpu_busy_pct"] is None, where
