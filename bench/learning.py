@@ -5,17 +5,18 @@
     python3 bench/learning.py sweep --point "" --point "optim.lr=1e-3" \\
         --point "ppo.epochs=2 ppo.num_minibatches=4" --seeds 0 1 2 --workers 2 --out sweep.json
 
-`cartpole`: a real `trident serve` process shaped for CartPole-v1 and an actor loop in this
-process talking to it over gRPC (Act per env step, one Step per rollout), until the mean return
-of the last 100 finished episodes reaches 475 or the env-step budget runs out; per seed the env
-steps and wall time to 475. `lobsim`: the README's main job (`trident train`, a subprocess per
-seed in its own run folder) and its evaluation on held-out markets: per seed the wall time and
-the evaluation's table (every baseline, paired differences with 95 % intervals). `sweep`: the
-main job at several points × seeds, ranked by the trained policy's paired difference with the
-best baseline; each `--point` is one set of settings on top of the defaults ("" is the defaults
-themselves), so a sweep varies one choice at a time around them. `--set section.key=value`
-applies to every run; `train.backend=cuda` runs on the GPU. Each command prints a table and
-writes a JSON with the machine, versions and commit.
+`cartpole`: a real `trident serve` process shaped for CartPole-v1 and an actor in this process
+talking to it over gRPC, until the mean return of the last 100 finished episodes reaches 475 or
+the env-step budget runs out; per seed the env steps and wall time to 475. `--via actor` (the
+default) runs `trident actor`'s own StreamActor (an Interact stream, `--env-groups` groups);
+`--via act-step` an Act per env step and one Step per rollout. `lobsim`: the README's main job
+(`trident train`, a subprocess per seed in its own run folder) and its evaluation on held-out
+markets: per seed the wall time and the evaluation's table (every baseline, paired differences
+with 95 % intervals). `sweep`: the main job at several points × seeds, ranked by the trained
+policy's paired difference with the best baseline; each `--point` is one set of settings on top
+of the defaults ("" is the defaults themselves), so a sweep varies one choice at a time around
+them. `--set section.key=value` applies to every run; `train.backend=cuda` runs on the GPU. Each
+command prints a table and writes a JSON with the machine, versions and commit.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,15 @@ sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # the tests
 import host_report
 from serverproc import ServerProcess
 
-from service.actor import GymnasiumVectorEnv, make_gymnasium_env
+from service.actor import (
+    GROUP_SEED_STRIDE,
+    GymnasiumVectorEnv,
+    StreamActor,
+    group_sizes,
+    make_gymnasium_env,
+)
 from service.client.client import TridentClient
+from service.client.resilient import ResilientLink
 from service.types import ActMode
 from service.vector_env import collect_rollout
 
@@ -62,24 +70,27 @@ def cartpole_run(seed: int, sets: list[str], args: argparse.Namespace, workdir: 
         workdir, server_sets, checkpoint_dir=checkpoints, startup_timeout_s=120.0
     ) as server:
         client = TridentClient(server.target, timeout_s=600.0)
-        env: GymnasiumVectorEnv = make_gymnasium_env("CartPole-v1", args.num_envs, seed)
+        groups = args.env_groups if args.via == "actor" else 1
+        envs: list[GymnasiumVectorEnv] = [
+            make_gymnasium_env("CartPole-v1", size, seed + group * GROUP_SEED_STRIDE)
+            for group, size in enumerate(group_sizes(args.num_envs, groups))
+        ]
         try:
             recent: deque[float] = deque(maxlen=WINDOW)
-            curve, env_steps, started = [], 0, time.perf_counter()
+            curve, started = [], time.perf_counter()
             solved_at = None
-            while env_steps < args.budget and solved_at is None:
-                rollout = collect_rollout(
-                    lambda obs: client.act(obs, ActMode.SAMPLE), env, args.rollout_len
-                )
-                client.step(rollout)
-                env_steps += rollout.horizon * rollout.num_envs
-                recent.extend(env.take_returns())
+            for env_steps in PATHS[args.via](client, envs, args.rollout_len):
+                for env in envs:
+                    recent.extend(env.take_returns())
                 mean = float(np.mean(recent)) if recent else 0.0
                 curve.append((env_steps, round(time.perf_counter() - started, 3), mean))
                 if len(recent) == WINDOW and mean >= SOLVED:
                     solved_at = curve[-1]
+                if env_steps >= args.budget or solved_at is not None:
+                    break
         finally:
-            env.envs.close()
+            for env in envs:
+                env.envs.close()
             client.close()
     return {
         "seed": seed,
@@ -89,6 +100,36 @@ def cartpole_run(seed: int, sets: list[str], args: argparse.Namespace, workdir: 
         "final_mean_return": curve[-1][2] if curve else None,
         "curve": curve[:: max(1, len(curve) // 200)],
     }
+
+
+def act_step_path(
+    client: TridentClient, envs: list[GymnasiumVectorEnv], rollout_len: int
+) -> Iterator[int]:
+    """Act per env step, a Step per rollout; yields the env steps taken after each Step."""
+    (env,) = envs
+    env_steps = 0
+    while True:
+        rollout = collect_rollout(lambda obs: client.act(obs, ActMode.SAMPLE), env, rollout_len)
+        client.step(rollout)
+        env_steps += rollout.horizon * rollout.num_envs
+        yield env_steps
+
+
+def actor_path(
+    client: TridentClient, envs: list[GymnasiumVectorEnv], rollout_len: int
+) -> Iterator[int]:
+    """`trident actor`'s StreamActor; yields the env steps taken after each env step."""
+    link = ResilientLink(client)
+    actor = StreamActor(link, list(envs), rollout_len, envs[0].dims.obs_dim, lambda *_: None)
+    try:
+        while True:
+            actor.turn()
+            yield actor.progress.env_steps
+    finally:
+        actor.close()
+
+
+PATHS: dict[str, Callable[..., Iterator[int]]] = {"actor": actor_path, "act-step": act_step_path}
 
 
 def cartpole(args: argparse.Namespace) -> dict[str, Any]:
@@ -111,6 +152,7 @@ def cartpole(args: argparse.Namespace) -> dict[str, Any]:
         print(f"env steps: median {np.median(steps):,.0f} (min {min(steps):,}, max {max(steps):,});"
               f" wall time: median {np.median(seconds):.0f} s")  # fmt: skip
     return {"runs": runs, "num_envs": args.num_envs, "rollout_len": args.rollout_len,
+            "via": args.via, "env_groups": args.env_groups if args.via == "actor" else 1,
             "budget_env_steps": args.budget}  # fmt: skip
 
 
@@ -224,6 +266,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             sub.add_argument("--num-envs", type=int, default=8)
             sub.add_argument("--rollout-len", type=int, default=128)
             sub.add_argument("--budget", type=int, default=1_000_000, help="env steps per seed")
+            sub.add_argument("--via", choices=sorted(PATHS), default="actor",
+                             help="how the actor talks to the server")  # fmt: skip
+            sub.add_argument("--env-groups", type=int, default=2, help="with --via actor")
         else:
             sub.add_argument("--workers", type=int, default=1, help="runs at a time")
             sub.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")

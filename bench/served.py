@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +79,7 @@ GPU_SAMPLE_S = 0.5
 MIN_WINDOW_S = 1.0
 OTHER_CORES_WARN = 0.1  # CPU used by processes outside the cell: its figures are contended
 TAIL_CHARS = 2000
+PROFILE_WAIT_S = 30.0  # py-spy writes its file after the window
 CALL_TIMEOUT_S = 60.0
 LOBSIM_OBS_DIM = observation_dim(LobsimConfig())
 ACTOR_READY = "trident actor: env="
@@ -538,9 +540,11 @@ def measure(
     processes: list[LoadProcess],
     warmup: float,
     duration: float,
+    profile: Path | None = None,
 ) -> tuple[float, float] | None:
-    """Wait for the processes to start, then take the window's figures into `cell`; the
-    window's (start, end) on time.monotonic, or None when there was none."""
+    """Wait for the processes to start, then take the window's figures into `cell` (and with
+    `profile`, py-spy's raw samples of the server over the window there); the window's
+    (start, end) on time.monotonic, or None when there was none."""
     deadline = time.monotonic() + PROCESS_START_S
     while not all(p.settled for p in processes) and time.monotonic() < deadline:
         if not wait_until(time.monotonic() + POLL_S, processes, server):
@@ -564,9 +568,12 @@ def measure(
         cell["errors"].append("the server exited during the warm-up")
         return None
     before = Snapshot.take(server, processes)
+    spy = None if profile is None else start_profile(server.proc.pid, end - start, profile)
     with GpuSampler() as gpu:
         survived = wait_until(end, processes, server)
     after = Snapshot.take(server, processes)
+    if spy is not None and profile is not None:
+        cell["profile"] = finish_profile(spy, profile)
     seconds = after.at - before.at
     cell["window_s"] = round(seconds, 3)
     cell.update(gpu.figures())
@@ -599,6 +606,55 @@ def measure(
         own = (after.own_cpu_s - before.own_cpu_s) / seconds
         cell["other_cores"] = round(max(0.0, machine - cell["server_cores"] - sum(alive) - own), 3)
     return before.at, after.at
+
+
+def start_profile(pid: int, seconds: float, out: Path) -> subprocess.Popen[str] | None:
+    """py-spy sampling the server's threads for `seconds` (None where py-spy is missing)."""
+    binary = shutil.which("py-spy")
+    if binary is None:
+        return None
+    command = [binary, "record", "--pid", str(pid), "--duration", str(max(1, int(seconds))),
+               "--rate", "50", "--format", "raw", "--threads", "--nonblocking", "-o", str(out)]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+# A sample's share by the server thread it was taken on: what each part of the server costs.
+PROFILE_PARTS = (
+    ("step worker", "trident-steps"),
+    ("act batcher", "trident-act"),
+    ("Interact handlers", "_interact"),
+    ("unary handlers", "_server.py"),
+)
+
+
+def finish_profile(spy: subprocess.Popen[str], out: Path) -> dict[str, Any]:
+    """The profile's share of samples per server part and its ten busiest leaf frames."""
+    try:
+        _, err = spy.communicate(timeout=PROFILE_WAIT_S)
+    except subprocess.TimeoutExpired:
+        spy.kill()
+        return {"error": "py-spy did not finish"}
+    if spy.returncode != 0 or not out.exists():
+        return {"error": f"py-spy exited {spy.returncode}: {err[-TAIL_CHARS:]}"}
+    parts: Counter[str] = Counter()
+    leaves: Counter[str] = Counter()
+    total = 0
+    for line in out.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        part = next((name for name, mark in PROFILE_PARTS if mark in stack), "other")
+        parts[part] += n
+        leaves[stack.split(";")[-1]] += n
+    share = lambda n: round(100 * n / total, 1) if total else None  # noqa: E731
+    return {
+        "file": out.name,
+        "samples": total,
+        "share_pct": {name: share(n) for name, n in parts.most_common()},
+        "top_leaves_pct": {name: share(n) for name, n in leaves.most_common(10)},
+    }
 
 
 def latency_figures(
@@ -677,7 +733,9 @@ def run_cell(load: Load, actors: int, args: argparse.Namespace, root: Path) -> d
         for index in range(actors):
             command, record = load_command(load, index, server.target, N, args, workdir)
             processes.append(spawn(command, index, record, workdir))
-        window = measure(cell, server, processes, args.warmup, args.duration)
+        profile = None if args.profile_dir is None else (
+            args.profile_dir / f"profile_{load.name}_{actors}.txt")  # fmt: skip
+        window = measure(cell, server, processes, args.warmup, args.duration, profile)
         if window is not None:  # let each process end by itself: an actor's done line
             planned_end = max(p.ready_at or 0.0 for p in processes) + args.duration + LINGER_S
             deadline = max(time.monotonic(), planned_end) + EXIT_WAIT_S
@@ -762,6 +820,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--protocol", choices=sorted(PROTOCOLS), default="interact",
                         help="the loadgen workers' calls")
     parser.add_argument("--out", type=Path, default=Path("bench/results/served.json"))
+    parser.add_argument("--profile-dir", type=Path,
+                        help="py-spy the server over each window into this folder (raw "
+                        "samples per cell; shares per server thread in the JSON)")  # fmt: skip
     args = parser.parse_args(argv)
     for name in ("num_envs", "rollout_len", "duration"):
         value = getattr(args, name)
@@ -776,6 +837,8 @@ def run_bench(args: argparse.Namespace) -> int:
     cells: list[dict[str, Any]] = []
     started = time.monotonic()
     versions = host_report.versions(PACKAGES)  # the tree the cells ran, from its start
+    if args.profile_dir is not None:
+        args.profile_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="served-") as tmp:
         for name in args.loads:
             for actors in args.actors:
