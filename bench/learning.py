@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime as dt
+import functools
 import json
 import os
 import shlex
@@ -51,7 +52,11 @@ from service.actor import (
     make_gymnasium_env,
 )
 from service.client.client import TridentClient
+from service.client.interact import InteractOutcome
 from service.client.resilient import ResilientLink
+from service.config import load_config, sized_for
+from service.envs import LobSimVectorEnv
+from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
 from service.types import ActMode
 from service.vector_env import collect_rollout
 
@@ -178,6 +183,59 @@ def lobsim_run(seed: int, sets: list[str], workdir: Path, timeout_s: float) -> d
             "stdout_tail": lines[-30:], "evaluation": report}  # fmt: skip
 
 
+def served_lobsim_run(
+    seed: int, sets: list[str], workdir: Path, timeout_s: float, groups: int
+) -> dict[str, Any]:
+    """The main job's training through the served path: a real `trident serve` with the job's
+    settings, `trident actor`'s StreamActor here (Interact, `groups` env groups) for the
+    job's Steps, the job's linear learning-rate decay applied through UpdateHyperparams after
+    each Step's outcome (a served trainer keeps its rate otherwise), then `trident eval` on the
+    final checkpoint: the same held-out markets and baselines as the job's own evaluation."""
+    run_dir = Path(tempfile.mkdtemp(prefix=f"served{seed}-", dir=workdir))
+    base = load_config(env={}, overrides=[f"train.seed={seed}", "train.backend=numpy", *sets])
+    job = sized_for(base, "numpy")
+    D = observation_dim(job.lobsim)
+    server_sets = [f"model.obs_dim={D}", f"model.num_actions={NUM_ACTIONS}",
+                   f"model.aux_dim={LABEL_DIM}", f"train.seed={seed}", "train.backend=numpy",
+                   *sets]  # fmt: skip
+    checkpoints = run_dir / "checkpoints"
+    steps, T, lr = job.train.steps, job.train.rollout_len, job.optim.lr
+    started = time.perf_counter()
+    with ServerProcess.start(
+        run_dir, server_sets, checkpoint_dir=checkpoints, startup_timeout_s=120.0
+    ) as server, TridentClient(server.target, timeout_s=600.0) as client:
+        envs = [LobSimVectorEnv(size, job.lobsim, seed + group * GROUP_SEED_STRIDE)
+                for group, size in enumerate(group_sizes(job.train.num_envs, groups))]  # fmt: skip
+
+        def anneal(outcome: InteractOutcome, progress: Any) -> None:
+            if outcome.reply is not None and job.train.lr_schedule == "linear":
+                left = max(0.0, 1 - outcome.reply.global_step / steps)
+                client.update_hyperparams({"optim.lr": lr * left})
+
+        actor = StreamActor(ResilientLink(client), envs, T, D, anneal)
+        while actor.progress.rollouts < steps:
+            actor.turn()
+            if time.perf_counter() - started > timeout_s:
+                raise RuntimeError(f"seed {seed}: not trained within {timeout_s:g} s")
+        actor.close()
+        trained_s = time.perf_counter() - started
+        final = client.checkpoint("served")
+        trained_steps = final.global_step
+    command = [sys.executable, "-m", "service.cli", "eval", "served", "--checkpoint-dir",
+               str(checkpoints), "--out-dir", str(run_dir / "eval")]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIDENT_")}
+    done = subprocess.run(command, cwd=run_dir, env=env, capture_output=True, text=True,
+                          timeout=timeout_s)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"{shlex.join(command)} exited {done.returncode}:\n{done.stderr}")
+    report = json.loads((run_dir / "eval" / EVAL_JSON).read_text())
+    lines = done.stdout.splitlines()
+    return {"seed": seed, "settings": sets, "seconds": round(time.perf_counter() - started, 1),
+            "training_s": round(trained_s, 1), "steps": trained_steps,
+            "env_groups": groups, "job": f"served: {steps} Steps of {T}x{job.train.num_envs}",
+            "stdout_tail": lines[-30:], "evaluation": report}  # fmt: skip
+
+
 def margin(report: dict[str, Any]) -> float:
     """The trained policy's mean return minus the best baseline's, per market (paired)."""
     return report["paired"][report["best_baseline"]]["return"]["mean"]
@@ -197,7 +255,10 @@ def run_all(
         tempfile.TemporaryDirectory(prefix="learning-") as tmp,
         concurrent.futures.ThreadPoolExecutor(args.workers) as pool,
     ):
-        futures = {pool.submit(lobsim_run, seed, sets, Path(tmp), args.timeout): (seed, sets)
+        run = lobsim_run
+        if getattr(args, "via", "in-process") == "served":
+            run = functools.partial(served_lobsim_run, groups=args.env_groups)
+        futures = {pool.submit(run, seed, sets, Path(tmp), args.timeout): (seed, sets)
                    for seed, sets in jobs}  # fmt: skip
         for future in concurrent.futures.as_completed(futures):
             seed, sets = futures[future]
@@ -271,6 +332,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             sub.add_argument("--env-groups", type=int, default=2, help="with --via actor")
         else:
             sub.add_argument("--workers", type=int, default=1, help="runs at a time")
+        if name == "lobsim":
+            sub.add_argument("--via", choices=("in-process", "served"), default="in-process",
+                             help="served: the job's training through trident serve and an "
+                             "Interact actor")  # fmt: skip
+            sub.add_argument("--env-groups", type=int, default=2, help="with --via served")
             sub.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
         if name == "sweep":
             sub.add_argument("--point", dest="points", action="append", required=True,
