@@ -125,7 +125,8 @@ class Engine:
         return cls(trainer, metrics, inference_only=True)
 
     # ------------------------------------------------------------------------ training
-    def _require_training(self, what: str) -> None:
+    def require_training(self, what: str) -> None:
+        """InferenceOnly naming `what` on an Act-only server."""
         if self.inference_only:
             raise InferenceOnly(f"{what}: this server is inference-only and answers Act alone")
 
@@ -135,7 +136,7 @@ class Engine:
         """Queue a validated rollout; RESOURCE_EXHAUSTED-style QueueFull when the queue is full.
         A `key` applied before is answered with its result (`replayed`), one still queued is
         joined; ForgottenStepKey when the key is older than the ledger remembers."""
-        self._require_training("Step")
+        self.require_training("Step")
         if key is None:
             future = self._steps.submit(_Work(rollout, None), caller_waiting)
         else:
@@ -260,12 +261,12 @@ class Engine:
         return info
 
     def checkpoint(self, name: str | None) -> CheckpointInfo:
-        self._require_training("Checkpoint")
+        self.require_training("Checkpoint")
         with self._lock:
             return self._save(name)
 
     def restore(self, name: str) -> tuple[CheckpointInfo, str]:
-        self._require_training("Restore")
+        self.require_training("Restore")
         with self._lock:
             with self._act_lock, self._keys_lock:
                 info = restore_checkpoint(self.trainer, self.root, name, ledger=self.ledger)
@@ -280,7 +281,7 @@ class Engine:
         return list_checkpoints(self.root)
 
     def update_hyperparams(self, values: Mapping[str, float]) -> str:
-        self._require_training("UpdateHyperparams")
+        self.require_training("UpdateHyperparams")
         with self._lock:
             self.trainer.update_hyperparams(values)
             return json.dumps(self.trainer.config.public_dict())

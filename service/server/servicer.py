@@ -187,6 +187,7 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         if request is None:
             return
         engine = self.engine
+        engine.require_training("Interact")
         config = engine.trainer.config
         actor, first_sequence, T, groups, synchronous = interact_start(request)
         unroller = Unroller(T, groups, config.model.obs_dim)

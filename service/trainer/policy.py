@@ -45,7 +45,7 @@ class Policy:
             raise InvalidInput("mode", f"one of {[m.name for m in ActMode]}", mode)
         if not 0.0 <= epsilon <= 1.0:
             raise InvalidInput("epsilon", "a probability in [0, 1]", epsilon)
-        outputs = self._outputs(state.xp.asarray(obs.astype(state.dtype)), mode, epsilon)
+        outputs = self._outputs(state.xp.asarray(obs, dtype=state.dtype), mode, epsilon)
         actions, log_probs, values = (state.backend.to_host(a) for a in outputs)
         return ActResult(
             actions=actions,
