@@ -2,12 +2,19 @@
 # bench/results/. PYTHONPATH: the scripts import `service` from this checkout, installed or not.
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: soak crash long lock
+.PHONY: soak crash long lock served
 
 # 16 actors train one server for 10 minutes (NumPy backend): errors, Step accounting, RSS drift,
 # promtool on the scrape; writes bench/results/soak.json, exits 1 if a criterion fails.
 soak:
 	python3 bench/soak.py --actors 16 --duration 600
+
+# The served path: one trident serve and K = 1, 3, 6, 12 actor processes (LobSim, CartPole, a
+# no-env load generator over Interact); env steps/s trained, Act latency, CPU, GPU busy
+# (bench/README.md); writes bench/results/served.json. On a GPU host: SERVED_SET=--set
+# train.backend=cuda.
+served:
+	python3 bench/served.py $(SERVED_SET)
 
 # LobSim's invariants over 10,000 random steps on 64 markets (CI runs 1,600).
 long:
