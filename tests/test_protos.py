@@ -46,6 +46,7 @@ def test_service_has_every_method_of_the_contract() -> None:
     assert {m.name for m in service.methods} == {
         "Step",
         "StreamStep",
+        "Interact",
         "Act",
         "Checkpoint",
         "Restore",

@@ -87,6 +87,9 @@ def every_method(
         "StreamStep": lambda **kw: list(
             stub.StreamStep(iter([pb.StreamStepRequest(step=step_request(rollout))]), **kw)
         ),
+        "Interact": lambda **kw: list(stub.Interact(iter([pb.InteractRequest(
+            start=pb.InteractStart(actor_id="auth", rollout_len=4, group_envs=[2]), obs=obs,
+        )]), **kw)),  # fmt: skip
         "Checkpoint": lambda **kw: stub.Checkpoint(pb.CheckpointRequest(name="denied"), **kw),
         "Restore": lambda **kw: stub.Restore(pb.RestoreRequest(name="denied"), **kw),
         "UpdateHyperparams": lambda **kw: stub.UpdateHyperparams(
@@ -263,7 +266,7 @@ def test_each_role_calls_its_methods_and_is_denied_the_rest(
         else:
             assert outcome == "PERMISSION_DENIED", (role, method, outcome)
     denied = [key for key, outcome in outcomes.items() if outcome == "PERMISSION_DENIED"]
-    assert counted == len(denied) == 3 * 8 - sum(len(methods) for methods in ROLES.values())
+    assert counted == len(denied) == 3 * len(calls) - sum(len(m) for m in ROLES.values())
     with capsys.disabled():
         print(f"\n[auth] roles x methods: {len(outcomes)} calls, {len(denied)} PERMISSION_DENIED "
               "(each outside its role), the rest past the interceptor")
