@@ -79,6 +79,8 @@ def every_method(
     """One well-formed call per TrainerService method (metadata passed through)."""
     rollout = random_rollout(rng)
     obs = encode(rng.standard_normal((2, 6)).astype(np.float32))
+    start = pb.InteractStart(actor_id="auth", rollout_len=4, group_envs=[2])
+    opening = pb.InteractRequest(start=start, obs=obs)
     return {
         "GetStatus": lambda **kw: stub.GetStatus(pb.GetStatusRequest(), **kw),
         "ListCheckpoints": lambda **kw: stub.ListCheckpoints(pb.ListCheckpointsRequest(), **kw),
@@ -87,9 +89,7 @@ def every_method(
         "StreamStep": lambda **kw: list(
             stub.StreamStep(iter([pb.StreamStepRequest(step=step_request(rollout))]), **kw)
         ),
-        "Interact": lambda **kw: list(stub.Interact(iter([pb.InteractRequest(
-            start=pb.InteractStart(actor_id="auth", rollout_len=4, group_envs=[2]), obs=obs,
-        )]), **kw)),  # fmt: skip
+        "Interact": lambda **kw: list(stub.Interact(iter([opening]), **kw)),
         "Checkpoint": lambda **kw: stub.Checkpoint(pb.CheckpointRequest(name="denied"), **kw),
         "Restore": lambda **kw: stub.Restore(pb.RestoreRequest(name="denied"), **kw),
         "UpdateHyperparams": lambda **kw: stub.UpdateHyperparams(
