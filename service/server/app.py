@@ -35,6 +35,7 @@ from service.server.servicer import TrainerServicer
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TrainerService"].full_name
 SPARE_HANDLER_THREADS = 4  # the handler pool's threads beyond server.max_concurrent_rpcs
+SIGNAL_POLL_S = 0.5  # how often the main thread looks for a SIGTERM / SIGINT to drain on
 
 
 def _read(setting: str, path: str) -> bytes:
@@ -286,6 +287,10 @@ def serve(
     if topology is not None and topology.rank > 0:  # no gRPC here: rank 0's commands
         return serve_host_rank(config, topology)
     running = start(config, inference_only, restore, resume, topology)
-    stopping.wait()
+    # Python runs a signal's handler on the main thread once that thread executes bytecode; a
+    # signal that lands on another thread (CUDA's runtime starts several) does not wake a wait
+    # without a timeout, so the wait wakes up to look.
+    while not stopping.wait(SIGNAL_POLL_S):
+        pass
     stop(running, config.server.shutdown_grace_s)
     return 0

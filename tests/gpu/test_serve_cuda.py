@@ -29,3 +29,6 @@ def test_serve_backend_cuda(tmp_path: Path, rng: np.random.Generator) -> None:
         saved = client.checkpoint("on-gpu")
         assert saved.global_step == 3
         assert client.restore("on-gpu").param_digest == client.status().param_digest
+    # The with-block's SIGTERM drained the GPU server: a final checkpoint, then exit 0.
+    assert server.proc.returncode == 0, server.stderr()[-2000:]
+    assert [e["step"] for e in server.events("final checkpoint")] == [3]
