@@ -184,7 +184,7 @@ def lobsim_run(seed: int, sets: list[str], workdir: Path, timeout_s: float) -> d
 
 
 def served_lobsim_run(
-    seed: int, sets: list[str], workdir: Path, timeout_s: float, groups: int
+    seed: int, sets: list[str], workdir: Path, timeout_s: float, groups: int, synchronous: bool
 ) -> dict[str, Any]:
     """The main job's training through the served path: a real `trident serve` with the job's
     settings, `trident actor`'s StreamActor here (Interact, `groups` env groups) for the
@@ -208,11 +208,12 @@ def served_lobsim_run(
                 for group, size in enumerate(group_sizes(job.train.num_envs, groups))]  # fmt: skip
 
         def anneal(outcome: InteractOutcome, progress: Any) -> None:
-            if outcome.reply is not None and job.train.lr_schedule == "linear":
-                left = max(0.0, 1 - outcome.reply.global_step / steps)
-                client.update_hyperparams({"optim.lr": lr * left})
+            """The job's rate for the Step after this one: lr (1 - global_step / steps)."""
+            reply, linear = outcome.reply, job.train.lr_schedule == "linear"
+            if reply is not None and linear and reply.global_step < steps:
+                client.update_hyperparams({"optim.lr": lr * (1 - reply.global_step / steps)})
 
-        actor = StreamActor(ResilientLink(client), envs, T, D, anneal)
+        actor = StreamActor(ResilientLink(client), envs, T, D, anneal, synchronous)
         while actor.progress.rollouts < steps:
             actor.turn()
             if time.perf_counter() - started > timeout_s:
@@ -232,7 +233,8 @@ def served_lobsim_run(
     lines = done.stdout.splitlines()
     return {"seed": seed, "settings": sets, "seconds": round(time.perf_counter() - started, 1),
             "training_s": round(trained_s, 1), "steps": trained_steps,
-            "env_groups": groups, "job": f"served: {steps} Steps of {T}x{job.train.num_envs}",
+            "env_groups": groups, "synchronous": synchronous,
+            "job": f"served: {steps} Steps of {T}x{job.train.num_envs}",
             "stdout_tail": lines[-30:], "evaluation": report}  # fmt: skip
 
 
@@ -257,7 +259,8 @@ def run_all(
     ):
         run = lobsim_run
         if getattr(args, "via", "in-process") == "served":
-            run = functools.partial(served_lobsim_run, groups=args.env_groups)
+            run = functools.partial(served_lobsim_run, groups=args.env_groups,
+                                    synchronous=args.synchronous)  # fmt: skip
         futures = {pool.submit(run, seed, sets, Path(tmp), args.timeout): (seed, sets)
                    for seed, sets in jobs}  # fmt: skip
         for future in concurrent.futures.as_completed(futures):
@@ -329,14 +332,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             sub.add_argument("--budget", type=int, default=1_000_000, help="env steps per seed")
             sub.add_argument("--via", choices=sorted(PATHS), default="actor",
                              help="how the actor talks to the server")  # fmt: skip
-            sub.add_argument("--env-groups", type=int, default=2, help="with --via actor")
+            sub.add_argument("--env-groups", type=int, default=1, help="with --via actor")
         else:
             sub.add_argument("--workers", type=int, default=1, help="runs at a time")
         if name == "lobsim":
             sub.add_argument("--via", choices=("in-process", "served"), default="in-process",
                              help="served: the job's training through trident serve and an "
                              "Interact actor")  # fmt: skip
-            sub.add_argument("--env-groups", type=int, default=2, help="with --via served")
+            sub.add_argument("--env-groups", type=int, default=1, help="with --via served")
+            sub.add_argument("--synchronous", action="store_true",
+                             help="with --via served: each rollout's first actions wait for "
+                             "the previous Step (no policy lag)")  # fmt: skip
             sub.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
         if name == "sweep":
             sub.add_argument("--point", dest="points", action="append", required=True,

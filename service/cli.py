@@ -288,9 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
     actor.add_argument(
         "--env-groups",
         type=int,
-        default=2,
-        help="groups the environments act in: one steps while another's actions are in flight "
-        "(1: every environment acts at once)",
+        default=1,
+        help="groups the environments act in, one stepping while another's actions are in "
+        "flight (pays where the server's round trip is long beside an env step)",
     )
     actor.add_argument(
         "--synchronous",

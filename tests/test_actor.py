@@ -105,7 +105,8 @@ def test_actor_trains_the_server_on_lobsim(tmp_path: Path) -> None:
     dims = (f"model.obs_dim={D}", "model.num_actions=9", "model.aux_dim=3")
     with running_server(tmp_path, *dims) as server:
         code, lines, stderr = actor(
-            server, "lobsim", "--steps", "2", "--set", "lobsim.horizon=4", "--seed", "3"
+            server, "lobsim", "--steps", "2", "--set", "lobsim.horizon=4", "--seed", "3",
+            "--env-groups", "2",
         )
         assert code == 0, stderr
         assert global_step(server) == 2
