@@ -24,6 +24,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from service import logs
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
+from service.backend import resolve_name
+from service.backend.blas import single_blas_thread
 from service.backend.host_memory import limit_malloc_arenas
 from service.backend.rendezvous import Topology
 from service.config import SERVE_CHECKPOINT_DIR, Config, ConfigError, with_checkpoint_dir
@@ -286,6 +288,20 @@ def serve(
                           "one of them, got both")  # fmt: skip
     if topology is not None and topology.rank > 0:  # no gRPC here: rank 0's commands
         return serve_host_rank(config, topology)
+    # One BLAS thread on NumPy, as the jobs run: the handlers, the act batcher and the Step
+    # worker are threads of their own, and actors on the host need cores too.
+    with single_blas_thread(resolve_name(config.train.backend)):
+        return _serve_until_signalled(config, stopping, inference_only, restore, resume, topology)
+
+
+def _serve_until_signalled(
+    config: Config,
+    stopping: threading.Event,
+    inference_only: bool,
+    restore: str | None,
+    resume: bool,
+    topology: Topology | None,
+) -> int:
     running = start(config, inference_only, restore, resume, topology)
     # Python runs a signal's handler on the main thread once that thread executes bytecode; a
     # signal that lands on another thread (CUDA's runtime starts several) does not wake a wait
