@@ -96,18 +96,13 @@ def _bind(
     with tempfile.TemporaryFile() as held:
         os.dup2(held.fileno(), 2)
         try:
-            if credentials is None:
-                bound = server.add_insecure_port(address)
-            else:
-                bound = server.add_secure_port(address, credentials)
-        except RuntimeError:
-            bound = None
+            bound = _add_port(server, address, credentials)
         finally:
             os.dup2(saved, 2)
             os.close(saved)
         held.seek(0)
         logged = held.read()
-    if bound is None:
+    if not bound:
         # core's line quotes the OS's reason (strerror) for the failed bind
         reasons = [os.strerror(code) for code in (EADDRINUSE, EADDRNOTAVAIL, EACCES)]
         reason = next((r for r in reasons if r.encode() in logged), "gRPC could not bind it")
@@ -118,6 +113,18 @@ def _bind(
         )
     os.write(2, logged)
     return bound
+
+
+def _add_port(
+    server: grpc.Server, address: str, credentials: grpc.ServerCredentials | None
+) -> int:
+    """Listen on `address`, with TLS when `credentials`; the port bound, 0 when gRPC could not."""
+    try:
+        if credentials is None:
+            return server.add_insecure_port(address)
+        return server.add_secure_port(address, credentials)
+    except RuntimeError:
+        return 0
 
 
 def _bind_unix(
@@ -137,15 +144,7 @@ def _bind_unix(
                 raise ConfigError(f"{setting}: a server is listening there; expected a free "
                                   "path (stop it, or pick another --unix-socket)")  # fmt: skip
         where.unlink()
-    address = f"unix:{where}"
-    try:
-        if credentials is None:
-            bound = server.add_insecure_port(address)
-        else:
-            bound = server.add_secure_port(address, credentials)
-    except RuntimeError:
-        bound = 0
-    if not bound:
+    if not _add_port(server, f"unix:{where}", credentials):
         raise ConfigError(f"{setting}: gRPC could not listen there; expected a path in a "
                           "writable folder")  # fmt: skip
 

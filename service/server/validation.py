@@ -67,8 +67,8 @@ def rollout_from_request(request: pb.StepRequest, config: Config) -> Rollout:
     return rollout
 
 
-def act_inputs(request: pb.ActRequest, config: Config) -> tuple[np.ndarray, ActMode, float]:
-    """Decode and check an ActRequest: obs [N, D] float32 finite, a known mode, ε in [0, 1]."""
+def observations(request: pb.ActRequest | pb.InteractRequest, config: Config) -> np.ndarray:
+    """A request's `obs`: [N, D] float32, N >= 1, finite."""
     if not request.HasField("obs"):
         raise InvalidInput("obs", "a Tensor", "nothing")
     obs = decode(request.obs, "obs", FLOAT)
@@ -76,6 +76,12 @@ def act_inputs(request: pb.ActRequest, config: Config) -> tuple[np.ndarray, ActM
     if obs.ndim != 2 or obs.shape[1] != D or obs.shape[0] == 0:
         raise InvalidInput("obs", f"shape [N, {D}] with N >= 1", list(obs.shape))
     _require_finite("obs", obs)
+    return obs
+
+
+def act_inputs(request: pb.ActRequest, config: Config) -> tuple[np.ndarray, ActMode, float]:
+    """Decode and check an ActRequest: obs [N, D] float32 finite, a known mode, ε in [0, 1]."""
+    obs = observations(request, config)
     mode = ACT_MODES.get(request.mode)
     if mode is None:
         names = [pb.ActMode.Name(value) for value in ACT_MODES]
@@ -117,13 +123,8 @@ def group_step(request: pb.InteractRequest, config: Config) -> GroupStep:
     """Decode and check one InteractRequest's tensors (shapes against the group: Unroller)."""
     if request.HasField("start") and request.group != 0:
         raise InvalidInput("group", "0 on the request that carries start", request.group)
-    if not request.HasField("obs"):
-        raise InvalidInput("obs", "a Tensor", "nothing")
-    obs = decode(request.obs, "obs", FLOAT)
+    obs = observations(request, config)
     D = config.model.obs_dim
-    if obs.ndim != 2 or obs.shape[1] != D or obs.shape[0] == 0:
-        raise InvalidInput("obs", f"shape [n, {D}] with n >= 1", list(obs.shape))
-    _require_finite("obs", obs)
     if not request.HasField("rewards"):
         for name in ("terminated", "truncated", "final_obs", "bce_labels", "aux_targets"):
             if request.HasField(name):
