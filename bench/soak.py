@@ -64,7 +64,8 @@ STARTUP_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0
 DONE = re.compile(
     r"^done: (?P<sent>\d+) Steps \((?P<applied>\d+) applied, (?P<dropped>\d+) dropped as stale\), "
-    r"(?P<acts>\d+) Acts in (?P<seconds>[\d.]+) s \| "
+    r"(?P<acts>\d+) Acts, (?P<env_steps>\d+) env steps \((?P<unfinished>\d+) in unfinished "
+    r"rollouts\) in (?P<seconds>[\d.]+) s \| "
     r"Step p50 (?P<step_p50>[\d.]+) ms p99 (?P<step_p99>[\d.]+) ms \| "
     r"Act p50 (?P<act_p50>[\d.]+) ms p99 (?P<act_p99>[\d.]+) ms \| "
     r"(?P<rollouts>\d+) rollouts, (?P<resent>\d+) resent, (?P<replayed>\d+) replayed, "

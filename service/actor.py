@@ -228,11 +228,13 @@ class Progress:
     """What the actor's lines report."""
 
     env_steps: int = 0
+    acts: int = 0  # replies whose actions stepped a group
     rollouts: int = 0  # rollouts completed (sent whole to the server)
     outcomes: int = 0  # of those, answered or dropped
     applied: int = 0
     abandoned_env_steps: int = 0  # steps of rollouts a broken stream left unfinished
-    act_s: list[float] = field(default_factory=list)  # per env step: request to actions
+    act_s: list[float] = field(default_factory=list)  # per group's env step: request to actions
+    step_s: list[float] = field(default_factory=list)  # per rollout: completed to its outcome
 
 
 class StreamActor:
@@ -255,6 +257,7 @@ class StreamActor:
         self.report = report
         self.progress = Progress()
         self._waiting: dict[int, tuple[StepKey, Rollout]] = {}  # sequence -> unanswered rollout
+        self._completed_at: dict[int, float] = {}  # sequence -> when its last request went
         self._sent_at = [0.0] * len(envs)
         self._open()
 
@@ -280,9 +283,15 @@ class StreamActor:
             key = self.link.new_key()
             assert key.sequence == self._first + k, "the stream's keys follow the link's"
             self._waiting[key.sequence] = (key, rollout)
+            self._completed_at[key.sequence] = time.perf_counter()
             self.progress.rollouts += 1
         self._sent_at[group] = time.perf_counter()
         self._stream.send(group, obs, outcome)
+
+    @property
+    def between_rollouts(self) -> bool:
+        """No environment has a step in a rollout not yet sent whole."""
+        return self._unroller.env_steps_pending == 0
 
     def turn(self) -> None:
         """Take one reply: its outcomes, then step its group's environments on its actions and
@@ -301,6 +310,7 @@ class StreamActor:
         self.progress.act_s.append(time.perf_counter() - self._sent_at[group])
         self._unroller.acted(group, reply.actions, reply.log_probs, reply.policy_version)
         moved = self.envs[group].step(reply.actions)
+        self.progress.acts += 1
         self.progress.env_steps += self.sizes[group]
         self._send(group, moved.obs, moved)
 
@@ -319,6 +329,9 @@ class StreamActor:
     def _take(self, reply: InteractReply) -> None:
         for outcome in reply.outcomes:
             key, rollout = self._waiting.pop(outcome.sequence)
+            self.progress.step_s.append(
+                time.perf_counter() - self._completed_at.pop(outcome.sequence)
+            )
             self.progress.outcomes += 1
             if outcome.reply is not None:
                 self.link.answered(key, rollout, outcome.reply)
@@ -342,7 +355,10 @@ class StreamActor:
     def _resend_waiting(self) -> None:
         for sequence in sorted(self._waiting):
             key, rollout = self._waiting.pop(sequence)
+            self._completed_at.pop(sequence)
+            called = time.perf_counter()
             reply = self.link.send_lost(key, rollout)
+            self.progress.step_s.append(time.perf_counter() - called)
             self.progress.outcomes += 1
             if reply is not None:
                 self.progress.applied += reply.updates_applied > 0
@@ -364,8 +380,8 @@ def run_actor(
     env_groups: int = 2,
     synchronous: bool = False,
 ) -> int:
-    """Send `steps` rollouts of `rollout_len` x `num_envs` env steps (or stop after the first
-    that ends `duration_s` after the start) through an Interact stream, the environments in
+    """Send `steps` rollouts of `rollout_len` x `num_envs` env steps (or stop at the first
+    rollout boundary `duration_s` after the start) through an Interact stream, the envs in
     `env_groups` groups (`synchronous`: a rollout's first actions wait for the previous
     rollout's Step); print progress, then a `done:` summary line. A server gone for
     longer than `reconnect_s` stops the actor (ServerGone)."""
@@ -425,16 +441,18 @@ def run_actor(
 
         actor = StreamActor(link, envs, rollout_len, dims.obs_dim, report, synchronous)
         while actor.progress.rollouts < steps:
-            if duration_s is not None and time.perf_counter() - started >= duration_s:
+            late = duration_s is not None and time.perf_counter() - started >= duration_s
+            if late and actor.between_rollouts:
                 break
             actor.turn()
         actor.close()
         progress, counts = actor.progress, link.counts
         print(
             f"done: {progress.outcomes} Steps ({progress.applied} applied, "
-            f"{counts.dropped_stale} dropped as stale), {progress.env_steps} env steps "
-            f"({progress.abandoned_env_steps} in unfinished rollouts) in "
-            f"{time.perf_counter() - started:.1f} s | {latency_ms('Act', progress.act_s)} | "
+            f"{counts.dropped_stale} dropped as stale), {progress.acts} Acts, "
+            f"{progress.env_steps} env steps ({progress.abandoned_env_steps} in unfinished "
+            f"rollouts) in {time.perf_counter() - started:.1f} s | "
+            f"{latency_ms('Step', progress.step_s)} | {latency_ms('Act', progress.act_s)} | "
             f"{counts.rollouts} rollouts, {counts.resent} resent, {counts.replayed} replayed, "
             f"{counts.reconnects} reconnects, {counts.released} released unconfirmed",
             flush=True,

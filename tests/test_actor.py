@@ -114,11 +114,11 @@ def test_actor_trains_the_server_on_lobsim(tmp_path: Path) -> None:
     assert [line.split()[1] for line in progress] == ["1/2", "2/2"]
     assert "episode return n/a" not in progress[0]  # 8 steps of a 4-step horizon
     assert "bce " in progress[-1] and "aux " in progress[-1]  # the labels reached the server
-    done = re.match(r"done: 2 Steps \(2 applied, 0 dropped as stale\), (\d+) env steps "
-                    r"\((\d+) in unfinished rollouts\) in ", lines[-1])  # fmt: skip
+    done = re.match(r"done: 2 Steps \(2 applied, 0 dropped as stale\), \d+ Acts, (\d+) env "
+                    r"steps \((\d+) in unfinished rollouts\) in ", lines[-1])  # fmt: skip
     assert done, lines[-1]
     assert int(done[1]) - int(done[2]) == 2 * 8 * 4  # two whole rollouts, the rest left over
-    assert " | Act p50 " in lines[-1]
+    assert " | Step p50 " in lines[-1] and " | Act p50 " in lines[-1]
 
 
 def cartpole(num_envs: int, **kwargs: object) -> gymnasium.vector.VectorEnv:
