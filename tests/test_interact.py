@@ -13,6 +13,7 @@ from conftest import running_server
 from serverproc import trident_cli
 
 from service.client.client import TridentClient
+from service.errors import InvalidInput
 from service.step_ledger import StepKey
 from service.unroll import GroupStep, Unroller
 from service.vector_env import EnvStep, collect_rollout
@@ -171,3 +172,25 @@ def test_actors_on_the_host_reach_the_server_over_a_unix_socket(
     refused = trident_cli("serve", "--port", "0", "--metrics-port", "0", "--unix-socket",
                           str(path), "--set", "train.backend=numpy")  # fmt: skip
     assert refused.returncode == 2 and "existing file" in refused.stderr, refused.stderr
+
+
+def test_a_group_may_not_run_a_whole_rollout_ahead(rng: np.random.Generator) -> None:
+    unroller = Unroller(T, [2, 3], D)
+    fast, slow = ScriptedEnv(int(rng.integers(2**31)), 2), ScriptedEnv(int(rng.integers(2**31)), 3)
+    unroller.observe(0, GroupStep(fast.obs))
+    unroller.observe(1, GroupStep(slow.obs))
+
+    def outcome(env: ScriptedEnv) -> GroupStep:
+        moved = env.step(np.zeros(env.num_envs, np.int32))
+        return GroupStep(moved.obs, moved.rewards, moved.terminated, moved.truncated,
+                         moved.final_obs, np.flatnonzero(moved.truncated), moved.bce_labels,
+                         moved.aux_targets)  # fmt: skip
+
+    for _ in range(2 * T - 1):  # group 0 closes rollout 0 and fills all but the last of 1
+        unroller.acted(0, np.zeros(2, np.int32), np.zeros(2, np.float32), 0)
+        assert unroller.observe(0, outcome(fast)) == []
+    assert unroller.env_steps_pending == 2 * (2 * T - 1)
+    unroller.acted(0, np.zeros(2, np.int32), np.zeros(2, np.float32), 0)
+    with pytest.raises(InvalidInput, match="at most one rollout ahead"):
+        unroller.observe(0, outcome(fast))
+    assert unroller.env_steps_pending == 2 * (2 * T - 1)  # the refused request changed nothing
