@@ -39,10 +39,16 @@ class InteractSteps:
     handler thread alone."""
 
     def __init__(
-        self, engine: Engine, actor: str, first_sequence: int, active: Callable[[], bool]
+        self,
+        engine: Engine,
+        actor: str,
+        first_sequence: int,
+        active: Callable[[], bool],
+        settled: Callable[[int], None] = lambda k: None,
     ) -> None:
+        """`settled(k)` is called once rollout k's Step is done (its arrays read no more)."""
         self.engine, self.actor, self.first_sequence = engine, actor, first_sequence
-        self.active = active
+        self.active, self.settled = active, settled
         self._pending: tuple[int, Future[StepResult]] | None = None
         self._outcomes: list[Outcome] = []
 
@@ -82,3 +88,4 @@ class InteractSteps:
         error = future.exception()
         self._outcomes.append(Outcome(sequence, None if error else future.result(), error))
         self._pending = None
+        self.settled(sequence - self.first_sequence)

@@ -190,8 +190,8 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         engine.require_training("Interact")
         config = engine.trainer.config
         actor, first_sequence, T, groups, synchronous = interact_start(request)
-        unroller = Unroller(T, groups, config.model.obs_dim)
-        steps = InteractSteps(engine, actor, first_sequence, context.is_active)
+        unroller = Unroller(T, groups, config.model.obs_dim, recycling=True)
+        steps = InteractSteps(engine, actor, first_sequence, context.is_active, unroller.recycle)
         while request is not None:
             step = group_step(request, config)
             for k, rollout in unroller.observe(request.group, step):
