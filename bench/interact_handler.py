@@ -101,6 +101,7 @@ def measure(args: argparse.Namespace) -> dict:
         profile.disable()
         wall = time.perf_counter() - started
         engine.drain()
+        trained = engine.trainer.global_step
     stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
     own = sorted(((tt, f"{Path(name[0]).name}:{name[1]}({name[2]})", calls)
                   for name, (calls, _, tt, _, _) in stats.items()), reverse=True)  # fmt: skip
@@ -110,7 +111,7 @@ def measure(args: argparse.Namespace) -> dict:
     return {
         "rows": args.rows,
         "requests": len(replies),
-        "rollouts": args.requests // args.rollout_len,
+        "steps_trained": trained,
         "wall_s": round(wall, 3),
         "handler_ms_per_request": per(handler_s),
         "waiting_ms_per_request": per(waits),
