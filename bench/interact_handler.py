@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/results/interact_handler.json"))
     args = parser.parse_args(argv)
     result = measure(args)
-    print(f"{result['requests']} requests of {args.rows} rows ({result['rollouts']} Steps): "
+    print(f"{result['requests']} requests of {args.rows} rows "
+          f"({result['steps_trained']} Steps trained): "
           f"handler {result['handler_ms_per_request']:.3f} ms a request of its own, "
           f"{result['waiting_ms_per_request']:.3f} ms waiting (Acts, Steps)")  # fmt: skip
     print(f"{'ms / request':>12}  {'calls':>6}  function")
