@@ -182,7 +182,7 @@ class Unroller:
         return [(k, buffer.rollout())]
 
     def recycle(self, k: int) -> None:
-        """Rollout k's arrays are no longer read: its buffer may serve a later rollout."""
+        """Nothing reads rollout k's arrays now: its buffer may serve a later rollout."""
         buffer = self._completed.pop(k)
         buffer.final_obs.clear()
         buffer.final_index.clear()
