@@ -425,6 +425,14 @@ def test_inference_only_server_acts_like_its_checkpoint(
             error = rejected(method, request)
             assert error.code() == Code.FAILED_PRECONDITION, (method, error.details())
             assert "inference-only" in error.details()
+        opening = pb.InteractRequest(
+            start=pb.InteractStart(actor_id="inference", rollout_len=4, group_envs=[64]),
+            obs=encode(obs),
+        )
+        with pytest.raises(grpc.RpcError) as refused:  # at once, before acting on anything
+            list(stub.Interact(iter([opening])))
+        assert refused.value.code() == Code.FAILED_PRECONDITION
+        assert refused.value.details().startswith("Interact: this server is inference-only")
         assert client.status().param_digest == status.param_digest
     assert info.global_step == expected.policy_version
     assert not (trained.server.checkpoint_dir / "from-inference").exists()
