@@ -9,8 +9,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from conftest import running_server
-from serverproc import trident_cli
+from conftest import running_server, wait_until
+from serverproc import scrape, trident_cli, value
 
 from service.client.client import TridentClient
 from service.errors import InvalidInput
@@ -158,12 +158,15 @@ def test_actors_on_the_host_reach_the_server_over_a_unix_socket(
                 assert reply is not None
                 moved = env.step(reply.actions)
                 stream.send(0, moved.obs, moved)
+            assert value(scrape(server), "trident_interact_streams") == 1
             stream.close()
             outcomes = []
             while (reply := stream.receive()) is not None:
                 outcomes.extend(reply.outcomes)
             assert [o.sequence for o in outcomes] == [0] and outcomes[0].reply is not None
             assert client.status().global_step == 1
+            wait_until(lambda: value(scrape(server), "trident_interact_streams") == 0, 10,
+                       "the closed stream uncounted")  # fmt: skip
         # A second server may not take a socket that is being listened on.
         taken = trident_cli("serve", "--port", "0", "--metrics-port", "0", "--unix-socket",
                             str(path), "--set", "train.backend=numpy")  # fmt: skip

@@ -38,21 +38,24 @@ class Metrics:
             **ns,
         )
         self.samples = Counter("samples", "Rollout samples (T x N) trained on.", **ns)
+        self.interact_streams = Gauge(
+            "interact_streams", "Interact streams open (actors acting through the server).", **ns
+        )
         self.grad_norm = Gauge("grad_norm", "Global gradient norm before clipping.", **ns)
         self.skipped_updates = Counter(
             "skipped_updates", "Updates left unapplied by the non-finite guard.", **ns
         )
         self.act_duration = Histogram(
             "act_duration",
-            "Wall time of one batched Act forward (not the wait for a Step holding the trainer).",
+            "Wall time of one batched Act forward on the published policy.",
             unit="seconds",
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
             **ns,
         )
         self.act_batch_size = Histogram(
             "act_batch_size",
-            "Observations per batched Act forward.",
-            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096),
+            "Observations per batched Act forward (server.act_max_batch at most).",
+            buckets=tuple(2**k for k in range(17)),  # 1 .. 65,536
             **ns,
         )
         self.checkpoint_duration = Histogram(

@@ -173,10 +173,13 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
     ) -> Iterator[pb.InteractResponse]:
         request_id = request_id_of(context)
         context.set_trailing_metadata((("x-request-id", request_id),))
+        self.metrics.interact_streams.inc()
         try:
             yield from self._interact(request_iterator, context)
         except Exception as error:
             self._fail("Interact", error, context, request_id)
+        finally:
+            self.metrics.interact_streams.dec()
 
     def _interact(
         self, requests: Iterator[pb.InteractRequest], context: grpc.ServicerContext
