@@ -244,9 +244,9 @@ class Engine:
 
     # ------------------------------------------------------------------------ state
     def _save(self, name: str | None) -> CheckpointInfo:
-        """Commit a checkpoint with the ledger; the caller holds _lock (and the act counter
-        is read under _act_lock)."""
-        with self._act_lock, self._keys_lock:
+        """Commit a checkpoint with the ledger; the caller holds _lock. Acts go on meanwhile
+        (the state takes a copy of their counter)."""
+        with self._keys_lock:
             info = save_checkpoint(self.trainer, self.root, name, ledger=self.ledger)
         self._checkpoint_step = info.global_step
         self.metrics.observe_checkpoint(info)

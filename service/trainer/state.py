@@ -89,7 +89,12 @@ class State:
         optim, replay, counters and rng (the seed; with the counters it fixes every future draw).
         """
         host = self.backend.to_host
-        return {name: host(array) for name, array in self._state_arrays(gather=True).items()}
+        # The host counters are copied: the act counter moves on the server's acting thread
+        # while a checkpoint writes.
+        return {
+            name: np.array(host(array)) if name.startswith("counters/") else host(array)
+            for name, array in self._state_arrays(gather=True).items()
+        }
 
     def _state_arrays(self, gather: bool = False) -> dict[str, np.ndarray]:
         """`state_dict()`'s arrays where they live (on the device for a GPU backend). With
