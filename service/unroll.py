@@ -57,7 +57,8 @@ class _Buffer:
     closed: int = 0  # groups that sent its bootstrap row
 
     @classmethod
-    def empty(cls, T: int, N: int, D: int, labels: bool, K: int | None) -> _Buffer:
+    def empty(cls, T: int, N: int, D: int) -> _Buffer:
+        """Unlabelled buffers; `add_labels` sizes the label arrays the stream's outcomes carry."""
         return cls(
             obs=np.empty((T + 1, N, D), np.float32),
             actions=np.empty((T, N), np.int32),
@@ -65,8 +66,8 @@ class _Buffer:
             rewards=np.empty((T, N), np.float32),
             terminated=np.empty((T, N), bool),
             truncated=np.empty((T, N), bool),
-            bce_labels=np.empty((T, N), np.uint8) if labels else None,
-            aux_targets=None if K is None else np.empty((T, N, K), np.float32),
+            bce_labels=None,
+            aux_targets=None,
         )
 
     def add_labels(self, T: int, N: int, labels: bool, K: int | None) -> None:
@@ -76,7 +77,7 @@ class _Buffer:
             self.aux_targets = np.empty((T, N, K), np.float32)
 
     def rollout(self) -> Rollout:
-        D = self.obs.shape[2]
+        none = not self.final_obs
         return Rollout(
             obs=self.obs,
             actions=self.actions,
@@ -84,14 +85,13 @@ class _Buffer:
             terminated=self.terminated,
             truncated=self.truncated,
             behavior_log_probs=self.log_probs,
-            final_obs=np.concatenate(self.final_obs) if self.final_obs else np.zeros((0, D),
-                                                                                    np.float32),
-            final_obs_index=np.concatenate(self.final_index) if self.final_index else np.zeros(
-                0, np.int64),
+            final_obs=np.zeros((0, self.obs.shape[2]), np.float32) if none
+            else np.concatenate(self.final_obs),
+            final_obs_index=np.zeros(0, np.int64) if none else np.concatenate(self.final_index),
             policy_version=self.version,
             bce_labels=self.bce_labels,
             aux_targets=self.aux_targets,
-        )  # fmt: skip
+        )
 
 
 class Unroller:
@@ -147,11 +147,11 @@ class Unroller:
             )
         k, t = self._rollout[group], self._row[group]
         if not first:
-            self._check_outcome(step, n)
             if t + 1 == self.T and k + 1 - min(self._rollout) >= 2:
                 raise InvalidInput(
                     "group", f"a group at most one rollout ahead of the others (group {group} "
                     "would start a second rollout before every group closed the first)", group)
+            self._check_outcome(step)
         buffer = self._buffer(k)
         if first:
             buffer.obs[0, cols] = step.obs
@@ -198,7 +198,7 @@ class Unroller:
         buffer.log_probs[t, lo : lo + n] = log_probs
         buffer.version = version if buffer.version is None else min(buffer.version, version)
 
-    def _check_outcome(self, step: GroupStep, n: int) -> None:
+    def _check_outcome(self, step: GroupStep) -> None:
         labels, aux = step.bce_labels is not None, step.aux_targets
         aux_dim = None if aux is None else aux.shape[1]
         if not self._shaped:  # the first outcome fixes which labels the stream's rollouts have
@@ -218,7 +218,6 @@ class Unroller:
         if buffer is None and self._spare:
             buffer = self._buffers[k] = self._spare.pop()
         if buffer is None:
-            buffer = self._buffers[k] = _Buffer.empty(
-                self.T, self.N, self.D, bool(self._labels), self._aux_dim
-            )
+            buffer = self._buffers[k] = _Buffer.empty(self.T, self.N, self.D)
+            buffer.add_labels(self.T, self.N, bool(self._labels), self._aux_dim)
         return buffer
