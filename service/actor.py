@@ -256,8 +256,8 @@ class StreamActor:
         self.sizes = [env.num_envs for env in envs]
         self.report = report
         self.progress = Progress()
-        self._waiting: dict[int, tuple[StepKey, Rollout]] = {}  # sequence -> unanswered rollout
-        self._completed_at: dict[int, float] = {}  # sequence -> when its last request went
+        # sequence -> an unanswered rollout, its key and when its last request went
+        self._waiting: dict[int, tuple[StepKey, Rollout, float]] = {}
         self._sent_at = [0.0] * len(envs)
         self._open()
 
@@ -282,8 +282,7 @@ class StreamActor:
         for k, rollout in self._unroller.observe(group, step):
             key = self.link.new_key()
             assert key.sequence == self._first + k, "the stream's keys follow the link's"
-            self._waiting[key.sequence] = (key, rollout)
-            self._completed_at[key.sequence] = time.perf_counter()
+            self._waiting[key.sequence] = (key, rollout, time.perf_counter())
             self.progress.rollouts += 1
         self._sent_at[group] = time.perf_counter()
         self._stream.send(group, obs, outcome)
@@ -328,10 +327,8 @@ class StreamActor:
 
     def _take(self, reply: InteractReply) -> None:
         for outcome in reply.outcomes:
-            key, rollout = self._waiting.pop(outcome.sequence)
-            self.progress.step_s.append(
-                time.perf_counter() - self._completed_at.pop(outcome.sequence)
-            )
+            key, rollout, completed = self._waiting.pop(outcome.sequence)
+            self.progress.step_s.append(time.perf_counter() - completed)
             self.progress.outcomes += 1
             if outcome.reply is not None:
                 self.link.answered(key, rollout, outcome.reply)
@@ -354,8 +351,7 @@ class StreamActor:
 
     def _resend_waiting(self) -> None:
         for sequence in sorted(self._waiting):
-            key, rollout = self._waiting.pop(sequence)
-            self._completed_at.pop(sequence)
+            key, rollout, _ = self._waiting.pop(sequence)
             called = time.perf_counter()
             reply = self.link.send_lost(key, rollout)
             self.progress.step_s.append(time.perf_counter() - called)
@@ -377,7 +373,7 @@ def run_actor(
     log_every: int,
     duration_s: float | None = None,
     reconnect_s: float = 300.0,
-    env_groups: int = 2,
+    env_groups: int = 1,
     synchronous: bool = False,
 ) -> int:
     """Send `steps` rollouts of `rollout_len` x `num_envs` env steps (or stop at the first
@@ -421,7 +417,7 @@ def run_actor(
             flush=True,
         )
         started = time.perf_counter()
-        step_keys: list[str] = []  # the loss columns, in the first reply's order
+        step_keys: list[str] = []  # the loss columns: sorted, new heads appended
 
         def report(outcome: InteractOutcome, progress: Progress) -> None:
             reply = outcome.reply

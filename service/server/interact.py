@@ -3,8 +3,9 @@ keyed Step (actor_id, first_sequence + k), and its outcome rides on a later resp
 
 Backpressure by waiting, not by refusing: a stream has at most one Step queued or being
 applied; the rollout after it waits (and so do the stream's next actions) until it is done,
-and a full queue is waited out. That bounds what a stream holds to two rollouts and the
-policy lag its own Steps add to one version. Exactly once: every rollout is a keyed Step, so an
+and a full queue is waited out. That bounds what a stream holds to three rollouts (one
+training, one filling, one its leading group opened) and the policy lag its own Steps add to
+one version. Exactly once: every rollout is a keyed Step, so an
 actor that lost the stream sends the rollouts whose outcome it has not seen again (unary Step,
 same key) and the engine answers, joins or applies each; the partial rollout of a broken stream
 is not trained on, and the actor counts its env steps as abandoned.

@@ -201,7 +201,7 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
                 steps.submit(k, rollout)
                 if synchronous:
                     steps.finish()
-            acted = self.engine.act(step.obs, ActMode.SAMPLE, 0.0)
+            acted = self.engine.act(step.obs, ActMode.SAMPLE, 0.0)  # UNAVAILABLE on a drain
             unroller.acted(request.group, acted.actions, acted.log_probs, acted.policy_version)
             yield pb.InteractResponse(
                 group=request.group,

@@ -3,11 +3,11 @@
 A Step trains the live parameters; a `PolicySnapshot` holds its own copy of what Act reads (the
 encoder and every head, and the value head's return statistics) with the policy version they
 are, and runs Act on an executor of its own, so an Act forward runs beside a Step instead of
-behind it. `publish` refreshes the copy in place (a captured Act
-keeps reading the same buffers) with a device-to-device copy on the live lane, ordered after
-the Acts already queued on the snapshot's lane (they read the old copy) and before those queued
-after it. The caller serialises `publish` with `act` (the server's acting lock); neither waits
-for the device on the host.
+behind it. `publish` refreshes the copy in place (a captured Act keeps reading the same
+buffers) with a device-to-device copy on the live lane, ordered after the Acts already queued
+on the snapshot's lane (they read the old copy) and before those queued after it. The caller
+serialises `publish` with `act` (the server's acting lock); neither waits for the device on
+the host.
 
 Act's Philox sequence is the trainer's own `act_calls` counter, so Acts on the snapshot draw
 what Acts on the live trainer would: with one caller, acting after each Step's publish gives
