@@ -28,6 +28,7 @@ from pathlib import Path
 
 import host_report
 import numpy as np
+from grpc_step import DirectContext  # the servicer's context, without gRPC
 from prometheus_client import CollectorRegistry
 
 from service.api.trident.v1 import trainer_pb2 as pb
@@ -43,22 +44,6 @@ from service.vector_env import EnvStep
 OBS_DIM = 56  # LobSim's observation at the default visible levels
 TINY = ("model.hidden_dim=16", "ppo.epochs=1", "ppo.num_minibatches=1", "replay.min_size=64",
         "replay.batch_size=64", "train.max_policy_lag=1000000")  # fmt: skip
-
-
-class Context:
-    """What the handler asks of a gRPC context, for a caller that stays."""
-
-    def invocation_metadata(self) -> tuple:
-        return ()
-
-    def set_trailing_metadata(self, metadata: object) -> None:
-        pass
-
-    def is_active(self) -> bool:
-        return True
-
-    def abort(self, code: object, message: str) -> None:
-        raise RuntimeError(message)
 
 
 def requests(rows: int, count: int, T: int, rng: np.random.Generator) -> list[bytes]:
@@ -97,7 +82,8 @@ def measure(args: argparse.Namespace) -> dict:
         profile = cProfile.Profile()
         started = time.perf_counter()
         profile.enable()
-        replies = [reply.SerializeToString() for reply in servicer.Interact(parsed(), Context())]
+        stream = servicer.Interact(parsed(), DirectContext())
+        replies = [reply.SerializeToString() for reply in stream]
         profile.disable()
         wall = time.perf_counter() - started
         engine.drain()
