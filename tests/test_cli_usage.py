@@ -147,8 +147,9 @@ def test_a_host_without_a_port_means_the_server_port() -> None:
     assert with_default_port("::1") == with_default_port("[::1]") == "[::1]:50051"
     for target in ("localhost:7", "[::1]:7", "dns:///trident.internal:7", "unix:/run/t.sock"):
         assert with_default_port(target) == target
-    done = trident_cli("health", "--server", "127.0.0.1", "--timeout", "5")
-    assert done.returncode == 1 and "at 127.0.0.1:50051: connection refused" in done.stderr
+    # 127.0.0.2: a README test's `trident serve` may hold 127.0.0.1:50051 meanwhile.
+    done = trident_cli("health", "--server", "127.0.0.2", "--timeout", "5")
+    assert done.returncode == 1 and "at 127.0.0.2:50051: connection refused" in done.stderr
 
 
 @pytest.mark.skipif(cuda_available(), reason="a GPU is visible: --backend cuda would serve")
