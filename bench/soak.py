@@ -84,6 +84,9 @@ class Settings:
     # Small enough to fill during the warm-up, so that the drift does not count the replay
     # buffer's own pages being touched for the first time.
     replay_capacity: int = 16_384
+    # The applied Steps' keys the server remembers (server.step_key_window): the ledger grows
+    # until it holds this many, so a short soak sets it to fill during the warm-up too.
+    step_key_window: int = 4096
     warmup_frac: float = 0.1  # RSS before this share of the run (or the replay filling) is left out
     max_drift_pct: float = 1.0  # per 10 minutes
     seed: int = 0
@@ -98,7 +101,7 @@ class Settings:
         - `train.max_policy_lag` = 4 x actors: a rollout's T Acts and its Step wait behind
           about one Step of every other actor, so the default (4) would drop rollouts as stale
           (FAILED_PRECONDITION) by design, not by fault;
-        - `replay.capacity` (see above)."""
+        - `replay.capacity` and `server.step_key_window` (see above)."""
         return [
             "train.backend=numpy",
             f"model.obs_dim={observation_dim(LobsimConfig())}",
@@ -107,6 +110,7 @@ class Settings:
             f"server.step_queue_size={self.actors}",
             f"train.max_policy_lag={4 * self.actors}",
             f"replay.capacity={self.replay_capacity}",
+            f"server.step_key_window={self.step_key_window}",
             f"train.seed={self.seed}",
             f"server.auth_token={token}",
         ]

@@ -19,6 +19,7 @@ SETTINGS = Settings(
     duration_s=20.0,
     num_envs=8,  # 128 samples a Step: the replay fills within the warm-up on a busy 2-core box
     replay_capacity=1024,
+    step_key_window=16,  # the ledger of applied keys is full within the warm-up as well
     warmup_frac=0.4,  # the actors' start-up (imports on 2 cores) takes the first seconds
 )
 # The line through 12 s of RSS samples, extrapolated to 10 minutes, multiplies the RSS's
