@@ -202,10 +202,12 @@ def act_step(args: argparse.Namespace, record: Record) -> None:
 
 
 def interact(args: argparse.Namespace, record: Record) -> None:
-    """The streaming path `trident actor` takes: the envs in two groups on one Interact stream,
-    one group's next observations sent while the other's actions are in flight; the server
-    assembles the rollouts. An Act here is one group's request-to-actions time."""
-    sizes = [args.num_envs - args.num_envs // 2, args.num_envs // 2]
+    """The streaming path `trident actor` takes: the envs in --env-groups groups on one
+    Interact stream (with two, one group's next observations sent while the other's actions
+    are in flight); the server assembles the rollouts. An Act here is one group's
+    request-to-actions time."""
+    G = args.env_groups
+    sizes = [args.num_envs // G + (g < args.num_envs % G) for g in range(G)]
     envs = [NoEnv(n, LOBSIM_OBS_DIM, LABEL_DIM, args.seed + g) for g, n in enumerate(sizes)]
     with TridentClient(args.server, timeout_s=CALL_TIMEOUT_S) as client:
         client.status()
@@ -269,6 +271,7 @@ def parse_worker_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="bench/served.py's loadgen worker (internal)")
     parser.add_argument("--worker", choices=("loadgen",), required=True)
     parser.add_argument("--protocol", choices=sorted(PROTOCOLS), default="interact")
+    parser.add_argument("--env-groups", type=int, default=1)
     parser.add_argument("--server", required=True, help="HOST:PORT")
     parser.add_argument("--num-envs", type=int, required=True)
     parser.add_argument("--rollout-len", type=int, required=True)
@@ -327,7 +330,8 @@ def load_command(
         record = workdir / f"worker{index}.json"
         return [
             sys.executable, str(SCRIPT), "--worker", "loadgen", "--protocol", args.protocol,
-            "--server", target, "--actor-id", f"loadgen-{index}", "--record", str(record),
+            "--env-groups", str(args.env_groups), "--server", target,
+            "--actor-id", f"loadgen-{index}", "--record", str(record),
             *common,
         ], record  # fmt: skip
     return [
@@ -541,6 +545,7 @@ def measure(
     warmup: float,
     duration: float,
     profile: Path | None = None,
+    profile_gil: bool = False,
 ) -> tuple[float, float] | None:
     """Wait for the processes to start, then take the window's figures into `cell` (and with
     `profile`, py-spy's raw samples of the server over the window there); the window's
@@ -568,7 +573,9 @@ def measure(
         cell["errors"].append("the server exited during the warm-up")
         return None
     before = Snapshot.take(server, processes)
-    spy = None if profile is None else start_profile(server.proc.pid, end - start, profile)
+    spy = None if profile is None else start_profile(
+        server.proc.pid, end - start, profile, profile_gil
+    )
     with GpuSampler() as gpu:
         survived = wait_until(end, processes, server)
     after = Snapshot.take(server, processes)
@@ -608,13 +615,17 @@ def measure(
     return before.at, after.at
 
 
-def start_profile(pid: int, seconds: float, out: Path) -> subprocess.Popen[str] | None:
-    """py-spy sampling the server's threads for `seconds` (None where py-spy is missing)."""
+def start_profile(
+    pid: int, seconds: float, out: Path, gil: bool = False
+) -> subprocess.Popen[str] | None:
+    """py-spy sampling the server's threads for `seconds` (with `gil`, only the thread holding
+    the GIL); None where py-spy is missing."""
     binary = shutil.which("py-spy")
     if binary is None:
         return None
     command = [binary, "record", "--pid", str(pid), "--duration", str(max(1, int(seconds))),
-               "--rate", "50", "--format", "raw", "--threads", "--nonblocking", "-o", str(out)]
+               "--rate", "50", "--format", "raw", "--threads", "--nonblocking", "-o", str(out),
+               *(["--gil"] if gil else [])]  # fmt: skip
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -735,7 +746,9 @@ def run_cell(load: Load, actors: int, args: argparse.Namespace, root: Path) -> d
             processes.append(spawn(command, index, record, workdir))
         profile = None if args.profile_dir is None else (
             args.profile_dir / f"profile_{load.name}_{actors}.txt")  # fmt: skip
-        window = measure(cell, server, processes, args.warmup, args.duration, profile)
+        window = measure(
+            cell, server, processes, args.warmup, args.duration, profile, args.profile_gil
+        )
         if window is not None:  # let each process end by itself: an actor's done line
             planned_end = max(p.ready_at or 0.0 for p in processes) + args.duration + LINGER_S
             deadline = max(time.monotonic(), planned_end) + EXIT_WAIT_S
@@ -819,6 +832,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "--actor-arg=--set ... for one that starts with a dash)")
     parser.add_argument("--protocol", choices=sorted(PROTOCOLS), default="interact",
                         help="the loadgen workers' calls")
+    parser.add_argument("--env-groups", type=int, default=1,
+                        help="the loadgen's env groups on its Interact stream (trident actor's "
+                        "--env-groups: --actor-arg)")
+    parser.add_argument("--profile-gil", action="store_true",
+                        help="with --profile-dir: sample only the thread holding the GIL "
+                        "(py-spy --gil), which shows who the others wait for")
     parser.add_argument("--out", type=Path, default=Path("bench/results/served.json"))
     parser.add_argument("--profile-dir", type=Path,
                         help="py-spy the server over each window into this folder (raw "
@@ -828,6 +847,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and not value > 0:
             parser.error(f"--{name.replace('_', '-')}: expected a positive number, got {value}")
+    if args.env_groups < 1 or (args.num_envs is not None and args.env_groups > args.num_envs):
+        parser.error(f"--env-groups: expected 1 to --num-envs, got {args.env_groups}")
     if not 0 <= args.warmup < args.duration or min(args.actors) < 1:
         parser.error("expected 0 <= --warmup < --duration and every --actors >= 1")
     return args
@@ -861,6 +882,8 @@ def run_bench(args: argparse.Namespace) -> int:
             "set": args.set,
             "actor_arg": args.actor_arg,
             "protocol": args.protocol,
+            "env_groups": args.env_groups,
+            "profile_gil": args.profile_gil,
             "transport": "plaintext gRPC over 127.0.0.1: the actors' own calls (each process's "
             "start_line), the loadgen workers' --protocol",
         },
