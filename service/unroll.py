@@ -16,12 +16,16 @@ rollout ahead of the slowest.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from service.errors import InvalidInput
 from service.types import Rollout
+
+Allocate = Callable[[tuple[int, ...], Any], np.ndarray]  # np.empty's (shape, dtype)
 
 
 @dataclass(frozen=True)
@@ -57,24 +61,24 @@ class _Buffer:
     closed: int = 0  # groups that sent its bootstrap row
 
     @classmethod
-    def empty(cls, T: int, N: int, D: int) -> _Buffer:
+    def empty(cls, T: int, N: int, D: int, empty: Allocate) -> _Buffer:
         """Unlabelled buffers; `add_labels` sizes the label arrays the stream's outcomes carry."""
         return cls(
-            obs=np.empty((T + 1, N, D), np.float32),
-            actions=np.empty((T, N), np.int32),
-            log_probs=np.empty((T, N), np.float32),
-            rewards=np.empty((T, N), np.float32),
-            terminated=np.empty((T, N), bool),
-            truncated=np.empty((T, N), bool),
+            obs=empty((T + 1, N, D), np.float32),
+            actions=empty((T, N), np.int32),
+            log_probs=empty((T, N), np.float32),
+            rewards=empty((T, N), np.float32),
+            terminated=empty((T, N), bool),
+            truncated=empty((T, N), bool),
             bce_labels=None,
             aux_targets=None,
         )
 
-    def add_labels(self, T: int, N: int, labels: bool, K: int | None) -> None:
+    def add_labels(self, T: int, N: int, labels: bool, K: int | None, empty: Allocate) -> None:
         if labels:
-            self.bce_labels = np.empty((T, N), np.uint8)
+            self.bce_labels = empty((T, N), np.uint8)
         if K is not None:
-            self.aux_targets = np.empty((T, N, K), np.float32)
+            self.aux_targets = empty((T, N, K), np.float32)
 
     def rollout(self) -> Rollout:
         none = not self.final_obs
@@ -101,12 +105,19 @@ class Unroller:
     k's buffer back for a later rollout once nothing reads it (the server, after its Step), so
     a stream writes into the same few buffers instead of fresh pages (3.8 MB a rollout at 512
     LobSim markets); without (the actor, which keeps its rollouts) every rollout has its own.
+    `empty` allocates the buffers' arrays: the server's trainer gives host memory it uploads
+    from without a staging copy (pinned, on CUDA).
     """
 
     def __init__(
-        self, rollout_len: int, group_envs: list[int], obs_dim: int, recycling: bool = False
+        self,
+        rollout_len: int,
+        group_envs: list[int],
+        obs_dim: int,
+        recycling: bool = False,
+        empty: Allocate = np.empty,
     ) -> None:
-        self.T, self.D, self.recycling = rollout_len, obs_dim, recycling
+        self.T, self.D, self.recycling, self.empty = rollout_len, obs_dim, recycling, empty
         self.sizes = list(group_envs)
         self.starts = np.concatenate([[0], np.cumsum(self.sizes)]).tolist()
         self.N = self.starts[-1]
@@ -204,7 +215,7 @@ class Unroller:
         if not self._shaped:  # the first outcome fixes which labels the stream's rollouts have
             self._labels, self._aux_dim, self._shaped = labels, aux_dim, True
             for buffer in self._buffers.values():
-                buffer.add_labels(self.T, self.N, labels, aux_dim)
+                buffer.add_labels(self.T, self.N, labels, aux_dim, self.empty)
             return
         if labels != self._labels:
             raise InvalidInput("bce_labels", "on every outcome of the stream or on none",
@@ -218,6 +229,6 @@ class Unroller:
         if buffer is None and self._spare:
             buffer = self._buffers[k] = self._spare.pop()
         if buffer is None:
-            buffer = self._buffers[k] = _Buffer.empty(self.T, self.N, self.D)
-            buffer.add_labels(self.T, self.N, bool(self._labels), self._aux_dim)
+            buffer = self._buffers[k] = _Buffer.empty(self.T, self.N, self.D, self.empty)
+            buffer.add_labels(self.T, self.N, bool(self._labels), self._aux_dim, self.empty)
         return buffer

@@ -39,11 +39,9 @@ class TimedSnapshot(PolicySnapshot):
 
     clock: Clock
 
-    def act(
-        self, obs: np.ndarray, mode: ActMode = ActMode.SAMPLE, epsilon: float = 0.0
-    ) -> ActResult:
+    def act_rows(self, parts: list[np.ndarray], mode: ActMode, epsilon: float) -> ActResult:
         self.clock.now += FORWARD_S
-        return super().act(obs, mode, epsilon)
+        return super().act_rows(parts, mode, epsilon)
 
 
 class HeldTrainer(Trainer):

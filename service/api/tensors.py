@@ -57,14 +57,15 @@ def decode(tensor: pb.Tensor, field: str, allowed: Collection[int]) -> np.ndarra
         raise InvalidInput(f"{field}.shape", "non-negative dimensions", list(shape))
     dtype = DTYPES[tensor.dtype]
     expected = math.prod(shape) * dtype.itemsize
-    if len(tensor.data) != expected:
+    data = tensor.data  # a copy of the message's bytes on every read: read once
+    if len(data) != expected:
         raise InvalidInput(
             f"{field}.data",
             f"{expected} bytes for shape {list(shape)} of {dtype_name(tensor.dtype)}",
-            f"{len(tensor.data)} bytes",
+            f"{len(data)} bytes",
         )
     try:
-        array = np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
+        array = np.frombuffer(data, dtype=dtype).reshape(shape)
     except ValueError:
         # A zero-size shape passes the byte-length check whatever its other dimensions are, but
         # NumPy refuses more than 64 dimensions or a size*itemsize beyond intp with a

@@ -31,6 +31,13 @@ class Backend:
     ops: Any  # numpy_ops, or an object with the same op names and signatures
     xp: ModuleType  # numpy or cupy: arrays the ops take and return
     to_host: Callable[[Any], np.ndarray]
+    # A host array on the device, queued on the current stream: asynchronous from `host_empty`
+    # memory, which must then stay unchanged until the stream has passed the copy.
+    to_device: Callable[[np.ndarray], Any]
+    host_empty: Callable[[tuple[int, ...], Any], np.ndarray]  # host arrays to_device reads fastest
+    # A device array into the host array `out`, queued on the current stream: asynchronous into
+    # `host_empty` memory, so `out` is read after the executor synchronizes.
+    copy_to_host: Callable[[Any, np.ndarray], None]
     executor: Callable[[bool], Executor]  # a new executor for one trainer (graphs on or off)
     scalars: Callable[[np.ndarray], Scalars]  # a settings vector, read as the ops take it
     kernel_abi_version: int = 0  # of the loaded CUDA kernels; 0 for NumPy
@@ -56,6 +63,9 @@ def _numpy_backend() -> Backend:
         ops=numpy_ops,
         xp=np,
         to_host=np.asarray,
+        to_device=np.ascontiguousarray,
+        host_empty=np.empty,
+        copy_to_host=lambda device, out: np.copyto(out, device),
         executor=lambda graphs: NumpyExecutor(),
         scalars=HostScalars,
     )
@@ -64,7 +74,7 @@ def _numpy_backend() -> Backend:
 def _cuda_backend(dims: Mapping[str, int], precision: str) -> Backend:
     import cupy
 
-    from service.backend.cuda.executor import CudaExecutor, DeviceScalars
+    from service.backend.cuda.executor import CudaExecutor, DeviceScalars, empty_pinned, upload
     from service.backend.cuda.ops import CudaOps
 
     ops = CudaOps(CudaDims(**dims), precision)
@@ -75,6 +85,9 @@ def _cuda_backend(dims: Mapping[str, int], precision: str) -> Backend:
         ops=ops,
         xp=cupy,
         to_host=cupy.asnumpy,
+        to_device=upload,
+        host_empty=empty_pinned,
+        copy_to_host=lambda device, out: cupy.asnumpy(device, out=out, blocking=False),
         executor=CudaExecutor,
         scalars=DeviceScalars,
         kernel_abi_version=KERNEL_ABI_VERSION,

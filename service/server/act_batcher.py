@@ -13,7 +13,8 @@ import numpy as np
 from service.errors import Unavailable
 from service.types import ActMode, ActResult
 
-RunBatch = Callable[[np.ndarray, ActMode, float], ActResult]
+# One forward over the stacked rows of the requests' observations, in order.
+RunBatch = Callable[[list[np.ndarray], ActMode, float], ActResult]
 
 
 # eq=False: requests compare by identity. A generated __eq__ would compare `obs` arrays, and
@@ -93,7 +94,7 @@ class ActBatcher:
         while (batch := self._take_batch()) is not None:
             mode, epsilon = batch[0].key
             try:
-                result = self._run_batch(np.concatenate([r.obs for r in batch]), mode, epsilon)
+                result = self._run_batch([r.obs for r in batch], mode, epsilon)
             except Exception as error:
                 for request in batch:
                     request.future.set_exception(error)

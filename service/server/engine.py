@@ -229,12 +229,13 @@ class Engine:
         """Act requests waiting to join a batch: a load signal beside the Step queue's depth."""
         return self._acts.pending()
 
-    def _act_batch(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> ActResult:
+    def _act_batch(self, parts: list[np.ndarray], mode: ActMode, epsilon: float) -> ActResult:
+        """One forward for the batched requests' observations (checked by the servicer)."""
         with self._act_lock:  # the timer starts once a publish in progress has let go
             started = self.clock()
-            result = self._policy.act(obs, mode, epsilon)
+            result = self._policy.act_rows(parts, mode, epsilon)
             seconds = self.clock() - started
-        self.metrics.observe_act(obs.shape[0], seconds)
+        self.metrics.observe_act(result.actions.shape[0], seconds)
         return result
 
     def _publish(self) -> None:

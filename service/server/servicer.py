@@ -193,7 +193,8 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         engine.require_training("Interact")
         config = engine.trainer.config
         actor, first_sequence, T, groups, synchronous = interact_start(request)
-        unroller = Unroller(T, groups, config.model.obs_dim, recycling=True)
+        unroller = Unroller(T, groups, config.model.obs_dim, recycling=True,
+                            empty=engine.trainer.backend.host_empty)  # fmt: skip
         steps = InteractSteps(engine, actor, first_sequence, context.is_active, unroller.recycle)
         while request is not None:
             step = group_step(request, config)

@@ -17,7 +17,6 @@ from service.backend.executor import Executor
 from service.backend.philox import Stream, random_bits
 from service.trainer import model
 from service.trainer.rollout import (
-    next_observations,
     nstep_transitions,
     validate_device_rollout,
     validate_rollout,
@@ -41,6 +40,14 @@ from service.types import FLOAT_FIELDS, DeviceRollout, Rollout, StepResult
 # The Step's readback: the statistics, the rollout guard, the value head's return statistics
 # (3), then what the caller asked for.
 GUARD, REPORT = STATS_SIZE, STATS_SIZE + 4
+
+
+def split_bounds(rows: int, parts: int) -> list[tuple[int, int]]:
+    """[start, stop) of `parts` consecutive runs of `rows` rows, as np.array_split cuts them:
+    the first rows % parts runs one row longer."""
+    size, longer = divmod(rows, parts)
+    stops = [(k + 1) * size + min(k + 1, longer) for k in range(parts)]
+    return list(zip([0, *stops[:-1]], stops, strict=True))
 
 
 class Learner:
@@ -86,20 +93,30 @@ class Learner:
 
     def _upload(self, rollout: Rollout) -> tuple[DeviceRollout, np.ndarray]:
         """A checked host rollout on the device, with the flat indices of its truncated steps
-        (the host knows them: the value pass need only cover those final observations)."""
-        dev, dtype = self.state.xp.asarray, self.state.dtype
+        (the host knows them: the value pass need only cover those final observations).
+        s_{t+1} is built on the device: obs[t+1], or the final observation at truncation."""
+        state = self.state
+        dtype, xp = state.dtype, state.xp
+        upload = state.backend.to_device
+        T, N = rollout.horizon, rollout.num_envs
+        obs = upload(rollout.obs.astype(dtype, copy=False))
+        next_obs = xp.empty((T * N, obs.shape[2]), dtype=dtype)
+        next_obs[...] = obs[1:].reshape(T * N, -1)
+        if rollout.final_obs is not None and rollout.final_obs.size:
+            index = upload(rollout.final_obs_index.astype(np.int64, copy=False))
+            next_obs[index] = upload(rollout.final_obs.astype(dtype, copy=False))
+        labels = {"bce_labels": rollout.bce_labels, "aux_targets": rollout.aux_targets}
         on_device = DeviceRollout(
-            obs=dev(rollout.obs.astype(dtype)),
-            next_obs=dev(next_observations(rollout, dtype)),
-            actions=dev(rollout.actions.astype(np.int32)),
-            rewards=dev(rollout.rewards.astype(dtype)),
-            terminated=dev(rollout.terminated.astype(bool)),
-            truncated=dev(rollout.truncated.astype(bool)),
-            behavior_log_probs=dev(rollout.behavior_log_probs.astype(dtype)),
-            bce_labels=None if rollout.bce_labels is None else dev(rollout.bce_labels),
-            aux_targets=None if rollout.aux_targets is None else dev(rollout.aux_targets),
+            obs=obs,
+            next_obs=next_obs.reshape(T, N, -1),
+            actions=upload(rollout.actions.astype(np.int32, copy=False)),
+            rewards=upload(rollout.rewards.astype(dtype, copy=False)),
+            terminated=upload(rollout.terminated.astype(bool, copy=False)),
+            truncated=upload(rollout.truncated.astype(bool, copy=False)),
+            behavior_log_probs=upload(rollout.behavior_log_probs.astype(dtype, copy=False)),
+            **{name: None if a is None else upload(a) for name, a in labels.items()},
         )
-        return on_device, dev(np.flatnonzero(rollout.truncated.reshape(-1)))
+        return on_device, upload(np.flatnonzero(rollout.truncated.reshape(-1)))
 
     def step_on_device(
         self, rollout: DeviceRollout, report: np.ndarray | None = None
@@ -208,9 +225,9 @@ class Learner:
             order[epoch * rows : (epoch + 1) * rows] = state.backend.ops.minibatch_order(
                 state.key_on_device, sequence, rows
             )
-            parts = np.array_split(np.arange(rows), min(ppo.num_minibatches, rows))
-            bounds += [(epoch * rows + p[0], epoch * rows + p[-1] + 1) for p in parts]
-        return order, [(int(a), int(b)) for a, b in bounds]
+            bounds += [(epoch * rows + a, epoch * rows + b)
+                       for a, b in split_bounds(rows, min(ppo.num_minibatches, rows))]  # fmt: skip
+        return order, bounds
 
     def _sharded_plan(self, horizon: int, columns: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
         state, ppo, sharding = self.state, self.state.config.ppo, self.state.sharding

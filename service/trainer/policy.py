@@ -34,8 +34,20 @@ class Policy:
         self, obs: np.ndarray, mode: ActMode = ActMode.SAMPLE, epsilon: float = 0.0
     ) -> ActResult:
         """Actions for observations [N, D]; each call draws fresh Philox counters."""
+        self.check_inputs(obs, mode, epsilon)
         state = self.state
-        D = state.config.model.obs_dim
+        outputs = self._outputs(state.xp.asarray(obs, dtype=state.dtype), mode, epsilon)
+        actions, log_probs, values = (state.backend.to_host(a) for a in outputs)
+        return ActResult(
+            actions=actions,
+            log_probs=log_probs,
+            values=values,
+            policy_version=self.version,
+        )
+
+    def check_inputs(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> None:
+        """InvalidInput naming the first of `act`'s arguments that is wrong."""
+        D = self.state.config.model.obs_dim
         if not isinstance(obs, np.ndarray) or obs.ndim != 2 or obs.shape[1] != D:
             got = list(obs.shape) if isinstance(obs, np.ndarray) else type(obs).__name__
             raise InvalidInput("obs", f"an array of shape [N, {D}]", got)
@@ -45,14 +57,6 @@ class Policy:
             raise InvalidInput("mode", f"one of {[m.name for m in ActMode]}", mode)
         if not 0.0 <= epsilon <= 1.0:
             raise InvalidInput("epsilon", "a probability in [0, 1]", epsilon)
-        outputs = self._outputs(state.xp.asarray(obs, dtype=state.dtype), mode, epsilon)
-        actions, log_probs, values = (state.backend.to_host(a) for a in outputs)
-        return ActResult(
-            actions=actions,
-            log_probs=log_probs,
-            values=values,
-            policy_version=self.version,
-        )
 
     def act_on_device(
         self, obs: np.ndarray, mode: ActMode = ActMode.SAMPLE, epsilon: float = 0.0

@@ -113,15 +113,6 @@ def _described(array: object) -> object:
     return list(shape) if shape is not None else type(array).__name__
 
 
-def next_observations(rollout: Rollout, dtype: np.dtype) -> np.ndarray:
-    """s_{t+1} for every step [T, N, D]: obs[t+1], or the final observation at truncation."""
-    T, N = rollout.horizon, rollout.num_envs
-    nxt = rollout.obs[1:].astype(dtype).reshape(T * N, -1)
-    if rollout.final_obs is not None and rollout.final_obs.size:
-        nxt[rollout.final_obs_index] = rollout.final_obs.astype(dtype)
-    return nxt.reshape(T, N, -1)
-
-
 def nstep_transitions(
     rollout: Rollout | DeviceRollout,
     next_obs: np.ndarray,

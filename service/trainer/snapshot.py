@@ -16,6 +16,8 @@ the live trainer's bytes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from service.backend.executor import Executor
@@ -41,6 +43,7 @@ class PolicySnapshot(Policy):
             self.value_norm.stats[...] = live_norm.stats
             self.sequence = xp.zeros(1, dtype=np.int64)
         self._version = state.global_step
+        self._host: _HostRows | None = None
 
     @property
     def version(self) -> int:
@@ -63,19 +66,59 @@ class PolicySnapshot(Policy):
     def act(
         self, obs: np.ndarray, mode: ActMode = ActMode.SAMPLE, epsilon: float = 0.0
     ) -> ActResult:
-        """`Policy.act` on the snapshot, padded to the executor's row sizes (padding rows are
-        zeros, cut off again: every row's draws depend on its own index alone)."""
-        rows = obs.shape[0] if isinstance(obs, np.ndarray) and obs.ndim == 2 else 0
-        padded = self.executor.padded_rows(rows) if rows else rows
+        """`Policy.act` on the snapshot: the inputs checked, then `act_rows`."""
+        self.check_inputs(obs, mode, epsilon)
+        return self.act_rows([obs], mode, epsilon)
+
+    def act_rows(self, parts: list[np.ndarray], mode: ActMode, epsilon: float) -> ActResult:
+        """Actions for the rows of `parts` stacked (float [n, D] arrays whose values the
+        caller has checked: the server's request validation), as one forward padded to the
+        executor's row sizes (padding rows are zeros, cut off again: every row's draws depend
+        on its own index alone). The rows are written once, into host memory the device copies
+        by DMA, uploaded in one copy, and the three outputs come back into the same kind of
+        memory with one wait for the device."""
+        rows = sum(part.shape[0] for part in parts)
+        padded = self.executor.padded_rows(rows)
+        host = self._host_rows(padded)
+        start = 0
+        for part in parts:
+            host.obs[start : start + part.shape[0]] = part
+            start += part.shape[0]
+        host.obs[rows:padded] = 0
+        backend = self.state.backend
         with self.executor.scope():
-            if padded == rows:
-                return super().act(obs, mode, epsilon)
-            full = np.zeros((padded, obs.shape[1]), dtype=obs.dtype)
-            full[:rows] = obs
-            result = super().act(full, mode, epsilon)
-        return ActResult(
-            actions=result.actions[:rows],
-            log_probs=result.log_probs[:rows],
-            values=result.values[:rows],
-            policy_version=result.policy_version,
-        )
+            outputs = self._outputs(backend.to_device(host.obs[:padded]), mode, epsilon)
+            for output, out in zip(outputs, host.outputs(padded), strict=True):
+                backend.copy_to_host(output, out)
+            self.executor.synchronize()
+        actions, log_probs, values = (out[:rows].copy() for out in host.outputs(padded))
+        return ActResult(actions, log_probs, values, self.version)
+
+    def _host_rows(self, rows: int) -> _HostRows:
+        """The staging buffers, grown to hold `rows` rows."""
+        if self._host is None or self._host.capacity < rows:
+            empty, D = self.state.backend.host_empty, self.state.config.model.obs_dim
+            self._host = _HostRows(
+                obs=empty((rows, D), self.state.dtype),
+                actions=empty((rows,), np.int32),
+                log_probs=empty((rows,), self.state.dtype),
+                values=empty((rows,), self.state.dtype),
+            )
+        return self._host
+
+
+@dataclass
+class _HostRows:
+    """A snapshot's host buffers for Act: the observations going in, the outputs coming back."""
+
+    obs: np.ndarray
+    actions: np.ndarray
+    log_probs: np.ndarray
+    values: np.ndarray
+
+    @property
+    def capacity(self) -> int:
+        return self.obs.shape[0]
+
+    def outputs(self, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.actions[:rows], self.log_probs[:rows], self.values[:rows]

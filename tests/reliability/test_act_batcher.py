@@ -14,10 +14,10 @@ from service.types import ActMode, ActResult
 def test_mixed_kinds_in_the_queue_are_all_answered() -> None:
     running, release = threading.Event(), threading.Event()
 
-    def run(obs: np.ndarray, mode: ActMode, epsilon: float) -> ActResult:
+    def run(parts: list[np.ndarray], mode: ActMode, epsilon: float) -> ActResult:
         running.set()
         release.wait(10)  # the first batch holds the worker while the others queue up
-        n = obs.shape[0]
+        n = sum(obs.shape[0] for obs in parts)
         return ActResult(np.zeros(n, np.int32), np.zeros(n), np.zeros(n), 0)
 
     batcher = ActBatcher(run, max_batch=64, max_wait_s=0.0)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
 import cupy
+import cupyx
 import numpy as np
 
 from service.backend.cuda.capture import CapturedCalls
@@ -92,6 +93,21 @@ class CudaExecutor:
 
     def synchronize_device(self) -> None:
         cupy.cuda.Device().synchronize()
+
+
+def upload(host: np.ndarray) -> cupy.ndarray:
+    """`host` on the device, copied on the current stream: without a staging copy on the host,
+    and without waiting when `host` is pinned (`empty_pinned`)."""
+    host = np.ascontiguousarray(host)
+    device = cupy.empty(host.shape, host.dtype)
+    if host.size:
+        device.set(host, stream=cupy.cuda.get_current_stream())
+    return device
+
+
+def empty_pinned(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A host array in page-locked memory (CuPy's pinned pool): the device copies it by DMA."""
+    return cupyx.empty_pinned(shape, dtype)
 
 
 def _buffer(value: Any) -> cupy.ndarray | None:
