@@ -37,7 +37,7 @@ from service.config import load_config
 from service.lobsim.env import LABEL_DIM
 from service.server.engine import Engine
 from service.server.metrics import Metrics
-from service.server.servicer import TrainerServicer
+from service.server.servicer import TrainerServicer, method_handlers
 from service.trainer.trainer import Trainer
 from service.vector_env import EnvStep
 
@@ -75,9 +75,11 @@ def measure(args: argparse.Namespace) -> dict:
         servicer.attach(engine)
         wire = requests(args.rows, args.requests, args.rollout_len, np.random.default_rng(0))
 
+        read = method_handlers(servicer)["Interact"].request_deserializer
+
         def parsed() -> Iterator[pb.InteractRequest]:
             for message in wire:
-                yield pb.InteractRequest.FromString(message)
+                yield read(message)
 
         profile = cProfile.Profile()
         started = time.perf_counter()

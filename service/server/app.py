@@ -23,7 +23,6 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from service import logs
 from service.api.trident.v1 import trainer_pb2 as pb
-from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.backend import resolve_name
 from service.backend.blas import single_blas_thread
 from service.backend.host_memory import limit_malloc_arenas, retain_freed_memory
@@ -33,7 +32,7 @@ from service.server.auth import BearerTokenInterceptor, TokenTable
 from service.server.engine import Engine
 from service.server.metrics import Metrics
 from service.server.ranks import RankedTrainer, Ranks, serve_host_rank, start_ranks
-from service.server.servicer import TrainerServicer
+from service.server.servicer import TrainerServicer, method_handlers
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TrainerService"].full_name
 SPARE_HANDLER_THREADS = 4  # the handler pool's threads beyond server.max_concurrent_rpcs
@@ -198,7 +197,11 @@ def start(
         maximum_concurrent_rpcs=server_cfg.max_concurrent_rpcs,
     )
     servicer = TrainerServicer(metrics)
-    pb_grpc.add_TrainerServiceServicer_to_server(servicer, server)
+    handlers = method_handlers(servicer)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
+    )
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
     health_servicer = health.HealthServicer()
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)

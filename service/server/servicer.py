@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import grpc
 
 from service import logs
+from service.api import wire
 from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
@@ -66,6 +67,31 @@ def outcome_message(outcome: Outcome) -> pb.InteractOutcome:
     return pb.InteractOutcome(
         sequence=outcome.sequence, error_code=code.value[0], error_message=message
     )
+
+
+SERVICE = pb.DESCRIPTOR.services_by_name["TrainerService"]
+HANDLER_KINDS = {  # (client streaming, server streaming) -> gRPC's handler constructor
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def method_handlers(servicer: pb_grpc.TrainerServiceServicer) -> dict[str, grpc.RpcMethodHandler]:
+    """TrainerService's methods on `servicer`, as the generated `add_*_to_server` registers
+    them, except that a request holding tensors is read in place (`service.api.wire`: the
+    tensors' bytes are not copied) instead of by protobuf's parser."""
+    handlers = {}
+    for method in SERVICE.methods:
+        request, response = method.input_type, method.output_type
+        handlers[method.name] = HANDLER_KINDS[method.client_streaming, method.server_streaming](
+            getattr(servicer, method.name),
+            request_deserializer=wire.deserializer(request) if wire.holds_tensors(request)
+            else getattr(pb, request.name).FromString,
+            response_serializer=getattr(pb, response.name).SerializeToString,
+        )  # fmt: skip
+    return handlers
 
 
 def checkpoint_message(info: CheckpointInfo) -> pb.CheckpointInfo:

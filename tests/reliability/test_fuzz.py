@@ -42,6 +42,8 @@ REQUIRED = [name for name, (_, required) in STEP_FIELDS.items() if required]
 FLOAT_FIELDS = [name for name, (dtypes, _) in STEP_FIELDS.items() if dtypes == (pb.D_TYPE_FLOAT32,)]
 # "field: expected X, got Y" (service/errors.py InvalidInput), gRPC core's size error, or NOT_FOUND.
 EXPECTED_AND_GOT = re.compile(r"^[\w.]+: expected .+, got ", re.DOTALL)
+# One worker for the module: test_fuzzing_changed_nothing counts the calls its other tests sent.
+pytestmark = pytest.mark.xdist_group("fuzz")
 FUZZ = settings(
     derandomize=True,
     phases=(Phase.generate,),  # no shrinking: it would replay thousands of calls
