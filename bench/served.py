@@ -120,10 +120,14 @@ LOADS = {
 class NoEnv:
     """LobSim's shapes without its dynamics: random observations and rewards, no episode ends,
     and LobSim's label shapes, so a Step is as big as LobSim's while the env costs next to
-    nothing."""
+    nothing; with `step_s`, each step takes that long in wall time (an env's pace without its
+    CPU: the server's latency under a paced load)."""
 
-    def __init__(self, num_envs: int, obs_dim: int, aux_dim: int, seed: int) -> None:
+    def __init__(
+        self, num_envs: int, obs_dim: int, aux_dim: int, seed: int, step_s: float = 0.0
+    ) -> None:
         self.num_envs, self.obs_dim, self.aux_dim = num_envs, obs_dim, aux_dim
+        self.step_s = step_s
         self.rng = np.random.default_rng(seed)
         self.obs = self._observe()
 
@@ -131,6 +135,8 @@ class NoEnv:
         return self.rng.standard_normal((self.num_envs, self.obs_dim), dtype=np.float32)
 
     def step(self, actions: np.ndarray) -> EnvStep:
+        if self.step_s:
+            time.sleep(self.step_s)
         n = self.num_envs
         self.obs = self._observe()
         return EnvStep(
@@ -171,7 +177,7 @@ class Record:
 def act_step(args: argparse.Namespace, record: Record) -> None:
     """The unary path: T Acts, then one keyed Step of the [T, N] rollout they built; a Step
     refused as too stale is counted and not sent again, as `trident actor` drops it."""
-    env = NoEnv(args.num_envs, LOBSIM_OBS_DIM, LABEL_DIM, args.seed)
+    env = NoEnv(args.num_envs, LOBSIM_OBS_DIM, LABEL_DIM, args.seed, args.env_ms / 1e3)
     with TridentClient(args.server, timeout_s=CALL_TIMEOUT_S) as client:
         client.status()
         started = record.ready()
@@ -208,7 +214,8 @@ def interact(args: argparse.Namespace, record: Record) -> None:
     request-to-actions time."""
     G = args.env_groups
     sizes = [args.num_envs // G + (g < args.num_envs % G) for g in range(G)]
-    envs = [NoEnv(n, LOBSIM_OBS_DIM, LABEL_DIM, args.seed + g) for g, n in enumerate(sizes)]
+    envs = [NoEnv(n, LOBSIM_OBS_DIM, LABEL_DIM, args.seed + g, args.env_ms / 1e3)
+            for g, n in enumerate(sizes)]  # fmt: skip
     with TridentClient(args.server, timeout_s=CALL_TIMEOUT_S) as client:
         client.status()
         started = record.ready()
@@ -272,6 +279,7 @@ def parse_worker_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--worker", choices=("loadgen",), required=True)
     parser.add_argument("--protocol", choices=sorted(PROTOCOLS), default="interact")
     parser.add_argument("--env-groups", type=int, default=1)
+    parser.add_argument("--env-ms", type=float, default=0.0)
     parser.add_argument("--server", required=True, help="HOST:PORT")
     parser.add_argument("--num-envs", type=int, required=True)
     parser.add_argument("--rollout-len", type=int, required=True)
@@ -330,7 +338,8 @@ def load_command(
         record = workdir / f"worker{index}.json"
         return [
             sys.executable, str(SCRIPT), "--worker", "loadgen", "--protocol", args.protocol,
-            "--env-groups", str(args.env_groups), "--server", target,
+            "--env-groups", str(args.env_groups), "--env-ms", f"{args.env_ms:g}",
+            "--server", target,
             "--actor-id", f"loadgen-{index}", "--record", str(record),
             *common,
         ], record  # fmt: skip
@@ -835,6 +844,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--env-groups", type=int, default=1,
                         help="the loadgen's env groups on its Interact stream (trident actor's "
                         "--env-groups: --actor-arg)")
+    parser.add_argument("--env-ms", type=float, default=0.0,
+                        help="the loadgen's env step in wall time (ms, a sleep): a paced load, "
+                        "e.g. 35 for LobSim's 1,024 markets on the H200 host")
     parser.add_argument("--profile-gil", action="store_true",
                         help="with --profile-dir: sample only the thread holding the GIL "
                         "(py-spy --gil), which shows who the others wait for")
@@ -847,6 +859,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and not value > 0:
             parser.error(f"--{name.replace('_', '-')}: expected a positive number, got {value}")
+    if not args.env_ms >= 0:
+        parser.error(f"--env-ms: expected a non-negative number, got {args.env_ms}")
     if args.env_groups < 1 or (args.num_envs is not None and args.env_groups > args.num_envs):
         parser.error(f"--env-groups: expected 1 to --num-envs, got {args.env_groups}")
     if not 0 <= args.warmup < args.duration or min(args.actors) < 1:
@@ -883,6 +897,7 @@ def run_bench(args: argparse.Namespace) -> int:
             "actor_arg": args.actor_arg,
             "protocol": args.protocol,
             "env_groups": args.env_groups,
+            "env_ms": args.env_ms,
             "profile_gil": args.profile_gil,
             "transport": "plaintext gRPC over 127.0.0.1: the actors' own calls (each process's "
             "start_line), the loadgen workers' --protocol",

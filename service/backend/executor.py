@@ -55,6 +55,11 @@ class Executor(Protocol):
         graph per shape, so it rounds row counts up to a few sizes."""
         ...
 
+    def padded_sizes(self, max_rows: int) -> list[int]:
+        """Every row count `padded_rows` gives for 1 to `max_rows` rows, smallest first: the
+        shapes a capturing executor keeps graphs of (none where nothing is captured)."""
+        ...
+
     def run(self, key: Hashable, fn: Callable[..., T], *inputs: Any) -> T:
         """fn(*inputs)'s result, where fn only queues device work. A capturing executor calls
         fn on copies of the inputs it keeps per `key` (arrays: same shape and dtype; None
@@ -98,6 +103,9 @@ class NumpyExecutor:
 
     def padded_rows(self, rows: int) -> int:
         return rows
+
+    def padded_sizes(self, max_rows: int) -> list[int]:
+        return []
 
     def run(self, key: Hashable, fn: Callable[..., T], *inputs: Any) -> T:
         return fn(*inputs)

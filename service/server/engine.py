@@ -101,6 +101,7 @@ class Engine:
         self._act_lock = threading.Lock()  # the snapshot and the act counter; after _lock
         self._policy = trainer.snapshot()
         server = trainer.config.server
+        self._policy.warm_up(server.act_max_batch)  # Acts of any size meet no capture
         self.ledger = StepLedger(server.step_key_window)
         self._keys_lock = threading.RLock()  # the ledger and _queued; taken inside _lock
         self._queued: dict[StepKey, _Queued] = {}

@@ -94,6 +94,19 @@ class PolicySnapshot(Policy):
         actions, log_probs, values = (out[:rows].copy() for out in host.outputs(padded))
         return ActResult(actions, log_probs, values, self.version)
 
+    def warm_up(self, max_rows: int, mode: ActMode = ActMode.SAMPLE) -> None:
+        """Act in `mode` once on every padded row count up to `max_rows` rows and once more
+        (eager, then captured), so that no later Act of those sizes waits for a capture. The
+        act counter is put back: later Acts draw what they would have drawn without this."""
+        counter = self.state.counters["act_calls"]
+        before = counter.copy()
+        D = self.state.config.model.obs_dim
+        for rows in self.executor.padded_sizes(max_rows):
+            zeros = np.zeros((rows, D), self.state.dtype)
+            for _ in range(2):
+                self.act_rows([zeros], mode, 0.0)
+        counter[...] = before
+
     def _host_rows(self, rows: int) -> _HostRows:
         """The staging buffers, grown to hold `rows` rows."""
         if self._host is None or self._host.capacity < rows:

@@ -68,3 +68,24 @@ def test_acts_beside_steps_read_whole_published_versions(rng: np.random.Generato
     for version, values in seen:  # every Act read one whole published version
         if version in values_at:
             assert values == values_at[version], version
+
+
+def test_a_warmed_snapshot_captures_nothing_more_and_draws_as_a_cold_one(
+    rng: np.random.Generator,
+) -> None:
+    """warm_up captures every padded Act size up to its bound; the Acts after it capture nothing
+    and draw exactly what a snapshot that never warmed up draws (the act counter put back)."""
+    warmed, cold = trainer("cuda"), trainer("cuda")
+    warm_snapshot, cold_snapshot = warmed.snapshot(), cold.snapshot()
+    sizes = warm_snapshot.executor.padded_sizes(3000)
+    assert sizes == [64, 256, 1024, 2048, 4096]
+    warm_snapshot.warm_up(3000)
+    assert warm_snapshot.executor.captures == len(sizes)
+    assert warmed.state.counters["act_calls"][0] == 0
+    for rows in rng.integers(1, 3000, 6).tolist():
+        obs = rng.standard_normal((rows, 6)).astype(np.float32)
+        got = warm_snapshot.act(obs, ActMode.SAMPLE)
+        want = cold_snapshot.act(obs, ActMode.SAMPLE)
+        np.testing.assert_array_equal(got.actions, want.actions)
+        assert got.log_probs.tobytes() == want.log_probs.tobytes()
+    assert warm_snapshot.executor.captures == len(sizes)

@@ -68,6 +68,16 @@ class CudaExecutor:
             size *= 2
         return size
 
+    def padded_sizes(self, max_rows: int) -> list[int]:
+        if self._calls is None:
+            return []
+        sizes = [size for size in PADDED_ROWS if size < max_rows]
+        size = sizes[-1] if sizes else 0
+        while size < max_rows:
+            size = self.padded_rows(size + 1)
+            sizes.append(size)
+        return sizes
+
     def run(self, key: Hashable, fn: Callable[..., T], *inputs: Any) -> T:
         if self._calls is None:
             return fn(*inputs)
