@@ -4,9 +4,13 @@ the platform, the installed versions, the commit, and the CPU time the machine s
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import json
 import os
 import platform
+import shlex
 import subprocess
+import sys
 from collections.abc import Iterable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -48,6 +52,20 @@ def versions(packages: Iterable[str]) -> dict[str, Any]:
             found[name] = None
     found["git_commit"] = git_commit()
     return found
+
+
+def write_record(out: Path, script: str, packages: Iterable[str], fields: dict[str, Any]) -> None:
+    """A bench's JSON at `out`: the command that ran `script`, the UTC date, the machine, the
+    versions of `packages` (and the commit), then `fields`."""
+    record = {
+        "command": shlex.join(["python3", script, *sys.argv[1:]]),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "versions": versions(packages),
+        **fields,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
 
 
 def git_commit() -> str | None:

@@ -16,11 +16,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import datetime as dt
-import json
 import pstats
-import shlex
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -125,15 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'ms / request':>12}  {'calls':>6}  function")
     for row in result["top"]:
         print(f"{row['ms_per_request']:>12.4f}  {row['calls']:>6}  {row['function']}")
-    record = {
-        "command": shlex.join(["python3", "bench/interact_handler.py", *sys.argv[1:]]),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": host_report.machine(),
-        "versions": host_report.versions(["numpy", "grpcio", "protobuf", "trident"]),
-        **result,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    host_report.write_record(args.out, "bench/interact_handler.py",
+                             ["numpy", "grpcio", "protobuf", "trident"], result)  # fmt: skip
     print(f"wrote {args.out}")
     return 0
 

@@ -18,11 +18,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import datetime as dt
-import json
 import pstats
-import shlex
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -147,16 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("expected --num-envs, --repeats and --act-repeats >= 1")
     rows = measure(args)
     print_rows(rows)
-    record = {
-        "command": shlex.join(["python3", "bench/served_step.py", *sys.argv[1:]]),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": host_report.machine(),
-        "versions": host_report.versions(["numpy", "cupy-cuda13x", "trident"]),
-        "git_commit": host_report.git_commit(),
-        "rows": rows,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    host_report.write_record(args.out, "bench/served_step.py",
+                             ["numpy", "cupy-cuda13x", "trident"], {"rows": rows})  # fmt: skip
     print(f"\nwrote {args.out}")
     return 0
 
