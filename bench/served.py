@@ -449,6 +449,32 @@ def histogram_mean(before: Samples, after: Samples, name: str, scale: float) -> 
     return round(scale * delta(before, after, f"{name}_sum") / count, 4) if count else None
 
 
+def histogram_quantile(
+    before: Samples, after: Samples, name: str, q: float, scale: float
+) -> float | None:
+    """The q-quantile of histogram `name`'s observations between two scrapes, times `scale`,
+    as Prometheus's histogram_quantile estimates it: linear within the bucket it falls in (the
+    largest finite bound when it falls beyond)."""
+    bounds: dict[float, float] = {}
+    for (series, labels), value in after.items():
+        if series == f"{name}_bucket":
+            le = float(dict(labels)["le"])
+            bounds[le] = value - before.get((series, labels), 0.0)
+    total = bounds.get(math.inf, 0.0)
+    if not total:
+        return None
+    rank, lower, below = q * total, 0.0, 0.0
+    for bound in sorted(bounds):
+        count = bounds[bound]
+        if count >= rank:
+            if math.isinf(bound):
+                return round(scale * lower, 4)
+            share = (rank - below) / (count - below) if count > below else 1.0
+            return round(scale * (lower + share * (bound - lower)), 4)
+        lower, below = bound, count
+    return round(scale * lower, 4)
+
+
 class GpuSampler:
     """`nvidia-smi`'s utilization.gpu of every GPU every GPU_SAMPLE_S while open; no samples
     (None) on a machine without nvidia-smi."""
@@ -605,6 +631,13 @@ def measure(
     cell["server_act_forward_mean_ms"] = mean("trident_act_duration_seconds", 1e3)
     cell["server_act_batch_mean"] = mean("trident_act_batch_size")
     cell["server_step_mean_ms"] = mean("trident_step_duration_seconds", 1e3)
+    interact = "trident_interact_request_duration_seconds"
+    cell["server_interact_ms"] = {
+        "mean": mean(interact, 1e3),
+        **{f"p{round(100 * q)}": histogram_quantile(b, a, interact, q, 1e3) for q in (0.5, 0.99)},
+        "source": "the server's handler time of each Interact request in the window "
+        "(trident_interact_request_duration_seconds, interpolated in its buckets)",
+    }
     cell["rpc_errors_in_window"] = {
         f"{dict(labels)['method']}/{dict(labels)['code']}": value - b.get((name, labels), 0.0)
         for (name, labels), value in a.items()
@@ -790,8 +823,8 @@ def print_table(cells: list[dict[str, Any]]) -> None:
 
     header = (
         f"{'load':<9} {'K':>3} {'actors×envs':>12} {'env steps/s':>12} {'Steps':>5} {'scaling':>7} "
-        f"{'Act p50':>8} {'p99':>8} {'srv fwd':>8} {'server cores':>12} {'actor cores':>11} "
-        f"{'GPU busy':>8}"
+        f"{'Act p50':>8} {'p99':>8} {'srv p99':>8} {'srv fwd':>8} {'server cores':>12} "
+        f"{'actor cores':>11} {'GPU busy':>8}"
     )
     print("\n" + header + "\n" + "-" * len(header))
     for c in cells:
@@ -803,14 +836,15 @@ def print_table(cells: list[dict[str, Any]]) -> None:
             f"{num(c.get('env_steps_per_s'), ',.0f'):>12} {num(c.get('steps_in_window'), 'd'):>5} "
             f"{num(c.get('scaling'), '.2f'):>7} "
             f"{num(act.get('p50_ms'), '.2f'):>8} {num(act.get('p99_ms'), '.2f'):>8} "
+            f"{num(c.get('server_interact_ms', {}).get('p99'), '.2f'):>8} "
             f"{num(c.get('server_act_forward_mean_ms'), '.2f'):>8} "
             f"{num(c.get('server_cores'), '.2f'):>12} {num(c.get('actor_cores_each'), '.2f'):>11} "
             f"{'-' if gpu is None else f'{gpu:.0f}%':>8}"
         )
     print(
-        "Steps: Steps trained in the window. Act p50 / p99, srv fwd (the server's batched"
-        " forward, mean): ms. Cores: CPU seconds per second of the window (actor cores: the mean"
-        " process's)."
+        "Steps: Steps trained in the window. Act p50 / p99, srv p99 (an Interact request in"
+        " the server's handler), srv fwd (the server's batched forward, mean): ms. Cores: CPU"
+        " seconds per second of the window (actor cores: the mean process's)."
     )
     for c in cells:
         other = c.get("other_cores")

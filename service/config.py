@@ -225,6 +225,9 @@ class ServerConfig(_Section):
     act_max_batch: int = _f(65536, ge=1)
     # extra wait to fill an Act batch (ms); 0 batches what queued during the previous forward
     act_max_wait_ms: float = _f(0.0, ge=0)
+    # how long a thread keeps the GIL while another waits for it (ms; Python's own is 5): the
+    # gRPC handlers, the act batcher and the Step worker take turns sooner (bench/README.md)
+    gil_switch_interval_ms: float = _f(0.5, gt=0, le=1000)
     # client authentication to enforce, checked at start-up: 'auto' (what auth_token and
     # tls_client_ca turn on) or exactly 'none', 'token', 'mtls' or 'token+mtls' (TLS: tls_cert)
     auth_mode: str = _f("auto", choices=("auto", "none", "token", "mtls", "token+mtls"))

@@ -158,7 +158,11 @@ def test_actors_on_the_host_reach_the_server_over_a_unix_socket(
                 assert reply is not None
                 moved = env.step(reply.actions)
                 stream.send(0, moved.obs, moved)
-            assert value(scrape(server), "trident_interact_streams") == 1
+            metrics = scrape(server)
+            assert value(metrics, "trident_interact_streams") == 1
+            # the T requests answered were timed in the handler (the last sent may be as well)
+            timed = value(metrics, "trident_interact_request_duration_seconds_count")
+            assert T <= timed <= T + 1
             stream.close()
             outcomes = []
             while (reply := stream.receive()) is not None:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from conftest import SMALL
 from serverproc import clean_env
@@ -61,6 +62,8 @@ def test_every_cell_trains_and_times_its_acts(report: dict[str, Any]) -> None:
         assert finite_positive(act["p50_ms"]) and act["p50_ms"] <= act["p99_ms"], where
         assert math.isfinite(act["p99_ms"]) and act["n"] > 0, where
         assert finite_positive(cell["server_act_forward_mean_ms"]), where
+        interact = cell["server_interact_ms"]  # every load acts over Interact
+        assert finite_positive(interact["p50"]) and interact["p50"] <= interact["p99"], where
         assert finite_positive(cell["server_cores"]), where
         assert all(finite_positive(c) for c in cell["actor_cores"]), where
         assert len(cell["processes"]) == cell["actors"], where
@@ -70,3 +73,31 @@ def test_every_cell_trains_and_times_its_acts(report: dict[str, Any]) -> None:
             assert cell["scaling"] == 1.0, where
         if shutil.which("nvidia-smi") is None:
             assert cell["gpu_busy_pct"] is None, where
+
+
+def test_histogram_quantiles_interpolate_within_the_bucket(rng: Any) -> None:
+    """Against the definition on fresh draws: the bucket holding rank q·n, linear inside it."""
+    from bench.served import histogram_quantile
+
+    bounds = [0.001, 0.002, 0.005, 0.01, math.inf]
+    earlier = rng.integers(0, 50, len(bounds)).cumsum()
+    drawn = rng.integers(1, 200, len(bounds))
+    name = "trident_x_seconds"
+
+    def samples(counts: Any) -> dict:
+        return {(f"{name}_bucket", (("le", str(b)),)): float(c) for b, c in zip(
+            bounds, counts, strict=True)}  # fmt: skip
+
+    before, after = samples(earlier), samples(earlier + drawn.cumsum())
+    cumulative = drawn.cumsum()
+    for q in (0.1, 0.5, 0.9, 0.99):
+        rank = q * cumulative[-1]
+        k = int(np.searchsorted(cumulative, rank))
+        lower, below = (0.0, 0) if k == 0 else (bounds[k - 1], cumulative[k - 1])
+        if math.isinf(bounds[k]):
+            want = bounds[k - 1]
+        else:
+            want = lower + (rank - below) / (cumulative[k] - below) * (bounds[k] - lower)
+        got = histogram_quantile(before, after, name, q, 1e3)
+        assert got == pytest.approx(1e3 * want, abs=1e-3)
+    assert histogram_quantile(before, before, name, 0.5, 1.0) is None

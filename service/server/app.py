@@ -27,7 +27,13 @@ from service.backend import resolve_name
 from service.backend.blas import single_blas_thread
 from service.backend.host_memory import limit_malloc_arenas, retain_freed_memory
 from service.backend.rendezvous import Topology
-from service.config import SERVE_CHECKPOINT_DIR, Config, ConfigError, with_checkpoint_dir
+from service.config import (
+    SERVE_CHECKPOINT_DIR,
+    Config,
+    ConfigError,
+    ServerConfig,
+    with_checkpoint_dir,
+)
 from service.server.auth import BearerTokenInterceptor, TokenTable
 from service.server.engine import Engine
 from service.server.metrics import Metrics
@@ -272,6 +278,16 @@ def stop(running: Running, grace_s: float) -> None:
         logs.event(logging.INFO, "final checkpoint", name=final.name, step=final.global_step)
 
 
+def tune_process(server: ServerConfig) -> None:
+    """What a serving process sets for itself: one malloc arena for its many threads, freed
+    heap kept for the next request (requests of a few MiB are received, decoded and copied
+    per call: from the heap, not fresh mmap'd pages that fault), and the GIL's switch
+    interval (`server.gil_switch_interval_ms`)."""
+    limit_malloc_arenas()
+    retain_freed_memory()
+    sys.setswitchinterval(server.gil_switch_interval_ms / 1e3)
+
+
 def serve(
     config: Config,
     inference_only: bool = False,
@@ -280,10 +296,7 @@ def serve(
     topology: Topology | None = None,
 ) -> int:
     """Run until SIGTERM or SIGINT, then drain and exit 0."""
-    limit_malloc_arenas()  # before gRPC starts its threads
-    # Requests of a few MiB are received, decoded and copied per call: taken from and given
-    # back to the heap instead of fresh mmap'd (faulting) pages each time, on every backend.
-    retain_freed_memory()
+    tune_process(config.server)  # before gRPC starts its threads
     logs.configure(config.server.log_level)
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -52,6 +52,15 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
             **ns,
         )
+        self.interact_request_duration = Histogram(
+            "interact_request_duration",
+            "Wall time of one Interact request in the server's handler: from its arrival, "
+            "decoded, to its actions handed to gRPC (a wait for the stream's previous Step "
+            "included).",
+            unit="seconds",
+            buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 1, 5),
+            **ns,
+        )
         self.act_batch_size = Histogram(
             "act_batch_size",
             "Observations per batched Act forward (server.act_max_batch at most).",

@@ -222,7 +222,9 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         unroller = Unroller(T, groups, config.model.obs_dim, recycling=True,
                             empty=engine.trainer.backend.host_empty)  # fmt: skip
         steps = InteractSteps(engine, actor, first_sequence, context.is_active, unroller.recycle)
+        clock, latency = engine.clock, self.metrics.interact_request_duration
         while request is not None:
+            arrived = clock()
             step = group_step(request, config)
             for k, rollout in unroller.observe(request.group, step):
                 steps.submit(k, rollout)
@@ -230,13 +232,15 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
                     steps.finish()
             acted = self.engine.act(step.obs, ActMode.SAMPLE, 0.0)  # UNAVAILABLE on a drain
             unroller.acted(request.group, acted.actions, acted.log_probs, acted.policy_version)
-            yield pb.InteractResponse(
+            response = pb.InteractResponse(
                 group=request.group,
                 actions=encode(acted.actions.astype("<i4")),
                 log_probs=encode(acted.log_probs.astype("<f4")),
                 policy_version=acted.policy_version,
                 outcomes=[outcome_message(o) for o in steps.take_outcomes()],
             )
+            latency.observe(clock() - arrived)
+            yield response
             request = next(requests, None)
             if request is not None and request.HasField("start"):
                 raise InvalidInput("start", "on the stream's first request alone", "again")
