@@ -59,7 +59,7 @@ class HeldTrainer(Trainer):
         return super().step(rollout)
 
     def snapshot(self) -> PolicySnapshot:
-        snapshot = TimedSnapshot(self.state, self.backend.executor(False), self.executor)
+        snapshot = TimedSnapshot(self.state, self.backend.executor(False, True), self.executor)
         snapshot.clock = self.clock
         return snapshot
 

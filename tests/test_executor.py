@@ -15,7 +15,7 @@ from service.trainer.hyper import HOT_KEYS, KEYS, Hyperparams
 
 def test_the_numpy_backend_makes_a_fresh_numpy_executor_per_trainer() -> None:
     backend = select_backend("numpy", {})
-    first, second = backend.executor(True), backend.executor(False)
+    first, second = backend.executor(True, False), backend.executor(False, True)
     assert isinstance(first, NumpyExecutor) and first is not second
 
 

@@ -38,7 +38,9 @@ class Backend:
     # A device array into the host array `out`, queued on the current stream: asynchronous into
     # `host_empty` memory, so `out` is read after the executor synchronizes.
     copy_to_host: Callable[[Any, np.ndarray], None]
-    executor: Callable[[bool], Executor]  # a new executor for one trainer (graphs on or off)
+    # A new executor for one trainer: graphs on or off, and `urgent` (its device work
+    # scheduled ahead of other executors', where the device has priorities: Act's).
+    executor: Callable[[bool, bool], Executor]
     scalars: Callable[[np.ndarray], Scalars]  # a settings vector, read as the ops take it
     kernel_abi_version: int = 0  # of the loaded CUDA kernels; 0 for NumPy
 
@@ -66,7 +68,7 @@ def _numpy_backend() -> Backend:
         to_device=np.ascontiguousarray,
         host_empty=np.empty,
         copy_to_host=lambda device, out: np.copyto(out, device),
-        executor=lambda graphs: NumpyExecutor(),
+        executor=lambda graphs, urgent: NumpyExecutor(),
         scalars=HostScalars,
     )
 

@@ -47,7 +47,7 @@ class Trainer:
         self.xp, self.dtype = self.backend.xp, np.dtype(config.model.dtype)
         self.state = State(config, self.backend, Sharding.of(config.train.data_shards, comm))
         # Made after the state, so that its work follows the state's first writes.
-        self.executor = self.backend.executor(config.train.cuda_graphs)
+        self.executor = self.backend.executor(config.train.cuda_graphs, False)
         self.learner = Learner(self.state, self.executor)
         self.policy = Policy(self.state, self.executor)
         self._snapshot: PolicySnapshot | None = None
@@ -106,7 +106,7 @@ class Trainer:
         use, on an executor of its own, from the parameters as they are then; `publish()`
         refreshes it."""
         if self._snapshot is None:
-            executor = self.backend.executor(self.config.train.cuda_graphs)
+            executor = self.backend.executor(self.config.train.cuda_graphs, True)  # urgent
             self._snapshot = PolicySnapshot(self.state, executor, self.executor)
         return self._snapshot
 

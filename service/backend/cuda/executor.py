@@ -31,12 +31,16 @@ PADDED_ROWS = (64, 256, 1024)
 class CudaExecutor:
     """One trainer's stream, side streams and (with `graphs`) captured calls."""
 
-    def __init__(self, graphs: bool) -> None:
-        self.stream = cupy.cuda.Stream(non_blocking=True)
+    def __init__(self, graphs: bool, urgent: bool = False) -> None:
+        # urgent: the device's highest stream priority, so that its kernels (captured ones
+        # too) are scheduled ahead of those of executors at the default priority.
+        priority = cupy.cuda.runtime.deviceGetStreamPriorityRange()[1] if urgent else 0
+        self.stream = cupy.cuda.Stream(non_blocking=True, priority=priority)
         # The caller's arrays were written on the null stream, which a non-blocking stream
         # does not wait for: the executor's first work must come after them.
         self.stream.wait_event(cupy.cuda.Stream.null.record())
-        self._lanes = [cupy.cuda.Stream(non_blocking=True) for _ in range(LANES)]
+        self._lanes = [cupy.cuda.Stream(non_blocking=True, priority=priority)
+                       for _ in range(LANES)]  # fmt: skip
         self._calls = CapturedCalls(self.stream) if graphs else None
         self._staged: dict[Hashable, tuple] = {}  # per key: the buffers its graph reads
 
