@@ -26,15 +26,17 @@ LANES = 4  # side streams: enough for the update's widest fork
 # Captured calls of variable rows (Act) run at the next of these sizes, doubling beyond the
 # last: one graph per size instead of one per row count an actor happens to send.
 PADDED_ROWS = (64, 256, 1024)
+URGENT_PRIORITY = -1000  # below any device's priority range (lower is more urgent)
 
 
 class CudaExecutor:
     """One trainer's stream, side streams and (with `graphs`) captured calls."""
 
     def __init__(self, graphs: bool, urgent: bool = False) -> None:
-        # urgent: the device's highest stream priority, so that its kernels (captured ones
-        # too) are scheduled ahead of those of executors at the default priority.
-        priority = cupy.cuda.runtime.deviceGetStreamPriorityRange()[1] if urgent else 0
+        # urgent: the device's highest stream priority (CUDA clamps a number below its range
+        # to the range's top), so that its kernels, captured ones too, are scheduled ahead of
+        # those of executors at the default priority, 0.
+        priority = URGENT_PRIORITY if urgent else 0
         self.stream = cupy.cuda.Stream(non_blocking=True, priority=priority)
         # The caller's arrays were written on the null stream, which a non-blocking stream
         # does not wait for: the executor's first work must come after them.
