@@ -3,16 +3,25 @@
 Layout of `root/<name>/`: one `<group>.safetensors` per state group (params, target, optim,
 replay, counters, rng), `config.json`, `ledger.json` (the idempotency keys of the Steps the
 state includes, service/step_ledger.py), and `manifest.json` (format version, global step,
-parameter digest, backend, sha256 and size of every other file, and a sha256 of itself).
+commit sequence, parameter digest, backend, sha256 and size of every other file, and a sha256
+of itself).
 A save writes everything into `root/.tmp-<name>-<pid>-<random>`, fsyncs the files, the
 manifest and the directory, renames it to `root/<name>` and fsyncs the root; only then does
 it prune old checkpoints. Directories named `.tmp-*` are never read; a crash leaves at most
 such a directory behind, which `clean_temporaries` removes. Tensors are safetensors, never
 pickle, and every byte is hashed before it is parsed.
+
+The newest checkpoint is the one committed last: each manifest records a commit sequence, one
+more than the largest under the root when it was committed (taken and committed under a lock
+on `root/.commit.lock`, so two saves never share one), and listing, `latest_checkpoint`
+(`--resume`) and pruning all order by it. A Restore to an older checkpoint therefore starts a
+line whose saves are newer than those of the line it left.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -21,7 +30,7 @@ import secrets
 import shutil
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -48,6 +57,7 @@ FORMAT_VERSION = 3
 MIGRATED = (2,)
 MANIFEST = "manifest.json"
 CONFIG = "config.json"
+COMMIT_LOCK = ".commit.lock"
 LEDGER = "ledger.json"
 TEMP_PREFIX = ".tmp-"
 NAME_RULE = "1-128 characters from [A-Za-z0-9._-], starting with a letter or digit, without '..'"
@@ -74,6 +84,7 @@ class CheckpointInfo:
     size_bytes: int
     save_ms: float | None
     created_unix: float
+    commit_sequence: int  # the order of commits under the root; 0 where the manifest has none
 
 
 # ------------------------------------------------------------------------------ names
@@ -177,6 +188,9 @@ def _check_manifest(body: Any, path: Path) -> None:
     save_ms = body.get("save_ms")
     if save_ms is not None and (type(save_ms) not in (int, float) or not save_ms >= 0):
         raise CheckpointCorrupt(f"{path}: field 'save_ms' is malformed")
+    sequence = body.get("commit_sequence")
+    if sequence is not None and (type(sequence) is not int or sequence < 1):
+        raise CheckpointCorrupt(f"{path}: field 'commit_sequence' is malformed")
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
@@ -233,6 +247,7 @@ def _info(directory: Path, manifest: Mapping[str, Any]) -> CheckpointInfo:
         size_bytes=size + (directory / MANIFEST).stat().st_size,
         save_ms=manifest.get("save_ms"),
         created_unix=float(manifest["created_unix"]),
+        commit_sequence=manifest.get("commit_sequence", 0),
     )
 
 
@@ -298,13 +313,16 @@ def save_checkpoint(
             "format_version": FORMAT_VERSION,
             "global_step": trainer.global_step,
             "param_digest": trainer.param_digest(),
-            "created_unix": time.time(),
             "backend": trainer.backend.name,
             "files": files,
             "save_ms": round((time.perf_counter() - started) * 1000, 3),
         }
-        _write_file(temp / MANIFEST, _seal(manifest))
-        _commit(temp, target)
+        with _commit_lock(root):
+            newest = latest_checkpoint(root)
+            manifest["commit_sequence"] = 1 + (newest.commit_sequence if newest else 0)
+            manifest["created_unix"] = time.time()
+            _write_file(temp / MANIFEST, _seal(manifest))
+            _commit(temp, target)
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
@@ -312,9 +330,22 @@ def save_checkpoint(
     return _info(target, manifest)
 
 
+@contextlib.contextmanager
+def _commit_lock(root: Path) -> Iterator[None]:
+    """Hold the root's commit lock (an exclusive flock): one commit sequence per commit, also
+    between processes saving into the same root."""
+    fd = os.open(root / COMMIT_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 # ------------------------------------------------------------------------------ listing
 def list_checkpoints(root: PathLike) -> list[CheckpointInfo]:
-    """Committed checkpoints under `root`, newest first (by global step, then creation time).
+    """Committed checkpoints under `root`, newest first: the one committed last first (by
+    commit sequence; checkpoints that record none come after, by creation time).
 
     Temporary directories and anything without a valid manifest are ignored.
     """
@@ -330,7 +361,7 @@ def list_checkpoints(root: PathLike) -> list[CheckpointInfo]:
             found.append(_info(directory, read_manifest(directory)))
         except (CheckpointNotFound, CheckpointCorrupt, CheckpointIncompatible, OSError):
             continue
-    return sorted(found, key=lambda c: (c.global_step, c.created_unix, c.name), reverse=True)
+    return sorted(found, key=lambda c: (c.commit_sequence, c.created_unix, c.name), reverse=True)
 
 
 def latest_checkpoint(root: PathLike) -> CheckpointInfo | None:

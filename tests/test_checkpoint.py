@@ -23,6 +23,7 @@ from conftest import random_rollout, small_config
 from safetensors.numpy import save as save_tensors
 
 from service.checkpoint import (
+    COMMIT_LOCK,
     CheckpointInfo,
     clean_temporaries,
     latest_checkpoint,
@@ -439,7 +440,8 @@ BAD_NAMES = ["..", "../x", "a/b", "/etc/passwd", "a\\b", "", " ", ".hidden", "a\
 
 
 def tree(path: Path) -> list[str]:
-    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+    """Every path under `path` but the root's commit lock (a save takes it before it commits)."""
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.name != COMMIT_LOCK)
 
 
 def test_bad_names_are_rejected_and_create_nothing(tmp_path: Path, config: Config) -> None:
@@ -518,19 +520,71 @@ def test_keep_last_prunes_oldest_and_lists_newest_first(
         advance(trainer, seed, step, 1)
     expected = ["step-0000000005", "step-0000000004", "step-0000000003"]
     assert names(list_checkpoints(tmp_path)) == expected
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(expected)  # deleted, not hidden
+    listed = sorted(p.name for p in tmp_path.iterdir() if p.name != COMMIT_LOCK)
+    assert listed == sorted(expected)  # deleted, not hidden
     latest = latest_checkpoint(tmp_path)
     assert latest is not None and latest.name == expected[0] and latest.global_step == 5
     assert latest.size_bytes > 0
-    # Order is by global step, then creation time, not by name.
+    # Order is by commit, the one committed last first, not by name.
     save_checkpoint(trainer, tmp_path, name="aaa", keep_last=10)
     save_checkpoint(trainer, tmp_path, name="000", keep_last=10)
     assert names(list_checkpoints(tmp_path)) == ["000", "aaa", *expected]
-    # The default comes from the config; the checkpoint just written is always kept.
+    # The default comes from the config; the checkpoint just written is always kept, and is
+    # the newest whatever its global step.
     info = save_checkpoint(Trainer(checkpoint_config("checkpoint.keep_last=2")), tmp_path,
                            name="older-step")
-    assert names(list_checkpoints(tmp_path)) == ["000", "older-step"]
+    assert names(list_checkpoints(tmp_path)) == ["older-step", "000"]
     assert info.global_step == 0
+
+
+def test_the_checkpoint_committed_last_is_the_newest_after_a_rollback(
+    tmp_path: Path, config: Config, seed: int
+) -> None:
+    """Saves at steps 2 and 4, a restore of step 2, a save at step 3 of the new line: that one
+    is the newest for listing, `latest_checkpoint` (what --resume restores) and pruning, and
+    its commit sequence continues the root's, also after the older ones are pruned."""
+    trainer = Trainer(config)
+    advance(trainer, seed, 0, 2)
+    save_checkpoint(trainer, tmp_path, keep_last=5)
+    advance(trainer, seed, 2, 2)
+    abandoned = save_checkpoint(trainer, tmp_path, keep_last=5)
+    restore_checkpoint(trainer, tmp_path, "step-0000000002")
+    advance(trainer, seed, 2, 1)
+    new_line = save_checkpoint(trainer, tmp_path, keep_last=5)
+    assert (abandoned.global_step, new_line.global_step) == (4, 3)
+    assert [c.commit_sequence for c in list_checkpoints(tmp_path)] == [3, 2, 1]
+    assert names(list_checkpoints(tmp_path)) == [
+        "step-0000000003", "step-0000000004", "step-0000000002"]  # fmt: skip
+    latest = latest_checkpoint(tmp_path)
+    assert latest is not None and latest.name == new_line.name
+    resumed = Trainer(config)
+    restore_checkpoint(resumed, tmp_path, latest.name)
+    assert resumed.param_digest() == trainer.param_digest()
+    # Keep-last keeps what was committed last: the abandoned line's step 4 is older.
+    advance(trainer, seed, 3, 1)
+    kept = save_checkpoint(trainer, tmp_path, name="step-4-of-the-new-line", keep_last=2)
+    assert names(list_checkpoints(tmp_path)) == [kept.name, "step-0000000003"]
+    assert kept.commit_sequence == 4
+
+
+def test_checkpoints_without_a_commit_sequence_are_older_than_those_with_one(
+    tmp_path: Path, config: Config
+) -> None:
+    """A manifest written before commit sequences (still a readable format) lists after every
+    checkpoint that has one, in creation order among its kind."""
+    trainer = Trainer(config)
+    first = save_checkpoint(trainer, tmp_path, name="legacy")
+    manifest = tmp_path / "legacy" / "manifest.json"
+    body = json.loads(manifest.read_text())
+    del body["commit_sequence"], body["manifest_sha256"]
+    body["created_unix"] = time.time() + 3600  # created "later": the sequence still decides
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    sealed = {**body, "manifest_sha256": hashlib.sha256(canonical.encode()).hexdigest()}
+    manifest.write_text(json.dumps(sealed, sort_keys=True, indent=1) + "\n")
+    assert first.commit_sequence == 1 and latest_checkpoint(tmp_path).commit_sequence == 0
+    later = save_checkpoint(trainer, tmp_path, name="sequenced")
+    assert later.commit_sequence == 1  # the legacy one counts as 0
+    assert names(list_checkpoints(tmp_path)) == ["sequenced", "legacy"]
 
 
 def test_listing_ignores_temporaries_and_garbage(tmp_path: Path, config: Config, seed: int) -> None:

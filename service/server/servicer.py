@@ -101,6 +101,7 @@ def checkpoint_message(info: CheckpointInfo) -> pb.CheckpointInfo:
         size_bytes=info.size_bytes,
         created_unix=info.created_unix,
         save_ms=info.save_ms,
+        commit_sequence=info.commit_sequence,
     )
 
 

@@ -82,3 +82,35 @@ def test_resume_after_sigkill_is_bit_identical(tmp_path: Path) -> None:
     assert Path(a_config["checkpoint"].pop("dir")) == a_dir.parent
     assert Path(b_config["checkpoint"].pop("dir")) == b_dir.parent
     assert a_config == b_config and a_config["train"]["seed"] == 1234
+
+
+def test_a_rollback_then_a_kill_resumes_the_line_after_the_rollback(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    """An operator rolls back from step 8 to step 4, the server trains and saves the new
+    line's step 6 (`step-0000000006-<ms>`: the name was taken), and is SIGKILLed: `--resume`
+    restores that checkpoint, committed last, not the abandoned line's step 8."""
+    checkpoints = tmp_path / "checkpoints"
+    settings = (*SETTINGS, "checkpoint.every_steps=2", "checkpoint.keep_last=10")
+    with running_server(tmp_path / "first", *settings, checkpoint_dir=checkpoints) as server:
+        run_steps(server, [random_rollout(rng) for _ in range(8)])
+        with TridentClient(server.target) as client:
+            client.restore("step-0000000004")
+        assert run_steps(server, [random_rollout(rng) for _ in range(2)]) == [5, 6]
+        with TridentClient(server.target) as client:
+            listed = client.list_checkpoints()
+            status = client.status()
+        server.proc.send_signal(signal.SIGKILL)
+        server.proc.wait(30)
+    newest = listed[0]
+    assert newest.global_step == 6 and newest.name.startswith("step-0000000006-"), listed
+    assert [c.name for c in listed[1:3]] == ["step-0000000008", "step-0000000006"]
+    assert [c.commit_sequence for c in listed] == sorted(
+        (c.commit_sequence for c in listed), reverse=True)  # fmt: skip
+    second = running_server(tmp_path / "second", *settings, checkpoint_dir=checkpoints,
+                            extra_args=["--resume"])  # fmt: skip
+    with second, TridentClient(second.target) as client:
+        resumed = client.status()
+        relisted = [c.name for c in client.list_checkpoints()]
+    assert (resumed.global_step, resumed.param_digest) == (6, status.param_digest)
+    assert relisted == [c.name for c in listed]

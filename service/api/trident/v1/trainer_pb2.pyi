@@ -230,18 +230,20 @@ class ActResponse(_message.Message):
     def __init__(self, actions: _Optional[_Union[Tensor, _Mapping]] = ..., log_probs: _Optional[_Union[Tensor, _Mapping]] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ..., policy_version: _Optional[int] = ...) -> None: ...
 
 class CheckpointInfo(_message.Message):
-    __slots__ = ("name", "global_step", "size_bytes", "created_unix", "save_ms")
+    __slots__ = ("name", "global_step", "size_bytes", "created_unix", "save_ms", "commit_sequence")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     CREATED_UNIX_FIELD_NUMBER: _ClassVar[int]
     SAVE_MS_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     name: str
     global_step: int
     size_bytes: int
     created_unix: float
     save_ms: float
-    def __init__(self, name: _Optional[str] = ..., global_step: _Optional[int] = ..., size_bytes: _Optional[int] = ..., created_unix: _Optional[float] = ..., save_ms: _Optional[float] = ...) -> None: ...
+    commit_sequence: int
+    def __init__(self, name: _Optional[str] = ..., global_step: _Optional[int] = ..., size_bytes: _Optional[int] = ..., created_unix: _Optional[float] = ..., save_ms: _Optional[float] = ..., commit_sequence: _Optional[int] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
     __slots__ = ("name",)
