@@ -54,5 +54,10 @@ class ForgottenStepKey(TridentError):
     that Step was applied, so it applies nothing."""
 
 
+class KeyReused(TridentError):
+    """A Step came with an idempotency key the server holds for a Step of other content: not
+    a retry, so it is neither answered from the ledger nor applied."""
+
+
 class Abandoned(TridentError):
     """The caller went away (deadline or cancellation) before its Step started."""

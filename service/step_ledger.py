@@ -1,8 +1,10 @@
 """Which keyed Steps a trainer has applied, with their results: what makes a retried Step safe.
 
 A client names each Step with an idempotency key: its actor id and a sequence number. The
-ledger keeps the newest `capacity` keys with the result each one's Step produced, so a Step
-sent again (its reply was lost) is answered with that result instead of being applied twice.
+ledger keeps the newest `capacity` keys with the result each one's Step produced and the digest
+of its content (`Rollout.digest`), so a Step sent again (its reply was lost) is answered with
+that result instead of being applied twice, and a Step of other content under a known key (an
+actor id used twice, a client's bug) is refused instead of answered with another Step's result.
 For every actor it also remembers the highest sequence number it has let go of: a key at or
 below it is refused as forgotten, because the ledger cannot tell any more whether it was
 applied. The ledger travels in checkpoints beside the trainer's state, so after a restart from
@@ -16,9 +18,10 @@ import dataclasses
 import json
 import re
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from service.errors import ForgottenStepKey, InvalidInput
+from service.errors import ForgottenStepKey, InvalidInput, KeyReused
 from service.types import StepResult
 
 ACTOR_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}")
@@ -54,6 +57,7 @@ class StepLedger:
             raise InvalidInput("capacity", "an integer >= 1", repr(capacity))
         self.capacity = capacity
         self._results: OrderedDict[StepKey, StepResult] = OrderedDict()
+        self._digests: dict[StepKey, str | None] = {}  # None: recorded without (an old ledger)
         self._forgotten: dict[str, int] = {}  # actor -> highest sequence let go of
 
     def __len__(self) -> int:
@@ -63,11 +67,13 @@ class StepLedger:
         """The remembered keys, oldest first."""
         return list(self._results)
 
-    def lookup(self, key: StepKey) -> StepResult | None:
+    def lookup(self, key: StepKey, digest: Callable[[], str]) -> StepResult | None:
         """The result of `key`'s Step if it was applied, None if it was not; ForgottenStepKey
-        when the key is too old for the ledger to tell."""
+        when the key is too old for the ledger to tell, KeyReused when `digest()` (the content
+        now sent under it, computed only here) differs from the applied Step's."""
         found = self._results.get(key)
         if found is not None:
+            check_same_content(key, self._digests.get(key), digest)
             return copy.deepcopy(found)  # the caller's to change (replayed, timings)
         forgotten = self._forgotten.get(key.actor)
         if forgotten is not None and key.sequence <= forgotten:
@@ -79,20 +85,24 @@ class StepLedger:
             )
         return None
 
-    def record(self, key: StepKey, result: StepResult) -> None:
-        """Remember that `key`'s Step was applied with `result`; let go of the oldest keys."""
+    def record(self, key: StepKey, result: StepResult, digest: str | None) -> None:
+        """Remember that `key`'s Step, of content `digest`, was applied with `result`; let go of
+        the oldest keys."""
         self._results[key] = copy.deepcopy(result)  # the engine adds to its dicts after
+        self._digests[key] = digest
         self._let_go()
 
     def _let_go(self) -> None:
         """Drop the oldest keys beyond the capacity, remembering each actor's highest."""
         while len(self._results) > self.capacity:
             old, _ = self._results.popitem(last=False)
+            del self._digests[old]
             self._forgotten[old.actor] = max(self._forgotten.get(old.actor, -1), old.sequence)
 
     def adopt(self, other: StepLedger) -> None:
         """Hold `other`'s keys and results instead of this ledger's (a restore)."""
         self._results = OrderedDict(other._results)
+        self._digests = dict(other._digests)
         self._forgotten = dict(other._forgotten)
         self._let_go()
 
@@ -101,7 +111,8 @@ class StepLedger:
         body = {
             "capacity": self.capacity,
             "applied": [
-                {"actor": key.actor, "sequence": key.sequence, "result": dataclasses.asdict(r)}
+                {"actor": key.actor, "sequence": key.sequence, "result": dataclasses.asdict(r),
+                 "digest": self._digests[key]}
                 for key, r in self._results.items()
             ],
             "forgotten": dict(sorted(self._forgotten.items())),
@@ -117,5 +128,22 @@ class StepLedger:
         ledger._forgotten = {str(actor): int(seq) for actor, seq in body["forgotten"].items()}
         for entry in body["applied"]:
             key = StepKey.checked(entry["actor"], entry["sequence"])
-            ledger.record(key, StepResult(**entry["result"]))
+            digest = entry.get("digest")  # a ledger saved before digests has none
+            if digest is not None and not isinstance(digest, str):
+                raise ValueError(f"digest of {key}: expected a hex string, got {digest!r}")
+            ledger.record(key, StepResult(**entry["result"]), digest)
         return ledger
+
+
+def check_same_content(key: StepKey, held: str | None, digest: Callable[[], str]) -> None:
+    """KeyReused unless `digest()` (computed only when there is one to compare with) equals
+    `held`, the digest of the Step the server holds under `key`."""
+    if held is None:
+        return
+    sent = digest()
+    if sent != held:
+        raise KeyReused(
+            f"idempotency_key: {key} names a Step of other content (sha256 {held[:12]}..., "
+            f"sent {sent[:12]}...); a new Step needs a new sequence number, and two actors need "
+            "two actor ids"
+        )

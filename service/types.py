@@ -4,6 +4,7 @@ trainer or a backend."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -14,6 +15,12 @@ __all__ = [
 ]
 # A rollout's floating-point inputs, which the non-finite guard checks.
 FLOAT_FIELDS = ("obs", "rewards", "behavior_log_probs", "final_obs", "aux_targets")
+# A Rollout's fields in the dtypes its digest reads them in ("flag": 0/1 bytes).
+DIGEST_DTYPES = {
+    "obs": "<f4", "actions": "<i4", "rewards": "<f4", "terminated": "flag", "truncated": "flag",
+    "behavior_log_probs": "<f4", "final_obs": "<f4", "final_obs_index": "<i8",
+    "bce_labels": "flag", "aux_targets": "<f4",
+}  # fmt: skip
 
 
 class ActMode(Enum):
@@ -94,6 +101,22 @@ class Rollout(_TimeMajor):
         """Every floating-point input, for the non-finite guard (FLOAT_FIELDS order)."""
         fields = {name: getattr(self, name) for name in FLOAT_FIELDS}
         return {name: value for name, value in fields.items() if value is not None}
+
+    def digest(self) -> str:
+        """sha256 of what the rollout says: each field's name, shape and values in one
+        canonical dtype (float32, int32 actions, int64 indices, 0/1 bytes for flags), and the
+        policy version. The same Step sent again has the same digest, whichever accepted
+        dtypes carried it; no final observations and an empty set of them hash alike."""
+        h = hashlib.sha256(f"rollout v1 policy_version={self.policy_version}".encode())
+        for name, dtype in DIGEST_DTYPES.items():
+            array = getattr(self, name)
+            if array is None or (name.startswith("final_obs") and array.size == 0):
+                h.update(f"|{name}:none".encode())
+                continue
+            canonical = np.ascontiguousarray(array, np.uint8 if dtype == "flag" else dtype)
+            h.update(f"|{name}:{list(canonical.shape)}".encode())
+            h.update(canonical.data)  # sha256 lets the GIL go for large buffers
+        return h.hexdigest()
 
     def columns(self, start: int, stop: int) -> Rollout:
         """The environments [start, stop) alone (a data-parallel rank's share), final

@@ -624,7 +624,7 @@ def test_committed_checkpoints_of_each_readable_format_keep_loading(
     shutil.copytree(FIXTURES, root)
     trainer = Trainer(small_config(*FIXTURE_SETTINGS))
     ledger = StepLedger(capacity=8)
-    ledger.record(StepKey("before-restore", 0), StepResult())
+    ledger.record(StepKey("before-restore", 0), StepResult(), None)
     info = restore_checkpoint(trainer, root, f"format-{version}", ledger=ledger)
     manifest = json.loads((root / f"format-{version}" / "manifest.json").read_text())
     assert manifest["format_version"] == version

@@ -201,3 +201,38 @@ def test_a_group_may_not_run_a_whole_rollout_ahead(rng: np.random.Generator) -> 
     with pytest.raises(InvalidInput, match="at most one rollout ahead"):
         unroller.observe(0, outcome(fast))
     assert unroller.env_steps_pending == 2 * (2 * T - 1)  # the refused request changed nothing
+
+
+def test_a_stream_reusing_an_applied_key_for_other_content_gets_that_refusal(
+    tmp_path: Path, seed: int
+) -> None:
+    """A second stream under the same actor id and first sequence (another actor given the
+    same id) completes a rollout of other content: its outcome is ALREADY_EXISTS naming the
+    key, nothing is applied, and the stream goes on to its next rollout."""
+
+    def one_rollout(client: TridentClient, env: ScriptedEnv, rollouts: int) -> list:
+        stream = client.interact("twin", 0, T, [N])
+        stream.send(0, env.obs, None)
+        outcomes = []
+        for _ in range(rollouts * T):
+            reply = stream.receive()
+            assert reply is not None
+            outcomes.extend(reply.outcomes)
+            moved = env.step(reply.actions)
+            stream.send(0, moved.obs, moved)
+        stream.close()
+        while (reply := stream.receive()) is not None:
+            outcomes.extend(reply.outcomes)
+        return outcomes
+
+    with running_server(tmp_path) as server, TridentClient(server.target) as client:
+        first = one_rollout(client, ScriptedEnv(seed), 1)
+        assert [o.reply is not None for o in first] == [True]
+        digest = client.status().param_digest
+        second = one_rollout(client, ScriptedEnv(seed + 1), 2)
+        assert [o.sequence for o in second] == [0, 1]
+        refused, applied = second
+        assert refused.reply is None and refused.code == grpc.StatusCode.ALREADY_EXISTS
+        assert refused.message.startswith("idempotency_key: twin#0 names a Step of other")
+        assert applied.reply is not None and applied.reply.global_step == 2
+        assert client.status().global_step == 2 and digest != client.status().param_digest

@@ -19,7 +19,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,15 +40,18 @@ from service.errors import InferenceOnly, StalePolicy
 from service.server.act_batcher import ActBatcher
 from service.server.metrics import Metrics
 from service.server.step_queue import StepQueue
-from service.step_ledger import StepKey, StepLedger
+from service.step_ledger import StepKey, StepLedger, check_same_content
 from service.trainer.trainer import Trainer
 from service.types import ActMode, ActResult, Rollout, StepResult
+
+DIGEST_THREADS = 2  # keyed Steps hashed at once: ~0.7 GB/s of rollouts at 2.6M env steps/s
 
 
 @dataclass(frozen=True)
 class _Work:
     rollout: Rollout
     key: StepKey | None
+    digest: Future[str] | None  # of a keyed Step's content, computed beside the queue
 
 
 @dataclass
@@ -57,6 +60,7 @@ class _Queued:
 
     future: Future[StepResult]
     waiting: list[Callable[[], bool]]
+    digest: Future[str]
 
     def anyone_waiting(self) -> bool:
         return any(waiting() for waiting in self.waiting)
@@ -108,6 +112,9 @@ class Engine:
         self._checkpoint_step = 0  # global step of the newest checkpoint saved or restored
         self._state_epoch = secrets.randbits(62)  # new whenever the state is replaced
         self._steps: StepQueue[_Work] = StepQueue(self._apply_step, server.step_queue_size)
+        # Keyed Steps' content digests (Rollout.digest), hashed off the Step worker: sha256 lets
+        # the GIL go, so a Step of 131k rows costs the worker no wait for its ~30 ms of hashing.
+        self._digests = ThreadPoolExecutor(DIGEST_THREADS, thread_name_prefix="trident-digest")
         self._acts = ActBatcher(self._act_batch, server.act_max_batch, server.act_max_wait_ms / 1e3)
         self.metrics.device_memory.set(trainer.memory_bytes())
 
@@ -139,10 +146,10 @@ class Engine:
         joined; ForgottenStepKey when the key is older than the ledger remembers."""
         self.require_training("Step")
         if key is None:
-            future = self._steps.submit(_Work(rollout, None), caller_waiting)
+            future = self._steps.submit(_Work(rollout, None, None), caller_waiting)
         else:
             with self._keys_lock:
-                applied = self.ledger.lookup(key)
+                applied = self.ledger.lookup(key, rollout.digest)
                 if applied is not None:
                     applied.replayed, applied.checkpoint_step = True, self._checkpoint_step
                     applied.state_epoch = self._state_epoch
@@ -152,11 +159,14 @@ class Engine:
                     return future
                 queued = self._queued.get(key)
                 if queued is not None:
+                    check_same_content(key, queued.digest.result(), rollout.digest)
                     queued.waiting.append(caller_waiting)
                     self.metrics.steps_replayed.inc()
                     return queued.future
-                queued = _Queued(Future(), [caller_waiting])
-                queued.future = self._steps.submit(_Work(rollout, key), queued.anyone_waiting)
+                digest = self._digests.submit(rollout.digest)
+                queued = _Queued(Future(), [caller_waiting], digest)
+                work = _Work(rollout, key, digest)
+                queued.future = self._steps.submit(work, queued.anyone_waiting)
                 self._queued[key] = queued
             queued.future.add_done_callback(lambda _: self._unqueue(key))
             future = queued.future
@@ -174,9 +184,10 @@ class Engine:
             self._check_lag(rollout.policy_version)
             result = self.trainer.step(rollout)
             self._publish()
-            if work.key is not None:
+            if work.key is not None and work.digest is not None:
+                digest = work.digest.result()
                 with self._keys_lock:
-                    self.ledger.record(work.key, result)
+                    self.ledger.record(work.key, result, digest)
             every = self.trainer.config.checkpoint.every_steps
             if every and result.updates_applied and result.global_step % every == 0:
                 self._periodic_checkpoint()
@@ -329,6 +340,7 @@ class Engine:
         """Finish queued Steps (those that start within `grace_s`) and Acts, then commit a
         final checkpoint (training servers)."""
         self._steps.close(grace_s)
+        self._digests.shutdown()
         self._acts.close()
         if self.inference_only:
             return None

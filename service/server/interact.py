@@ -18,7 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from service.errors import QueueFull
+from service.errors import ForgottenStepKey, KeyReused, QueueFull
 from service.server.engine import Engine
 from service.step_ledger import StepKey
 from service.types import Rollout, StepResult
@@ -54,7 +54,8 @@ class InteractSteps:
         self._outcomes: list[Outcome] = []
 
     def submit(self, k: int, rollout: Rollout) -> None:
-        """Queue rollout k as a keyed Step once the stream's previous Step is done."""
+        """Queue rollout k as a keyed Step once the stream's previous Step is done. A key the
+        server refuses at once (held for other content, or forgotten) is rollout k's outcome."""
         self._settle(wait=True)
         key = StepKey(self.actor, self.first_sequence + k)
         delay = QUEUE_FULL_WAIT_S
@@ -67,6 +68,10 @@ class InteractSteps:
                     raise
                 time.sleep(delay)
                 delay = min(0.1, 2 * delay)
+            except (KeyReused, ForgottenStepKey) as refused:
+                self._outcomes.append(Outcome(key.sequence, None, refused))
+                self.settled(k)
+                return
         self._pending = (key.sequence, future)
 
     def take_outcomes(self) -> list[Outcome]:

@@ -13,6 +13,7 @@ STATUS_OF: dict[type[Exception], grpc.StatusCode] = {
     errors.CheckpointIncompatible: grpc.StatusCode.FAILED_PRECONDITION,
     errors.StalePolicy: grpc.StatusCode.FAILED_PRECONDITION,
     errors.ForgottenStepKey: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.KeyReused: grpc.StatusCode.ALREADY_EXISTS,
     errors.InferenceOnly: grpc.StatusCode.FAILED_PRECONDITION,
     errors.QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,

@@ -97,11 +97,15 @@ def test_a_key_sent_again_is_answered_not_applied(
         first = client.step(rollout, key=StepKey("a", 7))
         again = client.step(rollout, key=StepKey("a", 7))
         digest = client.status().param_digest
-        # The key names the rollout: a different one under the same key is not applied either.
-        reused = client.step(other, key=StepKey("a", 7))
+        # The key names the rollout: another one under the same key is refused, naming the key,
+        # and neither applied nor answered with the first one's reply.
+        with pytest.raises(grpc.RpcError) as reused:
+            client.step(other, key=StepKey("a", 7))
+        assert reused.value.code() == Code.ALREADY_EXISTS
+        assert reused.value.details().startswith("idempotency_key: a#7 names a Step of other")
         assert client.status().param_digest == digest
-        assert (first.replayed, again.replayed, reused.replayed) == (False, True, True)
-        assert first.global_step == again.global_step == reused.global_step == 1
+        assert (first.replayed, again.replayed) == (False, True)
+        assert first.global_step == again.global_step == 1
         assert first.losses == again.losses and first.grad_norm == again.grad_norm
         # Another actor's sequence 7, and this actor's 8, are new Steps.
         assert client.step(rollout, key=StepKey("b", 7)).global_step == 2
@@ -110,7 +114,7 @@ def test_a_key_sent_again_is_answered_not_applied(
         assert client.step(rollout).global_step == 5
         samples = scrape(server)
         assert value(samples, "trident_steps_total") == 5
-        assert value(samples, "trident_steps_replayed_total") == 2
+        assert value(samples, "trident_steps_replayed_total") == 1
 
 
 def test_copies_in_flight_together_apply_once(tmp_path: Path, rng: np.random.Generator) -> None:
