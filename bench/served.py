@@ -84,7 +84,7 @@ CALL_TIMEOUT_S = 60.0
 LOBSIM_OBS_DIM = observation_dim(LobsimConfig())
 ACTOR_READY = "trident actor: env="
 WORKER_READY = "served worker: ready"
-DONE_COUNTS = re.compile(r"^done: (\d+) Steps \((\d+) applied, (\d+) dropped as stale\)")
+DONE_COUNTS = re.compile(r"^done: (\d+) Steps \((\d+) applied, (\d+) dropped behind the policy lag")
 DONE_LATENCY = re.compile(r"\b(Act|Step) p50 ([\d.]+) ms p99 ([\d.]+) ms")
 
 

@@ -63,13 +63,14 @@ TOKEN = "<random per run>"  # what the report shows of the bearer token
 STARTUP_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0
 DONE = re.compile(
-    r"^done: (?P<sent>\d+) Steps \((?P<applied>\d+) applied, (?P<dropped>\d+) dropped as stale\), "
+    r"^done: (?P<sent>\d+) Steps \((?P<applied>\d+) applied, (?P<dropped>\d+) dropped behind the "
+    r"policy lag, (?P<dropped_ahead>\d+) dropped ahead of the server's state\), "
     r"(?P<acts>\d+) Acts, (?P<env_steps>\d+) env steps \((?P<unfinished>\d+) in unfinished "
     r"rollouts\) in (?P<seconds>[\d.]+) s \| "
     r"Step p50 (?P<step_p50>[\d.]+) ms p99 (?P<step_p99>[\d.]+) ms \| "
     r"Act p50 (?P<act_p50>[\d.]+) ms p99 (?P<act_p99>[\d.]+) ms \| "
     r"(?P<rollouts>\d+) rollouts, (?P<resent>\d+) resent, (?P<replayed>\d+) replayed, "
-    r"(?P<reconnects>\d+) reconnects, (?P<released>\d+) released unconfirmed$"
+    r"(?P<reconnects>\d+) reconnects \| durable: "
 )
 
 
@@ -418,7 +419,7 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
         "actor_without_done_line": len(actors) - len(done),
         "actor_unfinished": sum(a["unfinished"] for a in actors),
         "actor_stderr": sum(bool(a["stderr"].strip()) for a in actors),
-        "rollouts_dropped_stale": sum(d["dropped"] for d in done),
+        "rollouts_dropped_stale": sum(d["dropped"] + d["dropped_ahead"] for d in done),
         "server_rpc_errors": int(metrics.get("rpc_errors_total", 0)),
         "server_checkpoint_failures": int(metrics.get("checkpoint_failures_total", 0)),
         "server_problem_log_lines": results["server"]["problem_line_count"],

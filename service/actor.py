@@ -27,6 +27,8 @@ counted when they are more than train.max_policy_lag versions old).
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -39,7 +41,13 @@ import numpy as np
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.client.client import TridentClient
 from service.client.interact import InteractOutcome, InteractReply, InteractStream
-from service.client.resilient import GONE, ResilientLink, stale
+from service.client.resilient import (
+    GONE,
+    LinkCounts,
+    ResilientLink,
+    periodic_checkpoints,
+    stale,
+)
 from service.config import LobsimConfig
 from service.envs import LobSimVectorEnv
 from service.errors import TridentError
@@ -334,7 +342,7 @@ class StreamActor:
                 self.link.answered(key, rollout, outcome.reply)
                 self.progress.applied += outcome.reply.updates_applied > 0
             elif outcome.code == grpc.StatusCode.FAILED_PRECONDITION and stale(outcome.message):
-                self.link.dropped(key)
+                self.link.dropped(key, outcome.message)
             else:
                 code = outcome.code.name if outcome.code else "UNKNOWN"
                 raise ActorError(f"the server refused rollout {key}: {code} {outcome.message}")
@@ -375,12 +383,16 @@ def run_actor(
     reconnect_s: float = 300.0,
     env_groups: int = 1,
     synchronous: bool = False,
+    wait_checkpoint: bool = False,
 ) -> int:
     """Send `steps` rollouts of `rollout_len` x `num_envs` env steps (or stop at the first
     rollout boundary `duration_s` after the start) through an Interact stream, the envs in
     `env_groups` groups (`synchronous`: a rollout's first actions wait for the previous
-    rollout's Step); print progress, then a `done:` summary line. A server gone for
-    longer than `reconnect_s` stops the actor (ServerGone)."""
+    rollout's Step); print progress, then a `done:` summary line. With `wait_checkpoint`,
+    wait (up to `reconnect_s`) until a checkpoint holds every applied Step before it. A server
+    gone for longer than `reconnect_s` stops the actor (ServerGone). SIGINT or SIGTERM stops
+    it at once: the partial rollout abandoned, the Steps sent answered, the summary printed,
+    exit code 130."""
     for name, value in (
         ("--num-envs", num_envs), ("--steps", steps), ("--rollout-len", rollout_len),
         ("--log-every", log_every), ("--env-groups", env_groups),
@@ -409,7 +421,8 @@ def run_actor(
         link = ResilientLink(
             client, lambda status: check_dims(status, dims, env), reconnect_s=reconnect_s
         )
-        check_dims(first_status(client, link, reconnect_s), dims, env)
+        status = first_status(client, link, reconnect_s)
+        check_dims(status, dims, env)
         print(
             f"trident actor: env={env} obs_dim={dims.obs_dim} actions={dims.num_actions} "
             f"rollout={rollout_len}x{num_envs} groups={'+'.join(map(str, sizes))} "
@@ -435,22 +448,65 @@ def run_actor(
                 flush=True,
             )
 
-        actor = StreamActor(link, envs, rollout_len, dims.obs_dim, report, synchronous)
-        while actor.progress.rollouts < steps:
-            late = duration_s is not None and time.perf_counter() - started >= duration_s
-            if late and actor.between_rollouts:
-                break
-            actor.turn()
-        actor.close()
-        progress, counts = actor.progress, link.counts
-        print(
-            f"done: {progress.outcomes} Steps ({progress.applied} applied, "
-            f"{counts.dropped_stale} dropped as stale), {progress.acts} Acts, "
-            f"{progress.env_steps} env steps ({progress.abandoned_env_steps} in unfinished "
-            f"rollouts) in {time.perf_counter() - started:.1f} s | "
-            f"{latency_ms('Step', progress.step_s)} | {latency_ms('Act', progress.act_s)} | "
-            f"{counts.rollouts} rollouts, {counts.resent} resent, {counts.replayed} replayed, "
-            f"{counts.reconnects} reconnects, {counts.released} released unconfirmed",
-            flush=True,
-        )
+        with stop_signals() as stopping:
+            actor = StreamActor(link, envs, rollout_len, dims.obs_dim, report, synchronous)
+            while actor.progress.rollouts < steps and not stopping:
+                late = duration_s is not None and time.perf_counter() - started >= duration_s
+                if late and actor.between_rollouts:
+                    break
+                actor.turn()
+            actor.close()
+            if wait_checkpoint and not stopping:
+                link.wait_durable(reconnect_s)
+            progress, counts = actor.progress, link.counts
+            print(
+                f"done: {progress.outcomes} Steps ({progress.applied} applied, "
+                f"{counts.dropped_behind} dropped behind the policy lag, {counts.dropped_ahead} "
+                f"dropped ahead of the server's state), {progress.acts} Acts, "
+                f"{progress.env_steps} env steps ({progress.abandoned_env_steps} in unfinished "
+                f"rollouts) in {time.perf_counter() - started:.1f} s | "
+                f"{latency_ms('Step', progress.step_s)} | {latency_ms('Act', progress.act_s)} | "
+                f"{counts.rollouts} rollouts, {counts.resent} resent, {counts.replayed} replayed, "
+                f"{counts.reconnects} reconnects | {durability(counts, status)}",
+                flush=True,
+            )
+            if stopping:
+                print(f"trident actor: stopped by {stopping[0]}; the partial rollout's env "
+                      "steps were not sent. Start it again to go on: a new actor, its "
+                      "environments from their first observations", flush=True)  # fmt: skip
+                return 130
     return 0
+
+
+def durability(counts: LinkCounts, status: pb.GetStatusResponse) -> str:
+    """What of the applied Steps a checkpoint holds, plainly when the server saves none."""
+    answered = counts.answered
+    if periodic_checkpoints(status) == 0 and counts.durable == 0:
+        return (f"durable: none of {answered} answered (the server saves no periodic "
+                "checkpoints, checkpoint.every_steps = 0: a restart loses them; "
+                "--wait-checkpoint asks it for one)")  # fmt: skip
+    lost = f", {counts.lost} lost with a state the server went back from" if counts.lost else ""
+    return (f"durable: {counts.durable} of {answered} answered in a checkpoint, "
+            f"{counts.not_yet_durable} not yet{lost}")  # fmt: skip
+
+
+@contextmanager
+def stop_signals() -> Iterator[list[str]]:
+    """A list that holds the name of the first SIGINT or SIGTERM received inside the block
+    (empty: none); a second one exits at once (130). The previous handlers are put back."""
+    stopping: list[str] = []
+    if threading.current_thread() is not threading.main_thread():  # only it may take signals
+        yield stopping
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        if stopping:
+            raise SystemExit(130)
+        stopping.append(signal.Signals(signum).name)
+
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stopping
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -299,6 +299,13 @@ def build_parser() -> argparse.ArgumentParser:
         "applied: with one group and one actor, what Act x T then Step compute, byte for byte",
     )
     actor.add_argument(
+        "--wait-checkpoint",
+        action="store_true",
+        help="before exiting, wait (up to --reconnect-timeout) until a checkpoint of the "
+        "server's state holds every Step this actor had applied: one it asks for where the "
+        "token may (Checkpoint: role admin), else the server's periodic ones",
+    )
+    actor.add_argument(
         "--reconnect-timeout",
         type=float,
         default=300.0,
@@ -585,6 +592,7 @@ def run_actor_command(args: argparse.Namespace, client: TridentClient) -> int:
         reconnect_s=args.reconnect_timeout,
         env_groups=args.env_groups,
         synchronous=args.synchronous,
+        wait_checkpoint=args.wait_checkpoint,
     )
 
 

@@ -4,6 +4,7 @@ a model that does not fit, and the Gymnasium adapter's same-step autoreset."""
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -114,11 +115,55 @@ def test_actor_trains_the_server_on_lobsim(tmp_path: Path) -> None:
     assert [line.split()[1] for line in progress] == ["1/2", "2/2"]
     assert "episode return n/a" not in progress[0]  # 8 steps of a 4-step horizon
     assert "bce " in progress[-1] and "aux " in progress[-1]  # the labels reached the server
-    done = re.match(r"done: 2 Steps \(2 applied, 0 dropped as stale\), \d+ Acts, (\d+) env "
-                    r"steps \((\d+) in unfinished rollouts\) in ", lines[-1])  # fmt: skip
+    done = re.match(r"done: 2 Steps \(2 applied, 0 dropped behind the policy lag, 0 dropped "
+                    r"ahead of the server's state\), \d+ Acts, (\d+) env steps \((\d+) in "
+                    r"unfinished rollouts\) in ", lines[-1])  # fmt: skip
     assert done, lines[-1]
     assert int(done[1]) - int(done[2]) == 2 * 8 * 4  # two whole rollouts, the rest left over
     assert " | Step p50 " in lines[-1] and " | Act p50 " in lines[-1]
+    # The server saves no periodic checkpoints: the line says so, plainly.
+    assert lines[-1].endswith("| durable: none of 2 answered (the server saves no periodic "
+                              "checkpoints, checkpoint.every_steps = 0: a restart loses them; "
+                              "--wait-checkpoint asks it for one)")  # fmt: skip
+
+
+def test_a_finishing_actor_waits_until_a_checkpoint_holds_its_steps(tmp_path: Path) -> None:
+    """--wait-checkpoint against a server without periodic checkpoints: the actor asks for one
+    (no token: it may), and its line counts every Step durable; the checkpoint holds them."""
+    with running_server(tmp_path, *CARTPOLE) as server:
+        code, lines, stderr = actor(server, "gymnasium:CartPole-v1", "--steps", "3",
+                                    "--wait-checkpoint")  # fmt: skip
+        assert code == 0, stderr
+        assert lines[-1].endswith("| durable: 3 of 3 answered in a checkpoint, 0 not yet")
+        with TridentClient(server.target) as client:
+            (saved,) = client.list_checkpoints()
+    assert saved.global_step == 3
+
+
+def test_sigint_stops_the_actor_with_its_summary_and_no_traceback(tmp_path: Path) -> None:
+    """Ctrl-C mid-run: the Steps sent are answered, the summary and how to go on are printed,
+    exit code 130, nothing on stderr."""
+    with running_server(tmp_path, *CARTPOLE) as server:
+        command = [sys.executable, "-m", "service.cli", "actor", "--server", server.target,
+                   "--env", "gymnasium:CartPole-v1", "--num-envs", "4", "--rollout-len", "8",
+                   "--log-every", "1", "--steps", "100000"]  # fmt: skip
+        running = subprocess.Popen(command, env=clean_env(), stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            assert running.stdout is not None
+            for line in running.stdout:  # a Step answered: the actor is in its loop
+                if line.startswith("step "):
+                    break
+            running.send_signal(signal.SIGINT)
+            out, err = running.communicate(timeout=60)
+        finally:
+            running.kill()
+        lines = out.splitlines()
+        assert running.returncode == 130 and err == "", err
+        assert lines[-1].startswith("trident actor: stopped by SIGINT; the partial rollout's")
+        done = re.match(r"done: (\d+) Steps \((\d+) applied", lines[-2])
+        assert done and done[1] == done[2], lines[-2]
+        assert global_step(server) >= int(done[2]) >= 1
 
 
 def cartpole(num_envs: int, **kwargs: object) -> gymnasium.vector.VectorEnv:

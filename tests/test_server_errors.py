@@ -18,6 +18,7 @@ from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.client.client import TridentClient, step_request
+from service.client.resilient import ahead
 from service.types import ActMode, Rollout
 
 Code = grpc.StatusCode
@@ -382,6 +383,8 @@ def test_stale_rollout_is_failed_precondition(
     error = rejected(trained.stub.Step, stale)
     assert error.code() == Code.FAILED_PRECONDITION
     assert error.details().startswith("policy_version: expected"), error.details()
+    assert error.details().endswith(f"got {step - LAG - 1}: older than the lag allows")
+    assert not ahead(error.details())  # an actor counts it dropped behind
     assert state_of(trained.client) == (digest, step, replay_size)
     reply = trained.client.step(good_rollout(rng, policy_version=step - LAG))
     assert reply.policy_lag == LAG and reply.global_step == step + 1
@@ -389,7 +392,8 @@ def test_stale_rollout_is_failed_precondition(
     digest, step, replay_size = state_of(trained.client)
     error = rejected(trained.stub.Step, step_request(good_rollout(rng, policy_version=step + 1)))
     assert error.code() == Code.FAILED_PRECONDITION
-    assert f"got {step + 1}" in error.details(), error.details()
+    assert f"got {step + 1}: ahead of the server's state (at step {step}" in error.details()
+    assert ahead(error.details())  # an actor counts it dropped ahead, not behind
     assert state_of(trained.client) == (digest, step, replay_size)
 
 

@@ -7,14 +7,20 @@ shape there), and tries again. Every Step carries an idempotency key (this link'
 its own sequence number), so sending one again is safe: the server answers a key it applied.
 
 A Step the server answered is not safe yet: a server killed before its next checkpoint comes
-back from an older state without it. The link keeps each answered rollout until a reply shows
-it in a checkpoint of the same state (`checkpoint_step`, `state_epoch`); when a reply names a
-new state epoch, it sends the kept ones again, and the server applies those its restored state
-lacks and answers the rest. A rollout refused as too stale is dropped and counted.
+back from an older state without it. The link keeps each answered rollout until a reply (or
+GetStatus) shows it in a checkpoint of the same state (`checkpoint_step`, `state_epoch`): then
+it is durable. When a reply names a new state epoch, it sends the kept ones again, and the
+server applies those its restored state lacks and answers the rest. Past `keep` rollouts the
+oldest are let go of (their steps still counted durable once a checkpoint holds them, lost if
+the state goes back first). A rollout refused for its policy version is dropped and counted:
+behind (older than `train.max_policy_lag` allows) or ahead (newer than a server whose state
+went back to an older checkpoint). `wait_durable` waits, at the end, until every answered Step
+is in a checkpoint.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import secrets
@@ -31,7 +37,7 @@ import numpy as np
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.client.client import StepReply, TridentClient
 from service.errors import TridentError
-from service.step_ledger import ACTOR_ID, StepKey
+from service.step_ledger import ACTOR_ID, AHEAD, StepKey
 from service.types import ActMode, ActResult, Rollout
 
 Code = grpc.StatusCode
@@ -44,6 +50,12 @@ MAX_WAIT_S = 2.0
 def stale(details: str | None) -> bool:
     """Whether a FAILED_PRECONDITION refused a rollout for its policy version."""
     return "policy_version" in (details or "")
+
+
+def ahead(details: str | None) -> bool:
+    """Whether a policy-version refusal was for a version newer than the server's state (it
+    went back to an older checkpoint), not older than its lag allows."""
+    return AHEAD in (details or "")
 
 
 class ServerGone(TridentError):
@@ -75,10 +87,17 @@ class LinkCounts:
     answered: int = 0  # of those, answered (applied now, or before under the same key)
     replayed: int = 0  # answers that came from the server's ledger
     resent: int = 0  # rollouts sent again after the server's state changed
-    dropped_stale: int = 0  # rollouts refused as too many policy versions old
-    released: int = 0  # unconfirmed rollouts let go of (the keep-list was full)
+    dropped_behind: int = 0  # refused: older than train.max_policy_lag allows
+    dropped_ahead: int = 0  # refused: newer than the server's state (it went back)
+    durable: int = 0  # answered, and seen in a checkpoint of the server's state
+    lost: int = 0  # answered, let go of, and the server's state went back before a checkpoint
     reconnects: int = 0  # outages waited through
     dropped_keys: list[StepKey] = field(default_factory=list)
+
+    @property
+    def not_yet_durable(self) -> int:
+        """Answered rollouts no checkpoint is known to hold yet (neither durable nor lost)."""
+        return self.answered - self.durable - self.lost
 
 
 class ResilientLink:
@@ -98,6 +117,7 @@ class ResilientLink:
         self._sequence = 0
         self._epoch: int | None = None
         self._unconfirmed: deque[_Sent] = deque()
+        self._released: deque[tuple[int, int]] = deque()  # (epoch, step) of those let go of
         self._keep = keep
 
     # ------------------------------------------------------------------------ calls
@@ -137,9 +157,12 @@ class ResilientLink:
         self.counts.answered += 1
         self._record(key, rollout, reply)
 
-    def dropped(self, key: StepKey) -> None:
-        """Count rollout `key` as refused for being too many policy versions old."""
-        self.counts.dropped_stale += 1
+    def dropped(self, key: StepKey, details: str) -> None:
+        """Count rollout `key` as refused for its policy version (`details`: the refusal)."""
+        if ahead(details):
+            self.counts.dropped_ahead += 1
+        else:
+            self.counts.dropped_behind += 1
         self.counts.dropped_keys.append(key)
 
     def _send(self, key: StepKey, rollout: Rollout) -> StepReply | None:
@@ -148,7 +171,7 @@ class ResilientLink:
         except grpc.RpcError as error:
             if error.code() != Code.FAILED_PRECONDITION or not stale(error.details()):
                 raise
-            self.dropped(key)
+            self.dropped(key, error.details() or "")
             return None
         self._record(key, rollout, reply)
         return reply
@@ -195,23 +218,68 @@ class ResilientLink:
         self._epoch = reply.state_epoch
         if reply.global_step > reply.checkpoint_step:
             self._unconfirmed.append(_Sent(key, rollout, reply.state_epoch, reply.global_step))
+        else:
+            self.counts.durable += 1
         if changed:
             self._resend_lost()
-        self._forget_checkpointed(reply)
+        self._confirm(reply.state_epoch, reply.checkpoint_step)
         while len(self._unconfirmed) > self._keep:
-            self._unconfirmed.popleft()
-            self.counts.released += 1
+            sent = self._unconfirmed.popleft()
+            self._released.append((sent.epoch, sent.step))
 
-    def _forget_checkpointed(self, reply: StepReply) -> None:
-        self._unconfirmed = deque(
-            sent for sent in self._unconfirmed
-            if sent.epoch != reply.state_epoch or sent.step > reply.checkpoint_step
-        )  # fmt: skip
+    def _confirm(self, epoch: int, checkpoint_step: int) -> None:
+        """Count as durable what a checkpoint of state `epoch` up to `checkpoint_step` holds."""
+        held = lambda sent_epoch, step: sent_epoch == epoch and step <= checkpoint_step  # noqa: E731
+        kept = deque(sent for sent in self._unconfirmed if not held(sent.epoch, sent.step))
+        released = deque(entry for entry in self._released if not held(*entry))
+        self.counts.durable += len(self._unconfirmed) - len(kept)
+        self.counts.durable += len(self._released) - len(released)
+        self._unconfirmed, self._released = kept, released
 
     def _resend_lost(self) -> None:
-        """Send again, oldest first, every kept rollout answered under an older state."""
+        """Send again, oldest first, every kept rollout answered under an older state; those
+        let go of are lost."""
         older = [sent for sent in self._unconfirmed if sent.epoch != self._epoch]
         self._unconfirmed = deque(sent for sent in self._unconfirmed if sent.epoch == self._epoch)
+        released = deque(entry for entry in self._released if entry[0] == self._epoch)
+        self.counts.lost += len(self._released) - len(released)
+        self._released = released
         for sent in older:  # each answer is kept under the new epoch by _send
             self.counts.resent += 1
             self._send(sent.key, sent.rollout)
+
+    def wait_durable(self, timeout_s: float, poll_s: float = 0.5) -> bool:
+        """Wait until a checkpoint of the server's state holds every answered rollout: asks
+        for one (Checkpoint) where the token may, else waits for the server's periodic saves,
+        sending again what a state that went back lost. True when all are durable; False at
+        `timeout_s`, or at once when the token may not ask and the server saves none."""
+        deadline = time.monotonic() + timeout_s
+        may_ask = True
+        while self._unconfirmed or self._released:
+            status = self.status()
+            if status.state_epoch != self._epoch:
+                self._epoch = status.state_epoch
+                self._resend_lost()
+                continue
+            self._confirm(status.state_epoch, status.checkpoint_step)
+            if not (self._unconfirmed or self._released):
+                break
+            if may_ask:
+                may_ask = False
+                try:
+                    self._through_outages(self.client.checkpoint)
+                    continue
+                except grpc.RpcError as error:
+                    if error.code() not in (Code.PERMISSION_DENIED, Code.UNAUTHENTICATED):
+                        raise
+                if periodic_checkpoints(status) == 0:
+                    return False
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+        return True
+
+
+def periodic_checkpoints(status: pb.GetStatusResponse) -> int:
+    """The server's checkpoint.every_steps (0: it saves none on its own)."""
+    return int(json.loads(status.config_json)["checkpoint"]["every_steps"])

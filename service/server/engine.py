@@ -40,7 +40,7 @@ from service.errors import InferenceOnly, StalePolicy
 from service.server.act_batcher import ActBatcher
 from service.server.metrics import Metrics
 from service.server.step_queue import StepQueue
-from service.step_ledger import StepKey, StepLedger, check_same_content
+from service.step_ledger import AHEAD, StepKey, StepLedger, check_same_content
 from service.trainer.trainer import Trainer
 from service.types import ActMode, ActResult, Rollout, StepResult
 
@@ -80,6 +80,8 @@ class Status:
     kernel_abi_version: int
     auth_mode: str
     auth_token_set: bool
+    checkpoint_step: int
+    state_epoch: int
 
 
 class Engine:
@@ -216,16 +218,16 @@ class Engine:
             return
         current, limit = self.trainer.global_step, self.trainer.config.train.max_policy_lag
         if not current - limit <= version <= current:
+            why = (f"{AHEAD} (at step {current}: it went back to an earlier checkpoint)"
+                   if version > current else "older than the lag allows")  # fmt: skip
             raise StalePolicy(
                 f"policy_version: expected a version in [{max(current - limit, 0)}, {current}] "
-                f"(train.max_policy_lag = {limit}), got {version}"
+                f"(train.max_policy_lag = {limit}), got {version}: {why}"
             )
 
     def _periodic_checkpoint(self) -> None:
         """checkpoint.every_steps: a failed save is logged and counted; the Step stands."""
-        name = f"step-{self.trainer.global_step:010d}"
-        if (self.root / name).exists():  # reached again after a Restore
-            name = f"{name}-{int(time.time() * 1000)}"
+        name = self._default_name()
         try:
             self._save(name)
         except Exception as error:
@@ -256,7 +258,7 @@ class Engine:
             self._policy.publish()
 
     # ------------------------------------------------------------------------ state
-    def _save(self, name: str | None) -> CheckpointInfo:
+    def _save(self, name: str) -> CheckpointInfo:
         """Commit a checkpoint with the ledger; the caller holds _lock. Acts go on meanwhile
         (the state takes a copy of their counter)."""
         with self._keys_lock:
@@ -273,10 +275,16 @@ class Engine:
         )
         return info
 
+    def _default_name(self) -> str:
+        """`step-<global step>`, or with the time in ms when that name is taken (the step was
+        reached before, on a line a Restore left)."""
+        name = f"step-{self.trainer.global_step:010d}"
+        return f"{name}-{int(time.time() * 1000)}" if (self.root / name).exists() else name
+
     def checkpoint(self, name: str | None) -> CheckpointInfo:
         self.require_training("Checkpoint")
         with self._lock:
-            return self._save(name)
+            return self._save(self._default_name() if name is None else name)
 
     def restore(self, name: str) -> tuple[CheckpointInfo, str]:
         self.require_training("Restore")
@@ -317,6 +325,8 @@ class Engine:
                 auth_token_set=bool(
                     trainer.config.server.auth_token or trainer.config.server.auth_tokens_file
                 ),
+                checkpoint_step=self._checkpoint_step,
+                state_epoch=self._state_epoch,
             )
 
     # ------------------------------------------------------------------------ lifecycle

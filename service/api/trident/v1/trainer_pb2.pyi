@@ -286,7 +286,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("global_step", "backend", "device", "config_json", "param_digest", "inference_only", "step_queue_depth", "replay_size", "version", "kernel_abi_version", "auth_mode", "auth_token_set")
+    __slots__ = ("global_step", "backend", "device", "config_json", "param_digest", "inference_only", "step_queue_depth", "replay_size", "version", "kernel_abi_version", "auth_mode", "auth_token_set", "checkpoint_step", "state_epoch")
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
@@ -299,6 +299,8 @@ class GetStatusResponse(_message.Message):
     KERNEL_ABI_VERSION_FIELD_NUMBER: _ClassVar[int]
     AUTH_MODE_FIELD_NUMBER: _ClassVar[int]
     AUTH_TOKEN_SET_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
+    STATE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     global_step: int
     backend: str
     device: str
@@ -311,7 +313,9 @@ class GetStatusResponse(_message.Message):
     kernel_abi_version: int
     auth_mode: str
     auth_token_set: bool
-    def __init__(self, global_step: _Optional[int] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., config_json: _Optional[str] = ..., param_digest: _Optional[str] = ..., inference_only: _Optional[bool] = ..., step_queue_depth: _Optional[int] = ..., replay_size: _Optional[int] = ..., version: _Optional[str] = ..., kernel_abi_version: _Optional[int] = ..., auth_mode: _Optional[str] = ..., auth_token_set: _Optional[bool] = ...) -> None: ...
+    checkpoint_step: int
+    state_epoch: int
+    def __init__(self, global_step: _Optional[int] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., config_json: _Optional[str] = ..., param_digest: _Optional[str] = ..., inference_only: _Optional[bool] = ..., step_queue_depth: _Optional[int] = ..., replay_size: _Optional[int] = ..., version: _Optional[str] = ..., kernel_abi_version: _Optional[int] = ..., auth_mode: _Optional[str] = ..., auth_token_set: _Optional[bool] = ..., checkpoint_step: _Optional[int] = ..., state_epoch: _Optional[int] = ...) -> None: ...
 
 class UpdateHyperparamsRequest(_message.Message):
     __slots__ = ("values",)
