@@ -27,8 +27,6 @@ counted when they are more than train.max_policy_lag versions old).
 from __future__ import annotations
 
 import json
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -52,6 +50,7 @@ from service.config import LobsimConfig
 from service.envs import LobSimVectorEnv
 from service.errors import TridentError
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
+from service.signals import stop_signals
 from service.step_ledger import StepKey
 from service.types import Rollout
 from service.unroll import GroupStep, Unroller
@@ -488,25 +487,3 @@ def durability(counts: LinkCounts, status: pb.GetStatusResponse) -> str:
     lost = f", {counts.lost} lost with a state the server went back from" if counts.lost else ""
     return (f"durable: {counts.durable} of {answered} answered in a checkpoint, "
             f"{counts.not_yet_durable} not yet{lost}")  # fmt: skip
-
-
-@contextmanager
-def stop_signals() -> Iterator[list[str]]:
-    """A list that holds the name of the first SIGINT or SIGTERM received inside the block
-    (empty: none); a second one exits at once (130). The previous handlers are put back."""
-    stopping: list[str] = []
-    if threading.current_thread() is not threading.main_thread():  # only it may take signals
-        yield stopping
-        return
-
-    def stop(signum: int, frame: object) -> None:
-        if stopping:
-            raise SystemExit(130)
-        stopping.append(signal.Signals(signum).name)
-
-    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stopping
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)

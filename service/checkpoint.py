@@ -2,7 +2,9 @@
 
 Layout of `root/<name>/`: one `<group>.safetensors` per state group (params, target, optim,
 replay, counters, rng), `config.json`, `ledger.json` (the idempotency keys of the Steps the
-state includes, service/step_ledger.py), and `manifest.json` (format version, global step,
+state includes, service/step_ledger.py), for a training job's checkpoint `job.safetensors`
+(what the job needs beside the trainer to go on exactly: its markets, its clock), and
+`manifest.json` (format version, global step,
 commit sequence, parameter digest, backend, sha256 and size of every other file, and a sha256
 of itself).
 A save writes everything into `root/.tmp-<name>-<pid>-<random>`, fsyncs the files, the
@@ -58,6 +60,7 @@ MIGRATED = (2,)
 MANIFEST = "manifest.json"
 CONFIG = "config.json"
 COMMIT_LOCK = ".commit.lock"
+JOB = "job.safetensors"  # a training job's own state, beside the trainer's
 LEDGER = "ledger.json"
 TEMP_PREFIX = ".tmp-"
 NAME_RULE = "1-128 characters from [A-Za-z0-9._-], starting with a letter or digit, without '..'"
@@ -252,9 +255,11 @@ def _info(directory: Path, manifest: Mapping[str, Any]) -> CheckpointInfo:
 
 
 # ------------------------------------------------------------------------------ save
-def _state_files(trainer: Trainer, ledger: StepLedger) -> dict[str, bytes]:
+def _state_files(
+    trainer: Trainer, ledger: StepLedger, job: Mapping[str, np.ndarray] | None
+) -> dict[str, bytes]:
     """The serialized files of a trainer: `<group>.safetensors` per state group, config.json,
-    ledger.json."""
+    ledger.json, and job.safetensors with `job`."""
     groups: dict[str, dict[str, np.ndarray]] = {}
     for key, array in trainer.state_dict().items():
         group, _, rest = key.partition("/")
@@ -263,6 +268,8 @@ def _state_files(trainer: Trainer, ledger: StepLedger) -> dict[str, bytes]:
     config = json.dumps(trainer.config.public_dict(), sort_keys=True, indent=1) + "\n"
     files[CONFIG] = config.encode()
     files[LEDGER] = ledger.to_json()
+    if job is not None:
+        files[JOB] = save_tensors({k: np.ascontiguousarray(v) for k, v in job.items()})
     return files
 
 
@@ -286,10 +293,12 @@ def save_checkpoint(
     name: str | None = None,
     keep_last: int | None = None,
     ledger: StepLedger | None = None,
+    job: Mapping[str, np.ndarray] | None = None,
 ) -> CheckpointInfo:
     """Write the trainer's whole state as checkpoint `name` (default `step-<global_step>`),
-    with `ledger` (a server's keys of the Steps in that state; empty for a job), then prune
-    to the newest `keep_last` (default `checkpoint.keep_last`)."""
+    with `ledger` (a server's keys of the Steps in that state; empty for a job) and `job` (a
+    training job's own arrays: `read_job_state`), then prune to the newest `keep_last`
+    (default `checkpoint.keep_last`)."""
     started = time.perf_counter()
     name = check_name(f"step-{trainer.global_step:010d}" if name is None else name)
     keep = trainer.config.checkpoint.keep_last if keep_last is None else keep_last
@@ -307,7 +316,7 @@ def save_checkpoint(
     try:
         if ledger is None:
             ledger = StepLedger(trainer.config.server.step_key_window)
-        state = _state_files(trainer, ledger)
+        state = _state_files(trainer, ledger, job)
         files = {fn: _write_file(temp / fn, data) for fn, data in state.items()}
         manifest = {
             "format_version": FORMAT_VERSION,
@@ -452,7 +461,7 @@ def _load_state(
     """The full `group/key` state dict from the verified safetensors files."""
     state: dict[str, np.ndarray] = {}
     for filename in manifest["files"]:
-        if filename.endswith(".safetensors"):
+        if filename.endswith(".safetensors") and filename != JOB:
             group = filename.removesuffix(".safetensors")
             tensors = _parse_tensors(directory, filename, blobs[filename])
             state.update({f"{group}/{key}": array for key, array in tensors.items()})
@@ -515,6 +524,17 @@ def restore_checkpoint(
     if ledger is not None:
         ledger.adopt(saved_ledger)
     return _info(directory, manifest)
+
+
+def read_job_state(root: PathLike, name: str) -> dict[str, np.ndarray] | None:
+    """The training job's arrays checkpoint `name` holds (verified against its manifest);
+    None for a checkpoint without (a server's, or one written before jobs saved theirs)."""
+    directory = _committed_dir(root, name)
+    manifest = read_manifest(directory)
+    entry = manifest["files"].get(JOB)
+    if entry is None:
+        return None
+    return _parse_tensors(directory, JOB, _read_verified(directory, JOB, entry))
 
 
 def load_policy(root: PathLike, name: str) -> tuple[Config, dict[str, np.ndarray]]:

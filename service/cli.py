@@ -137,8 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         const="latest",
         metavar="NAME",
-        help="lobsim: restore the newest checkpoint of --run-dir (or NAME) first, then run up "
-        "to train.steps",
+        help="lobsim: go on with the run of --run-dir (its config.toml unless --config) from "
+        "its newest checkpoint (or NAME), exactly where it stopped, up to train.steps",
     )
     train_cmd.add_argument(
         "--run-dir",
@@ -403,7 +403,12 @@ def run_train(args: argparse.Namespace) -> int:
     from service.errors import InvalidInput
     from service.jobs.run_folder import new_run_dir
 
-    config = load_config(args.config, overrides=args.overrides)
+    config_file = args.config
+    if args.resume and args.run_dir and config_file is None:
+        # Going on with a run: its own settings (the --set flags still apply on top).
+        saved = Path(args.run_dir) / "config.toml"
+        config_file = str(saved) if saved.is_file() else None
+    config = load_config(config_file, overrides=args.overrides)
     if args.resume and not (args.run_dir or config.checkpoint.dir):
         raise InvalidInput("--resume", "--run-dir naming the run to continue", "no --run-dir")
     if args.env == "bandit" and (args.resume or args.tensorboard):

@@ -34,6 +34,15 @@ class LobSimVectorEnv:
             aux_targets=out.info["aux_prev"],
         )
 
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The markets' state (`LobSim.state_dict`); the returns not yet taken are not in it."""
+        return self.env.state_dict()
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        """Markets as `state_dict` gave them; their current observation with them."""
+        self.env.load_state_dict(state)
+        self.obs = self.env.reset()
+
     def take_returns(self) -> list[float]:
         """Returns of the episodes finished since the last call."""
         returns, self.finished_returns = self.finished_returns, []

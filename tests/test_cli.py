@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -113,3 +114,31 @@ def test_resume_needs_the_run_to_continue(tmp_path: Path) -> None:
     done = trident("train", "--resume", cwd=tmp_path)
     assert done.returncode == 2 and "--resume: expected --run-dir" in done.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_the_bandit_job_stops_on_sigint_with_a_checkpoint_and_no_traceback(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "small.toml").write_text(
+        '[model]\nobs_dim = 12\nhidden_dim = 16\n[train]\nbackend = "numpy"\nsteps = 100000\n'
+        "log_every = 1\nnum_envs = 8\nrollout_len = 4\n[replay]\nmin_size = 16\nbatch_size = 16\n"
+        "[checkpoint]\nevery_steps = 2\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIDENT_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "train", "--env", "bandit", "--config",
+         "small.toml", "--run-dir", "run"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("step 3/"):
+            proc.send_signal(signal.SIGINT)
+            break
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err == "", err
+    last = out.splitlines()[-1]
+    assert last.startswith("trident train: stopped by SIGINT at step "), last
+    assert "; checkpoint step-" in last
+    step = int(last.split(" at step ")[1].split("/")[0])
+    assert list_checkpoints(tmp_path / "run" / "checkpoints")[0].global_step == step

@@ -8,11 +8,12 @@ from pathlib import Path
 import numpy as np
 
 from service.backend.blas import single_blas_thread
-from service.checkpoint import save_checkpoint
+from service.checkpoint import CheckpointInfo, save_checkpoint
 from service.config import Config
 from service.jobs.loop import LoopProgress, train
 from service.jobs.progress import Progress
 from service.jobs.run_folder import RunFolder
+from service.signals import stop_signals
 from service.synthetic import ContextualBandit
 from service.trainer.sizing import sized_backend
 from service.trainer.trainer import Trainer
@@ -53,11 +54,18 @@ def _train_bandit(trainer: Trainer, folder: RunFolder, write_checkpoint: bool) -
         flush=True,
     )
     started = time.perf_counter()
+    saved: list[CheckpointInfo] = []  # the last checkpoint saved
+
+    def checkpoint_now() -> CheckpointInfo:
+        """A checkpoint of the state as it is: the last one saved, when it holds this Step."""
+        if not saved or saved[-1].global_step != trainer.global_step:
+            saved.append(save_checkpoint(trainer, config.checkpoint.dir))
+        return saved[-1]
 
     def report(done: LoopProgress) -> None:
         step, result = done.step, done.result
         if every and step % every == 0:
-            save_checkpoint(trainer, config.checkpoint.dir)
+            checkpoint_now()
         elapsed = time.perf_counter() - started
         status = (f"{step * samples_per_step / elapsed:.0f} samples/s | reward "
                   f"{done.mean_reward:.3f}")  # fmt: skip
@@ -72,8 +80,14 @@ def _train_bandit(trainer: Trainer, folder: RunFolder, write_checkpoint: bool) -
             f" greedy-Q {greedy_accuracy(trainer, env, ActMode.GREEDY_Q):.1%}{skipped}"
         )
 
-    with Progress(train_cfg.steps) as bar:
-        train(trainer, env, train_cfg.steps, train_cfg.rollout_len, report)
+    with Progress(train_cfg.steps) as bar, stop_signals() as stopping:
+        train(trainer, env, train_cfg.steps, train_cfg.rollout_len, report, lambda: bool(stopping))
+        if stopping:
+            info = checkpoint_now()
+            print(f"trident train: stopped by {stopping[0]} at step {trainer.global_step}/"
+                  f"{train_cfg.steps}; checkpoint {info.name} (the bandit job starts afresh: "
+                  "--resume is for --env lobsim)", flush=True)  # fmt: skip
+            return 130
     elapsed = time.perf_counter() - started
     print(
         f"done: {trainer.global_step} steps, {trainer.global_step * samples_per_step} samples "
@@ -83,6 +97,6 @@ def _train_bandit(trainer: Trainer, folder: RunFolder, write_checkpoint: bool) -
         flush=True,
     )
     if write_checkpoint:
-        info = save_checkpoint(trainer, config.checkpoint.dir)
+        info = checkpoint_now()
         print(f"checkpoint {info.name} -> {info.path} ({info.size_bytes} bytes)", flush=True)
     return 0

@@ -23,9 +23,13 @@ def train(
     steps: int,
     horizon: int,
     on_step: Callable[[LoopProgress], None] = lambda progress: None,
+    stop: Callable[[], bool] = lambda: False,
 ) -> None:
-    """Run `steps` Steps, calling `on_step` after each."""
+    """Run `steps` Steps, calling `on_step` after each; fewer when `stop()` says so before
+    one."""
     for _ in range(steps):
+        if stop():
+            break
         rollout = collect_rollout(lambda obs: trainer.act(obs, ActMode.SAMPLE), env, horizon)
         result = trainer.step(rollout)
         on_step(LoopProgress(trainer.global_step, result, float(rollout.rewards.mean())))

@@ -52,6 +52,10 @@ class RunFolder:
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 
+    def checkpoint_dir(self, config: Config) -> Path:
+        """Where the run's checkpoints go: checkpoint.dir if set, else `checkpoints`."""
+        return Path(with_checkpoint_dir(config, self.checkpoints).checkpoint.dir)
+
     def prepare(self, config: Config) -> Config:
         """Create the folder, write `config` to its config.toml (without credentials) and return
         it with checkpoint.dir defaulting to `checkpoints`. The file keeps checkpoint.dir as

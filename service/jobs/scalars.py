@@ -5,6 +5,7 @@ at the Step's number."""
 from __future__ import annotations
 
 import csv
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,16 +15,25 @@ Value = float | int | None  # None: no value this Step (an empty CSV cell, no ev
 
 
 class ScalarLog:
-    """Rows of `columns` (the first is the Step number) to `csv_path`, appended when `append`
-    (a resumed job) and the file has rows already; events to `tensorboard` if given."""
+    """Rows of `columns` (the first is the Step number) to `csv_path`; events to `tensorboard`
+    if given. A job resumed after Step `resumed_at` keeps the file's rows up to that Step and
+    appends after them: the rows a stopped run wrote past its checkpoint go, as TensorBoard
+    purges its events from Step `resumed_at` + 1 on."""
 
     def __init__(
-        self, csv_path: Path, columns: tuple[str, ...], append: bool, tensorboard: Path | None
+        self,
+        csv_path: Path,
+        columns: tuple[str, ...],
+        resumed_at: int | None,
+        tensorboard: Path | None,
     ) -> None:
         self.columns = columns
-        self._events = None if tensorboard is None else _event_writer(tensorboard)
+        purge = None if resumed_at is None else resumed_at + 1
+        self._events = None if tensorboard is None else _event_writer(tensorboard, purge)
         csv_path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = csv_path.open("a" if append else "w", newline="")
+        if resumed_at is not None and csv_path.exists():
+            _cut_back(csv_path, resumed_at)
+        self._file = csv_path.open("w" if resumed_at is None else "a", newline="")
         self._csv = csv.writer(self._file)
         if self._file.tell() == 0:
             self._csv.writerow(columns)
@@ -57,11 +67,23 @@ def _cell(value: float | int) -> str:
     return str(value) if isinstance(value, int) else f"{value:.7g}"
 
 
-def _event_writer(directory: Path) -> Any:
+def _cut_back(csv_path: Path, last_step: int) -> None:
+    """Keep the header and the rows of Steps up to `last_step` (written whole, then renamed
+    over the file)."""
+    with csv_path.open(newline="") as handle:
+        rows = list(csv.reader(handle))
+    kept = rows[:1] + [row for row in rows[1:] if row and int(row[0]) <= last_step]
+    temporary = csv_path.with_suffix(".csv.tmp")
+    with temporary.open("w", newline="") as handle:
+        csv.writer(handle).writerows(kept)
+    os.replace(temporary, csv_path)
+
+
+def _event_writer(directory: Path, purge_step: int | None) -> Any:
     try:
         from tensorboardX import SummaryWriter
     except ImportError:
         raise InvalidInput(
             "--tensorboard", "tensorboardX (pip install '.[tensorboard]')", "no such module"
         ) from None
-    return SummaryWriter(str(directory))
+    return SummaryWriter(str(directory), purge_step=purge_step)

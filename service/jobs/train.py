@@ -4,9 +4,14 @@ Act -> LobSim step -> Step on the configured backend, into a run folder (run_fol
 every Step appends a row to its CSV log (and to TensorBoard with `tensorboard`); on a terminal
 a progress bar moves with each Step, and a line is printed every `train.log_every` Steps. At the
 end: one episode of held-out markets for the trained greedy policy and the baselines, the
-learning curve with the baselines' returns beside it, and a checkpoint. `--resume` restores the
-newest checkpoint (or a named one) first and runs the remaining Steps up to `train.steps`; the
-markets themselves start afresh (their state is not part of a checkpoint).
+learning curve with the baselines' returns beside it, and a checkpoint.
+
+Checkpoints hold the markets' state and the job's clock beside the trainer's (job.safetensors),
+so `--resume` (the newest checkpoint, or a named one) goes on exactly where the run stopped:
+the log is cut back to the checkpoint's Step (rows written after it, which the checkpoint does
+not hold, go; TensorBoard purges them), `elapsed_s` continues, and every later row and the
+final evaluation equal those of the run that never stopped. SIGINT or SIGTERM ends the Step in
+progress, saves a checkpoint there, prints how to resume, and exits with code 130.
 """
 
 from __future__ import annotations
@@ -20,7 +25,13 @@ from pathlib import Path
 import numpy as np
 
 from service.backend.blas import single_blas_thread
-from service.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
+from service.checkpoint import (
+    CheckpointInfo,
+    latest_checkpoint,
+    read_job_state,
+    restore_checkpoint,
+    save_checkpoint,
+)
 from service.config import Config, LobsimConfig, with_overrides
 from service.envs import LobSimVectorEnv
 from service.errors import InvalidInput
@@ -30,6 +41,7 @@ from service.jobs.progress import Progress
 from service.jobs.run_folder import RunFolder
 from service.jobs.scalars import ScalarLog, Value
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, LobSim, observation_dim
+from service.signals import stop_signals
 from service.trainer.sizing import sized_backend
 from service.trainer.trainer import Trainer
 from service.types import ActMode
@@ -62,13 +74,31 @@ def run_train_lobsim(
     tensorboard: Path | None = None,
 ) -> int:
     """The main job into the run folder `run_dir`; `resume`: "latest" or a checkpoint name
-    under checkpoint.dir; `tensorboard`: a directory for TensorBoard events too."""
+    under checkpoint.dir, checked before anything is written; `tensorboard`: a directory for
+    TensorBoard events too."""
     config, backend = sized_backend(lobsim_model(config))
     folder = RunFolder(run_dir)
+    checkpoints = folder.checkpoint_dir(config)
+    name = None if resume is None else checkpoint_to_resume(checkpoints, resume)
     config = folder.prepare(config)
     with single_blas_thread(backend.name):
         trainer = Trainer(config, backend)
-        return _train_lobsim(trainer, folder, write_checkpoint, resume, tensorboard)
+        return _train_lobsim(trainer, folder, write_checkpoint, name, tensorboard)
+
+
+def checkpoint_to_resume(checkpoints: Path, resume: str) -> str:
+    """The name --resume means: the newest checkpoint under `checkpoints` ("latest"), or the
+    one named, which must exist; InvalidInput otherwise."""
+    if resume != "latest":
+        if not (checkpoints / resume / "manifest.json").is_file():
+            raise InvalidInput("--resume", f"a checkpoint of {checkpoints}", repr(resume))
+        return resume
+    newest = latest_checkpoint(checkpoints)
+    if newest is None:
+        raise InvalidInput(
+            "--resume", f"a checkpoint in {checkpoints} (--run-dir: the run to continue)", "none"
+        )
+    return newest.name
 
 
 def _train_lobsim(
@@ -79,21 +109,24 @@ def _train_lobsim(
     tensorboard: Path | None,
 ) -> int:
     config = trainer.config
-    if resume is not None:
-        name = resume
-        if resume == "latest":
-            newest = latest_checkpoint(config.checkpoint.dir)
-            if newest is None:
-                raise InvalidInput(
-                    "--resume", f"a checkpoint in {config.checkpoint.dir} (--run-dir: the run "
-                    "to continue)", "none",
-                )  # fmt: skip
-            name = newest.name
-        info = restore_checkpoint(trainer, config.checkpoint.dir, name)
-        print(f"resumed from {info.name} at step {trainer.global_step}", flush=True)
     train_cfg, lob = config.train, config.lobsim
-    seed = train_cfg.seed + trainer.global_step
+    job: dict[str, np.ndarray] | None = None
+    saved: CheckpointInfo | None = None  # the newest checkpoint of this run's state
+    if resume is not None:
+        saved = info = restore_checkpoint(trainer, config.checkpoint.dir, resume)
+        job = read_job_state(config.checkpoint.dir, resume)
+        print(f"resumed from {info.name} at step {trainer.global_step}", flush=True)
+        if job is None:
+            print("note: the checkpoint holds no market state (written before jobs saved "
+                  "theirs): the markets start afresh", flush=True)  # fmt: skip
+    # Markets resumed from a job state are the run's own, seeded as it was; fresh ones after
+    # an older checkpoint take a seed of their own.
+    seed = train_cfg.seed + (0 if job is not None else trainer.global_step)
     next_step = job_stepper(trainer, config, seed)
+    elapsed_before = 0.0
+    if job is not None:
+        next_step.load_state_dict({k: v for k, v in job.items() if not k.startswith("job/")})
+        elapsed_before = float(job["job/elapsed_s"][0])
     samples_per_step = train_cfg.num_envs * train_cfg.rollout_len
     remaining = max(0, train_cfg.steps - trainer.global_step)
     saves = write_checkpoint or config.checkpoint.every_steps
@@ -107,20 +140,33 @@ def _train_lobsim(
         + (f"; TensorBoard events in {tensorboard}" if tensorboard else ""),
         flush=True,
     )
-    started = time.perf_counter()
+    started = time.perf_counter() - elapsed_before  # elapsed_s goes on from the checkpoint's
     first = trainer.global_step
     every = config.checkpoint.every_steps
     episode_steps = lob.horizon / train_cfg.rollout_len
     ended = [0, 0.0]  # episodes ended since the last log line, and their return sum
+    resumed_at = first if resume is not None else None
+
+    def save(elapsed: float) -> CheckpointInfo:
+        state = {**next_step.state_dict(), "job/elapsed_s": np.array([elapsed])}
+        return save_checkpoint(trainer, config.checkpoint.dir, job=state)
+
+    def checkpoint_now(elapsed: float) -> CheckpointInfo:
+        """A checkpoint of the state as it is: the last one saved, when it holds this Step."""
+        if saved is not None and saved.global_step == trainer.global_step:
+            return saved
+        return save(elapsed)
+
     with (
-        ScalarLog(folder.log_csv, CSV_COLUMNS, resume is not None, tensorboard) as scalars,
+        ScalarLog(folder.log_csv, CSV_COLUMNS, resumed_at, tensorboard) as scalars,
         Progress(train_cfg.steps, first) as progress,
+        stop_signals() as stopping,
     ):
         for _ in range(remaining):
+            if stopping:
+                break
             loop = next_step()  # before reading global_step: the Step advances it
             step, result, losses = trainer.global_step, loop.result, loop.result.losses
-            if every and step % every == 0:
-                save_checkpoint(trainer, config.checkpoint.dir)
             elapsed = time.perf_counter() - started
             ended[0] += loop.episodes
             ended[1] += loop.return_sum
@@ -132,7 +178,9 @@ def _train_lobsim(
                 "grad_norm": result.grad_norm, "entropy": result.entropy,
                 "lr": trainer.config.optim.lr, "skipped": int(result.skipped),
             }  # fmt: skip
-            scalars.write(row)
+            scalars.write(row)  # before the checkpoint: a resume cuts back what it lacks
+            if every and step % every == 0:
+                saved = save(elapsed)
             for warning in result.warnings:
                 progress.log(f"warning: {warning}")
             rate = (step - first) * samples_per_step / max(elapsed, 1e-9)
@@ -149,6 +197,12 @@ def _train_lobsim(
                 detail = " ".join(f"{k} {v:.3f}" for k, v in losses.items() if k != "total")
                 progress.log(f"step {step}/{train_cfg.steps} | {status} | {episode} | {detail}")
                 ended[:] = [0, 0.0]
+        if stopping:
+            name = checkpoint_now(time.perf_counter() - started).name
+            print(f"trident train: stopped by {stopping[0]} at step {trainer.global_step}/"
+                  f"{train_cfg.steps}; checkpoint {name}. Go on with: trident train --resume "
+                  f"--run-dir {folder.root}", flush=True)  # fmt: skip
+            return 130
     elapsed = time.perf_counter() - started
     print(
         f"trained {trainer.global_step - first} steps in {elapsed:.1f} s; log {folder.log_csv}; "
@@ -161,44 +215,75 @@ def _train_lobsim(
                         levels)  # fmt: skip
     print(f"learning curve -> {folder.curve_png}", flush=True)
     if write_checkpoint:
-        info = save_checkpoint(trainer, config.checkpoint.dir)
+        info = checkpoint_now(elapsed)
         print(f"checkpoint {info.name} -> {info.path} ({info.size_bytes} bytes)", flush=True)
     return 0
 
 
-def job_stepper(trainer: Trainer, config: Config, seed: int) -> Callable[[], LoopStep]:
-    """The main job's Step: `make_stepper` with `config.train`'s sizes, and with a 'linear'
-    train.lr_schedule the learning rate set before each Step from `config.optim.lr` (the job's,
-    not the trainer's, so a resumed job continues the same schedule)."""
-    train = config.train
-    step = make_stepper(trainer, train.num_envs, train.rollout_len, config.lobsim, seed)
-    if train.lr_schedule == "constant":
-        return step
-    lr, steps = config.optim.lr, train.steps
+class MarketSteps:
+    """The main job's Steps on `num_envs` markets of seed `seed`: each call runs a rollout of
+    `horizon` steps under the trainer's sampled policy and one Step on it (on NumPy the host
+    loop, the one remote actors run; on the GPU the device loop, where the markets live on the
+    device too), after `before()`. `state_dict` / `load_state_dict` are the markets' state:
+    what a resumed job restores to go on exactly where it stopped."""
 
-    def annealed() -> LoopStep:
-        trainer.update_hyperparams({"optim.lr": lr * (1 - trainer.global_step / steps)})
-        return step()
+    def __init__(
+        self,
+        trainer: Trainer,
+        num_envs: int,
+        horizon: int,
+        cfg: LobsimConfig,
+        seed: int,
+        before: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.trainer, self.horizon, self.before = trainer, horizon, before
+        self._host: LobSimVectorEnv | None = None
+        if trainer.xp is np:
+            self._host = LobSimVectorEnv(num_envs, cfg, seed)
+            self.markets = self._host.env
+        else:
+            self.markets = LobSim(num_envs, cfg, seed, backend="cuda")
+            self._device = DeviceLoop(trainer, self.markets, horizon)
 
-    return annealed
-
-
-def make_stepper(
-    trainer: Trainer, num_envs: int, horizon: int, cfg: LobsimConfig, seed: int
-) -> Callable[[], LoopStep]:
-    """One Step of training on `num_envs` fresh markets: on NumPy the host loop (the one
-    remote actors run), on the GPU the device loop, where the markets live on the device too."""
-    if trainer.xp is not np:
-        return DeviceLoop(trainer, LobSim(num_envs, cfg, seed, backend="cuda"), horizon).step
-    env = LobSimVectorEnv(num_envs, cfg, seed)
-
-    def on_host() -> LoopStep:
-        rollout = collect_rollout(lambda obs: trainer.act(obs, ActMode.SAMPLE), env, horizon)
+    def __call__(self) -> LoopStep:
+        self.before()
+        if self._host is None:
+            return self._device.step()
+        trainer, env = self.trainer, self._host
+        rollout = collect_rollout(lambda obs: trainer.act(obs, ActMode.SAMPLE), env, self.horizon)
         result = trainer.step(rollout)
         ended = env.take_returns()
         return LoopStep(result, float(rollout.rewards.mean()), len(ended), float(sum(ended)))
 
-    return on_host
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return self.markets.state_dict()
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        if self._host is not None:
+            self._host.load_state_dict(state)
+        else:
+            self.markets.load_state_dict(state)
+
+
+def job_stepper(trainer: Trainer, config: Config, seed: int) -> MarketSteps:
+    """The main job's Steps: `make_stepper` with `config.train`'s sizes, and with a 'linear'
+    train.lr_schedule the learning rate set before each Step from `config.optim.lr` (the job's,
+    not the trainer's, so a resumed job continues the same schedule)."""
+    train = config.train
+    lr, steps = config.optim.lr, train.steps
+
+    def anneal() -> None:
+        trainer.update_hyperparams({"optim.lr": lr * (1 - trainer.global_step / steps)})
+
+    before = anneal if train.lr_schedule == "linear" else (lambda: None)
+    return MarketSteps(trainer, train.num_envs, train.rollout_len, config.lobsim, seed, before)
+
+
+def make_stepper(
+    trainer: Trainer, num_envs: int, horizon: int, cfg: LobsimConfig, seed: int
+) -> MarketSteps:
+    """Steps of training on `num_envs` fresh markets, at the trainer's settings."""
+    return MarketSteps(trainer, num_envs, horizon, cfg, seed)
 
 
 def compare_with_baselines(trainer: Trainer, config: Config, out_dir: Path) -> evaluate.Report:

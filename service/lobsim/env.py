@@ -117,6 +117,14 @@ class StepOutput:
     info: dict
 
 
+# What the markets' next steps depend on beyond the seed and the settings: the books' arrays,
+# the markets' own, and the Philox sequence and the episode clock (`LobSim.state_dict`).
+BOOK_STATE = ("base", "lots", "agent_px", "agent_qty", "agent_ahead", "inventory", "cash",
+              "overflow", "traded")  # fmt: skip
+MARKET_STATE = ("t", "mid2", "variance", "flow_ema", "limit_w", "cancel_w", "market_w",
+                "excitation", "direction", "truncated_lots", "episode_return")  # fmt: skip
+
+
 class LobSim:
     """N independent markets with one market-making agent each."""
 
@@ -303,6 +311,43 @@ class LobSim:
         self.direction[flip] = -self.direction[flip]
         informed = below(words[:, :, 0], 100) < cfg.informed_pct  # ⌊w·100 / 2³²⌋ < %
         return np.where(informed, self.direction[None, :], 0)
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The markets as they are, as host arrays: load them into markets of the same seed,
+        settings and count (`load_state_dict`) and those step on exactly as these would."""
+        host = np.array if self.xp is np else (lambda array: array.get())
+        state = {f"books/{name}": host(getattr(self.books, name)) for name in BOOK_STATE}
+        state.update({f"market/{name}": host(getattr(self, name)) for name in MARKET_STATE})
+        state["market/observation"] = host(self._last_obs)
+        state["market/counters"] = np.array([self.calls, self.clock], dtype=np.int64)
+        state["market/key"] = np.array(self.key, dtype=np.uint64)
+        return state
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        """Take the state `state_dict` gave, checked whole first: ValueError naming the first
+        array that is missing, extra or of another shape or dtype, or markets of another seed;
+        nothing changes then."""
+        mine = self.state_dict()
+        if set(state) != set(mine):
+            raise ValueError(f"market state: expected the arrays {sorted(mine)}, got "
+                             f"{sorted(state)}")  # fmt: skip
+        for name, array in mine.items():
+            got = state[name]
+            if got.shape != array.shape or got.dtype != array.dtype:
+                raise ValueError(
+                    f"market state {name}: expected {array.dtype} {list(array.shape)}, got "
+                    f"{got.dtype} {list(got.shape)}"
+                )
+        if not np.array_equal(state["market/key"], mine["market/key"]):
+            raise ValueError("market state market/key: expected the markets' own seed's key, "
+                             "got another seed's")  # fmt: skip
+        xp = self.xp
+        for name in BOOK_STATE:  # in place: the device market holds the books' arrays
+            getattr(self.books, name)[...] = xp.asarray(state[f"books/{name}"])
+        for name in MARKET_STATE:
+            getattr(self, name)[...] = xp.asarray(state[f"market/{name}"])
+        self._last_obs = xp.asarray(state["market/observation"]).copy()
+        self.calls, self.clock = (int(value) for value in state["market/counters"])
 
     # ----------------------------------------------------------------------------- internals
     def _reset(self) -> None:

@@ -58,11 +58,11 @@ def test_every_csv_scalar_is_a_tensorboard_scalar(
     rows = random_rows(rng, 1, 6)
     rows[0]["episodes"], rows[0]["episode_return"] = 1, 2.5  # at least one of each kind
     rows[1]["episodes"], rows[1]["episode_return"] = 0, None
-    with ScalarLog(tmp_path / "log.csv", COLUMNS, False, tmp_path / "tb") as log:
+    with ScalarLog(tmp_path / "log.csv", COLUMNS, None, tmp_path / "tb") as log:
         for row in rows[:3]:
             log.write(row)
-    # a resumed job appends to the CSV, without a second header
-    with ScalarLog(tmp_path / "log.csv", COLUMNS, True, tmp_path / "tb2") as log:
+    # a job resumed after Step 3 appends to the CSV, without a second header
+    with ScalarLog(tmp_path / "log.csv", COLUMNS, 3, tmp_path / "tb2") as log:
         for row in rows[3:]:
             log.write(row)
     with (tmp_path / "log.csv").open(newline="") as handle:
@@ -84,9 +84,39 @@ def test_every_csv_scalar_is_a_tensorboard_scalar(
     assert [s for s, _ in read_events(tmp_path / "tb2")["train/loss"]] == [4, 5, 6]
 
 
+def test_a_resumed_log_cuts_back_to_its_checkpoint(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    """Rows 1-5 written, the checkpoint at Step 3: resumed, the log keeps rows 1-3, takes the
+    new 4-6 after them, and the new TensorBoard events purge those of Steps 4 on."""
+    first, again = random_rows(rng, 1, 5), random_rows(rng, 4, 3)
+    with ScalarLog(tmp_path / "log.csv", COLUMNS, None, tmp_path / "tb") as log:
+        for row in first:
+            log.write(row)
+    with ScalarLog(tmp_path / "log.csv", COLUMNS, 3, tmp_path / "tb") as log:
+        for row in again:
+            log.write(row)
+    with (tmp_path / "log.csv").open(newline="") as handle:
+        written = list(csv.DictReader(handle))
+    assert [int(r["step"]) for r in written] == [1, 2, 3, 4, 5, 6]
+    expected = [*first[:3], *again]
+    assert [float(r["loss"]) for r in written] == pytest.approx([r["loss"] for r in expected],
+                                                               rel=1e-6)  # fmt: skip
+    purges = []
+    for path in (tmp_path / "tb").glob("events.out.tfevents.*"):
+        data, at = path.read_bytes(), 0
+        while at < len(data):
+            (length,) = struct.unpack("<Q", data[at : at + 8])
+            event = event_pb2.Event.FromString(data[at + 12 : at + 12 + length])
+            if event.HasField("session_log"):
+                purges.append((event.step, event.session_log.status))
+            at += 16 + length
+    assert (4, event_pb2.SessionLog.START) in purges
+
+
 def test_a_row_must_have_every_column(tmp_path: Path) -> None:
     with (
-        ScalarLog(tmp_path / "log.csv", COLUMNS, False, None) as log,
+        ScalarLog(tmp_path / "log.csv", COLUMNS, None, None) as log,
         pytest.raises(ValueError, match="columns"),
     ):
         log.write({"step": 1, "loss": 0.5})
@@ -97,4 +127,4 @@ def test_tensorboard_without_tensorboardx_names_the_flag_and_the_extra(
 ) -> None:
     monkeypatch.setitem(sys.modules, "tensorboardX", None)  # `import` raises ImportError
     with pytest.raises(InvalidInput, match=r"--tensorboard: .*\.\[tensorboard\]"):
-        ScalarLog(tmp_path / "log.csv", COLUMNS, False, tmp_path / "tb")
+        ScalarLog(tmp_path / "log.csv", COLUMNS, None, tmp_path / "tb")
