@@ -90,3 +90,28 @@ def test_device_random_bits_are_the_host_philox_words(
         n = int(rng.integers(1, 5000))
         got = market.random_bits(stream, sequence, n).get()
         np.testing.assert_array_equal(got, random_bits(seed_key(seed), stream, sequence, n))
+
+
+def test_device_markets_loaded_from_a_state_go_on_as_the_markets_it_came_from() -> None:
+    """A resumed job's markets: state_dict of device markets after some steps, loaded into
+    fresh device markets of the same seed, which then step exactly as the first ones, across
+    an episode's end (the host copy of the state reads every device array)."""
+    import cupy
+
+    seed = fresh_seed()
+    cfg = LobsimConfig(horizon=30)
+    N = 257
+    first, second = LobSim(N, cfg, seed, backend="cuda"), LobSim(N, cfg, seed, backend="cuda")
+    rng = np.random.default_rng(seed)
+    for _ in range(17):
+        first.step(rng.integers(0, NUM_ACTIONS, N))
+    state = first.state_dict()
+    assert all(isinstance(array, np.ndarray) for array in state.values())
+    second.load_state_dict(state)
+    for step in range(40):
+        actions = rng.integers(0, NUM_ACTIONS, N)
+        want, got = first.step(actions), second.step(actions)
+        assert cupy.asnumpy(want.obs).tobytes() == cupy.asnumpy(got.obs).tobytes(), step
+        assert cupy.asnumpy(want.reward).tobytes() == cupy.asnumpy(got.reward).tobytes(), step
+    for name, array in first.state_dict().items():
+        assert array.tobytes() == second.state_dict()[name].tobytes(), name

@@ -261,3 +261,34 @@ def test_window_recentres_on_a_drifting_mid() -> None:
     # The buys lift the price on average (by 4.9 to 11 ticks over 150 seeds); a single market's
     # background flow can absorb them and its window come back where it started.
     assert (env.books.base + env.mid2 / 2.0).mean() > mid.mean() + 2
+
+
+def test_markets_loaded_from_a_state_go_on_as_the_markets_it_came_from() -> None:
+    """state_dict after some steps, loaded into fresh markets of the same seed: the two step
+    alike from there, across an episode's end; a state that does not fit changes nothing and
+    names what is wrong."""
+    seed = fresh_seed()
+    cfg = LobsimConfig(horizon=30)
+    first, second = LobSim(16, cfg, seed), LobSim(16, cfg, seed)
+    rng = np.random.default_rng(seed)
+    for _ in range(13):
+        first.step(rng.integers(0, NUM_ACTIONS, 16))
+    state = first.state_dict()
+    untouched = second.state_dict()
+    other = LobSim(16, cfg, seed + 1).state_dict()
+    for bad, field in (
+        ({**state, "market/key": other["market/key"]}, "market/key"),
+        ({k: v for k, v in state.items() if k != "books/cash"}, "expected the arrays"),
+        ({**state, "market/t": state["market/t"][:3]}, "market/t"),
+        ({**state, "market/variance": state["market/variance"].astype(np.float32)},
+         "market/variance"),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match=field):
+            second.load_state_dict(bad)
+        assert all(np.array_equal(v, second.state_dict()[k]) for k, v in untouched.items())
+    second.load_state_dict(state)
+    for step in range(40):
+        actions = rng.integers(0, NUM_ACTIONS, 16)
+        want, got = first.step(actions), second.step(actions)
+        assert want.obs.tobytes() == got.obs.tobytes(), step
+        assert want.reward.tobytes() == got.reward.tobytes(), step
