@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Protocol
 import grpc
 import numpy as np
 
+from service import logs
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.client.client import TridentClient
 from service.client.interact import InteractOutcome, InteractReply, InteractStream
@@ -52,6 +53,7 @@ from service.errors import TridentError
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
 from service.signals import stop_signals
 from service.step_ledger import StepKey
+from service.trainer.model import HEADS
 from service.types import Rollout
 from service.unroll import GroupStep, Unroller
 from service.vector_env import EnvStep, VectorEnv
@@ -429,16 +431,17 @@ def run_actor(
             flush=True,
         )
         started = time.perf_counter()
-        step_keys: list[str] = []  # the loss columns: sorted, new heads appended
+        warned = logs.FirstOfKind()
 
         def report(outcome: InteractOutcome, progress: Progress) -> None:
             reply = outcome.reply
+            for warning in warned.new(reply.warnings if reply else []):
+                print(f"trident actor: the server warns (shown once): {warning}", flush=True)
             if reply is None or (progress.outcomes % log_every and progress.outcomes != steps):
                 return
             returns = [r for vec_env in envs for r in vec_env.take_returns()]
             episodes = f"{np.mean(returns):.2f} ({len(returns)})" if returns else "n/a"
-            step_keys.extend(k for k in sorted(reply.losses) if k not in step_keys)
-            losses = " ".join(f"{k} {reply.losses[k]:.3f}" for k in step_keys if k in reply.losses)
+            losses = " ".join(f"{k} {reply.losses[k]:.3f}" for k in loss_columns(reply.losses))
             skipped = f" | skipped: {reply.skip_reason}" if reply.skipped else ""
             print(
                 f"step {progress.outcomes:>5}/{steps} | global step {reply.global_step} | "
@@ -475,6 +478,16 @@ def run_actor(
                       "environments from their first observations", flush=True)  # fmt: skip
                 return 130
     return 0
+
+
+LOSS_ORDER = ("total", *HEADS)  # the loss columns of a progress line, in every process alike
+
+
+def loss_columns(losses: dict[str, float]) -> list[str]:
+    """The heads a reply has losses of, in LOSS_ORDER (a head the order lacks: after, sorted),
+    so every actor's lines put the same column in the same place."""
+    known = [head for head in LOSS_ORDER if head in losses]
+    return known + sorted(set(losses) - set(LOSS_ORDER))
 
 
 def durability(counts: LinkCounts, status: pb.GetStatusResponse) -> str:

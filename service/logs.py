@@ -38,3 +38,21 @@ def configure(level: str) -> None:
 def event(level: int, message: str, /, **fields: Any) -> None:
     """Log one event with structured fields."""
     logger.log(level, message, extra={"fields": fields})
+
+
+class FirstOfKind:
+    """Setting warnings ("kind: advice", StepResult.warnings) come again every so many Steps
+    while their cause holds; a person needs each kind once. `new(warnings)` is those whose kind
+    this has not seen yet."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def new(self, warnings: list[str]) -> list[str]:
+        fresh = []
+        for warning in warnings:
+            kind = warning.split(":", 1)[0]
+            if kind not in self.seen:
+                self.seen.add(kind)
+                fresh.append(warning)
+        return fresh

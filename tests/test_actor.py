@@ -226,3 +226,18 @@ def test_unsupported_gymnasium_envs_are_refused() -> None:
     next_step = gymnasium.make_vec("CartPole-v1", 2, vectorization_mode="sync")
     with pytest.raises(ActorError, match="SAME_STEP"):
         GymnasiumVectorEnv(next_step, seed=0)
+
+
+def test_a_setting_warning_reaches_the_actor_once(tmp_path: Path) -> None:
+    """A C51 support far narrower than CartPole's returns: the server's warning rides on the
+    Step replies (every 100 Steps while it holds) and the actor prints it once, naming the
+    setting to change."""
+    narrow = ("c51.v_min=-0.01", "c51.v_max=0.01", "replay.min_size=16", "replay.batch_size=16")
+    with running_server(tmp_path, *CARTPOLE, *narrow) as server:
+        code, lines, stderr = actor(server, "gymnasium:CartPole-v1", "--steps", "115",
+                                    "--log-every", "1000")  # fmt: skip
+    assert code == 0, stderr
+    warned = [line for line in lines if line.startswith("trident actor: the server warns")]
+    assert len(warned) == 1, lines
+    assert "c51: " in warned[0] and "--set c51.v_min=" in warned[0]
+    assert len(server.events("setting")) >= 2  # the replies carried it more than once

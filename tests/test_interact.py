@@ -236,3 +236,32 @@ def test_a_stream_reusing_an_applied_key_for_other_content_gets_that_refusal(
         assert refused.message.startswith("idempotency_key: twin#0 names a Step of other")
         assert applied.reply is not None and applied.reply.global_step == 2
         assert client.status().global_step == 2 and digest != client.status().param_digest
+
+
+def test_the_server_counts_the_returns_of_episodes_that_end_on_its_streams(
+    tmp_path: Path, seed: int
+) -> None:
+    """trident_episode_return: each environment's rewards summed per episode, observed when
+    it ends (terminated or truncated), as the actor's own sums say."""
+    env = ScriptedEnv(seed)
+    sums, ended = np.zeros(N), []
+    with running_server(tmp_path) as server, TridentClient(server.target) as client:
+        stream = client.interact("returns", 0, T, [N])
+        stream.send(0, env.obs, None)
+        for _ in range(3 * T):
+            reply = stream.receive()
+            assert reply is not None
+            moved = env.step(reply.actions)
+            sums += moved.rewards
+            done = moved.terminated | moved.truncated
+            ended += sums[done].tolist()
+            sums[done] = 0.0
+            stream.send(0, moved.obs, moved)
+        stream.receive()  # the last request's reply: its outcome was counted before it
+        stream.close()
+        while stream.receive() is not None:
+            pass
+        metrics = scrape(server)
+    assert len(ended) > 0
+    assert value(metrics, "trident_episode_return_count") == len(ended)
+    assert value(metrics, "trident_episode_return_sum") == pytest.approx(sum(ended), rel=1e-5)

@@ -63,6 +63,7 @@ class StepReply:
     replayed: bool  # answered from the server's ledger: this key was applied before
     checkpoint_step: int  # the server's newest checkpoint holds every Step up to this one
     state_epoch: int  # the server's id of its current state: new at each start and Restore
+    warnings: list[str]  # setting advice, "kind: ..." (StepResponse.warnings)
 
     @classmethod
     def from_message(cls, message: pb.StepResponse) -> StepReply:
@@ -82,6 +83,7 @@ class StepReply:
             replayed=message.replayed,
             checkpoint_step=message.checkpoint_step,
             state_epoch=message.state_epoch,
+            warnings=list(message.warnings),
         )
 
 

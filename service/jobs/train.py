@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from service import logs
 from service.backend.blas import single_blas_thread
 from service.checkpoint import (
     CheckpointInfo,
@@ -145,6 +146,7 @@ def _train_lobsim(
     every = config.checkpoint.every_steps
     episode_steps = lob.horizon / train_cfg.rollout_len
     ended = [0, 0.0]  # episodes ended since the last log line, and their return sum
+    warned = logs.FirstOfKind()
     resumed_at = first if resume is not None else None
 
     def save(elapsed: float) -> CheckpointInfo:
@@ -181,8 +183,8 @@ def _train_lobsim(
             scalars.write(row)  # before the checkpoint: a resume cuts back what it lacks
             if every and step % every == 0:
                 saved = save(elapsed)
-            for warning in result.warnings:
-                progress.log(f"warning: {warning}")
+            for warning in warned.new(result.warnings):
+                progress.log(f"warning (shown once): {warning}")
             rate = (step - first) * samples_per_step / max(elapsed, 1e-9)
             status = (f"{rate:.0f} env steps/s | reward/step {loop.mean_reward:.3f} | loss "
                       f"{losses.get('total', float('nan')):.3f}")  # fmt: skip

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import grpc
+import numpy as np
 
 from service import logs
 from service.api import wire
@@ -29,7 +30,7 @@ from service.server.validation import (
     rollout_from_request,
 )
 from service.types import ActMode, StepResult
-from service.unroll import Unroller
+from service.unroll import GroupStep, Unroller
 
 Handler = TypeVar("Handler", bound=Callable[..., Any])
 # Error details travel in trailing metadata; clients drop a stream whose metadata passes 8 KiB.
@@ -92,6 +93,28 @@ def method_handlers(servicer: pb_grpc.TrainerServiceServicer) -> dict[str, grpc.
             response_serializer=getattr(pb, response.name).SerializeToString,
         )  # fmt: skip
     return handlers
+
+
+class EpisodeReturns:
+    """One Interact stream's running episode returns, per environment: each outcome's rewards
+    added, and the returns of the episodes that ended (terminated or truncated) handed to
+    `ended`. An episode that began before the stream opened counts from the stream's start."""
+
+    def __init__(self, unroller: Unroller, ended: Callable[[float], None]) -> None:
+        self.unroller, self.ended = unroller, ended
+        self.sums = np.zeros(unroller.N)
+
+    def add(self, group: int, step: GroupStep) -> None:
+        if step.rewards is None:  # a group's first request: no outcome yet
+            return
+        lo = self.unroller.starts[group]
+        sums = self.sums[lo : lo + step.rewards.shape[0]]
+        sums += step.rewards
+        done = step.terminated | step.truncated
+        if done.any():
+            for value in sums[done].tolist():
+                self.ended(value)
+            sums[done] = 0.0
 
 
 def checkpoint_message(info: CheckpointInfo) -> pb.CheckpointInfo:
@@ -224,10 +247,13 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
                             empty=engine.trainer.backend.host_empty)  # fmt: skip
         steps = InteractSteps(engine, actor, first_sequence, context.is_active, unroller.recycle)
         clock, latency = engine.clock, self.metrics.interact_request_duration
+        returns = EpisodeReturns(unroller, self.metrics.episode_return.observe)
         while request is not None:
             arrived = clock()
             step = group_step(request, config)
-            for k, rollout in unroller.observe(request.group, step):
+            completed = unroller.observe(request.group, step)
+            returns.add(request.group, step)
+            for k, rollout in completed:
                 steps.submit(k, rollout)
                 if synchronous:
                     steps.finish()

@@ -36,6 +36,8 @@ from serverproc import ServerProcess, scrape
 
 from service.client.client import TridentClient
 
+from .tools import exported_series
+
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
 PROMETHEUS_YML = PROMETHEUS_DIR / "prometheus.yml"
@@ -527,7 +529,7 @@ def test_every_query_evaluates(deploy: Deploy, prometheus: Prometheus, stepped: 
 def test_queries_name_only_exported_series(deploy: Deploy, server: ServerProcess) -> None:
     exported = {name for name, _ in scrape(server)}
     assert "trident_steps_total" in exported, sorted(exported)
-    known = exported | PROMETHEUS_SERIES | deploy.recorded_names()
+    known = exported | exported_series() | PROMETHEUS_SERIES | deploy.recorded_names()
     failures = []
     for query in deploy.dashboard_queries() + deploy.rule_queries():
         names = metric_names(query.expr)

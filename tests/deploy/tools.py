@@ -88,15 +88,22 @@ def load_yaml_all(path: Path) -> list[Any]:
 
 
 def exported_series() -> set[str]:
-    """Every series name a fresh Metrics() exposes (histograms: _bucket/_sum/_count...)."""
+    """Every series name Metrics() can expose: what a fresh one shows (histograms:
+    _bucket/_sum/_count...), and the names of labelled families with no series yet (the RPC
+    error counters appear with their first error)."""
     registry = CollectorRegistry()
     Metrics(registry)
     text = generate_latest(registry).decode()
-    return {
+    shown = {
         re.split(r"[{ ]", line, maxsplit=1)[0]
         for line in text.splitlines()
         if line and not line.startswith("#")
     }
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
+                "gauge": ("",)}  # fmt: skip
+    declared = {f"{family.name}{suffix}" for family in registry.collect()
+                for suffix in suffixes.get(family.type, ("",))}  # fmt: skip
+    return shown | declared
 
 
 def alert_rules() -> list[dict[str, Any]]:

@@ -84,7 +84,7 @@ class StepKey(_message.Message):
     def __init__(self, actor_id: _Optional[str] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class StepResponse(_message.Message):
-    __slots__ = ("losses", "grad_norm", "entropy", "approx_kl", "clip_fraction", "skipped", "skip_reason", "global_step", "policy_lag", "timings_ms", "updates_applied", "updates_skipped", "replayed", "checkpoint_step", "state_epoch")
+    __slots__ = ("losses", "grad_norm", "entropy", "approx_kl", "clip_fraction", "skipped", "skip_reason", "global_step", "policy_lag", "timings_ms", "updates_applied", "updates_skipped", "replayed", "checkpoint_step", "state_epoch", "warnings")
     class LossesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +114,7 @@ class StepResponse(_message.Message):
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
     STATE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
     losses: _containers.ScalarMap[str, float]
     grad_norm: float
     entropy: float
@@ -129,7 +130,8 @@ class StepResponse(_message.Message):
     replayed: bool
     checkpoint_step: int
     state_epoch: int
-    def __init__(self, losses: _Optional[_Mapping[str, float]] = ..., grad_norm: _Optional[float] = ..., entropy: _Optional[float] = ..., approx_kl: _Optional[float] = ..., clip_fraction: _Optional[float] = ..., skipped: _Optional[bool] = ..., skip_reason: _Optional[str] = ..., global_step: _Optional[int] = ..., policy_lag: _Optional[int] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., updates_applied: _Optional[int] = ..., updates_skipped: _Optional[int] = ..., replayed: _Optional[bool] = ..., checkpoint_step: _Optional[int] = ..., state_epoch: _Optional[int] = ...) -> None: ...
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, losses: _Optional[_Mapping[str, float]] = ..., grad_norm: _Optional[float] = ..., entropy: _Optional[float] = ..., approx_kl: _Optional[float] = ..., clip_fraction: _Optional[float] = ..., skipped: _Optional[bool] = ..., skip_reason: _Optional[str] = ..., global_step: _Optional[int] = ..., policy_lag: _Optional[int] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., updates_applied: _Optional[int] = ..., updates_skipped: _Optional[int] = ..., replayed: _Optional[bool] = ..., checkpoint_step: _Optional[int] = ..., state_epoch: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StreamStepRequest(_message.Message):
     __slots__ = ("step",)
