@@ -44,18 +44,12 @@ sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # the tests
 import host_report
 from serverproc import ServerProcess
 
-from service.actor import (
-    GROUP_SEED_STRIDE,
-    GymnasiumVectorEnv,
-    StreamActor,
-    group_sizes,
-    make_gymnasium_env,
-)
+from service.actor import GROUP_SEED_STRIDE, StreamActor, group_sizes
 from service.client.client import TridentClient
 from service.client.interact import InteractOutcome
 from service.client.resilient import ResilientLink
 from service.config import load_config, sized_for
-from service.envs import LobSimVectorEnv
+from service.envs import GymnasiumVectorEnv, LobSimVectorEnv, make_gymnasium_env
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
 from service.types import ActMode
 from service.vector_env import collect_rollout

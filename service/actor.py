@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
 
 import grpc
 import numpy as np
@@ -48,134 +47,19 @@ from service.client.resilient import (
     stale,
 )
 from service.config import LobsimConfig
-from service.envs import LobSimVectorEnv
+from service.envs import EnvDims, EpisodeEnv, open_env
 from service.errors import TridentError
-from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
 from service.signals import stop_signals
 from service.step_ledger import StepKey
 from service.trainer.model import HEADS
 from service.types import Rollout
 from service.unroll import GroupStep, Unroller
-from service.vector_env import EnvStep, VectorEnv
-
-if TYPE_CHECKING:  # Gymnasium is optional (pip install 'trident[gym]')
-    from gymnasium.vector import VectorEnv as GymnasiumVector
-
-GYMNASIUM = "gymnasium:"
+from service.vector_env import EnvStep
 
 
 class ActorError(TridentError):
-    """The actor cannot run: an unknown or unsupported env, or one the server's model
-    does not fit."""
-
-
-@dataclass(frozen=True)
-class EnvDims:
-    """What the server's model must match."""
-
-    obs_dim: int
-    num_actions: int
-    aux_dim: int | None  # None: the env sends no aux targets, any model.aux_dim fits
-
-
-class ActorEnv(VectorEnv, Protocol):
-    """The loop's VectorEnv, keeping the returns of the episodes it finishes."""
-
-    def take_returns(self) -> list[float]:
-        """Returns of the episodes finished since the last call."""
-        ...
-
-
-class GymnasiumVectorEnv:
-    """A Gymnasium vector env with same-step autoreset as the loop's VectorEnv.
-
-    Same-step autoreset makes every step a real transition: an ended sub-env is reset inside
-    the step that ends it, its last observation is `infos["final_obs"][i]`, and the returned
-    observation already starts the next episode. (Gymnasium's default next-step mode would
-    instead spend the following step on the reset, with reward 0 and the action ignored.)
-    """
-
-    def __init__(self, envs: GymnasiumVector, seed: int) -> None:
-        import gymnasium
-
-        mode = envs.metadata.get("autoreset_mode")
-        if mode != gymnasium.vector.AutoresetMode.SAME_STEP:
-            raise ActorError(f"expected a vector env with SAME_STEP autoreset, got {mode}")
-        obs_space, action_space = envs.single_observation_space, envs.single_action_space
-        if not isinstance(action_space, gymnasium.spaces.Discrete):
-            raise ActorError(f"the actor needs Discrete actions, got {action_space}")
-        if not isinstance(obs_space, gymnasium.spaces.Box) or len(obs_space.shape) != 1:
-            raise ActorError(f"the actor needs 1-D Box observations, got {obs_space}")
-        self.envs = envs
-        self.num_envs = envs.num_envs
-        self.dims = EnvDims(obs_space.shape[0], int(action_space.n), None)
-        self.action_start = int(action_space.start)  # the server's actions count from 0
-        obs, _ = envs.reset(seed=seed)
-        self.obs = np.asarray(obs, np.float32)
-        self.returns = np.zeros(self.num_envs)
-        self.finished_returns: list[float] = []
-
-    def step(self, actions: np.ndarray) -> EnvStep:
-        obs, rewards, terminated, truncated, infos = self.envs.step(actions + self.action_start)
-        terminated = np.asarray(terminated, bool)
-        truncated = np.asarray(truncated, bool) & ~terminated  # a terminal step never bootstraps
-        self.returns += rewards
-        done = terminated | truncated
-        self.finished_returns.extend(self.returns[done].tolist())
-        self.returns[done] = 0.0
-        final = [np.asarray(infos["final_obs"][i], np.float32) for i in np.flatnonzero(truncated)]
-        self.obs = np.asarray(obs, np.float32)
-        return EnvStep(
-            obs=self.obs,
-            rewards=np.asarray(rewards, np.float32),
-            terminated=terminated,
-            truncated=truncated,
-            final_obs=np.stack(final) if final else np.zeros((0, self.dims.obs_dim), np.float32),
-        )
-
-    def take_returns(self) -> list[float]:
-        returns, self.finished_returns = self.finished_returns, []
-        return returns
-
-
-def make_gymnasium_env(env_id: str, num_envs: int, seed: int) -> GymnasiumVectorEnv:
-    """`gymnasium.make_vec(env_id)` with sync vectorisation and same-step autoreset."""
-    try:
-        import gymnasium
-    except ImportError as error:
-        raise ActorError(f"--env {GYMNASIUM}{env_id} needs pip install 'trident[gym]'") from error
-    try:
-        envs = gymnasium.make_vec(
-            env_id,
-            num_envs=num_envs,
-            vectorization_mode="sync",
-            vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP},
-        )
-    except gymnasium.error.Error as error:
-        raise ActorError(f"--env {GYMNASIUM}{env_id}: {error}") from error
-    try:
-        return GymnasiumVectorEnv(envs, seed)
-    except BaseException:
-        envs.close()
-        raise
-
-
-@contextmanager
-def open_env(
-    env: str, num_envs: int, lobsim: LobsimConfig, seed: int
-) -> Iterator[tuple[ActorEnv, EnvDims]]:
-    """The vector env `env` names ("lobsim" or "gymnasium:ID") and the model shape it needs."""
-    if env == "lobsim":
-        dims = EnvDims(observation_dim(lobsim), NUM_ACTIONS, LABEL_DIM)
-        yield LobSimVectorEnv(num_envs, lobsim, seed), dims
-    elif env.startswith(GYMNASIUM) and env != GYMNASIUM:
-        gym_env = make_gymnasium_env(env.removeprefix(GYMNASIUM), num_envs, seed)
-        try:
-            yield gym_env, gym_env.dims
-        finally:
-            gym_env.envs.close()
-    else:
-        raise ActorError(f"--env: expected lobsim or {GYMNASIUM}ID, got {env!r}")
+    """The actor cannot run: the server's model does not fit its env, or the server is
+    inference-only."""
 
 
 def check_dims(status: pb.GetStatusResponse, dims: EnvDims, env: str) -> None:
@@ -254,7 +138,7 @@ class StreamActor:
     def __init__(
         self,
         link: ResilientLink,
-        envs: list[ActorEnv],
+        envs: list[EpisodeEnv],
         rollout_len: int,
         obs_dim: int,
         report: Callable[[InteractOutcome, Progress], None],

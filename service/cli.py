@@ -22,7 +22,8 @@ from service.actor import run_actor
 from service.api.messages import to_plain
 from service.client.client import DEFAULT_PORT, TridentClient, answered, channel_credentials
 from service.client.observations import load_observations
-from service.config import Config, ConfigError, load_config
+from service.config import Config, ConfigError, load_config, with_overrides
+from service.envs import GYMNASIUM, check_env_name, env_dims
 from service.errors import TridentError
 from service.jobs import evaluate
 from service.jobs.bandit import run_train_bandit
@@ -127,9 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(train_cmd)
     train_cmd.add_argument(
         "--env",
-        choices=("lobsim", "bandit"),
         default="lobsim",
-        help="environment: bandit (contextual bandit) or lobsim (limit-order-book markets)",
+        help="environment: lobsim (limit-order-book markets), bandit (contextual bandit), or "
+        "gymnasium:ID (any Gymnasium env with Discrete actions; the model's sizes from its "
+        "spaces; pip install '.[gym]')",
     )
     train_cmd.add_argument("--no-checkpoint", action="store_true", help="skip the final checkpoint")
     train_cmd.add_argument(
@@ -212,6 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="one rank per GPU of this host on the cuda backend, gradients summed over NCCL "
         "(server.world_size = N; train.data_shards a multiple of N)",
+    )
+    serve.add_argument(
+        "--env",
+        metavar="ENV",
+        help="lobsim or gymnasium:ID: the model's sizes (model.obs_dim, num_actions, aux_dim) "
+        "from the env its actors run",
     )
     serve.add_argument("--restore", metavar="NAME", help="restore this checkpoint at start")
     serve.add_argument(
@@ -370,8 +378,20 @@ def run_eval(args: argparse.Namespace) -> int:
     config = load_config(args.config, overrides=args.overrides)
     checkpoint = Path(args.checkpoint_dir or config.checkpoint.dir or ".", args.checkpoint)
     saved, params = load_policy(checkpoint.parent, checkpoint.name)
+    markets = lobsim_model(replace(saved, lobsim=config.lobsim))
+    sizes = ("obs_dim", "num_actions", "aux_dim")
+    # LobSim's actions and labels fix these two whatever the market settings (obs_dim follows
+    # lobsim.visible_levels: check_compatible names it below)
+    if any(getattr(saved.model, k) != getattr(markets.model, k) for k in sizes[1:]):
+        wanted = ", ".join(f"{k} {getattr(markets.model, k)}" for k in sizes)
+        got = ", ".join(f"{k} {getattr(saved.model, k)}" for k in sizes)
+        raise InvalidInput(
+            "CHECKPOINT", f"a LobSim checkpoint: trident eval plays LobSim markets (model {wanted})"
+            "; a Gymnasium run is evaluated by trident train, in its run folder's eval.json",
+            f"a model of {got}",
+        )  # fmt: skip
     # the checkpoint's model must be shaped for the markets of this config
-    check_compatible(saved, lobsim_model(replace(saved, lobsim=config.lobsim)), args.checkpoint)
+    check_compatible(saved, markets, args.checkpoint)
     train_seed = saved.train.seed
     seed = train_seed + HELD_OUT if args.seed is None else args.seed
     if seed == train_seed:
@@ -411,14 +431,27 @@ def run_train(args: argparse.Namespace) -> int:
     config = load_config(config_file, overrides=args.overrides)
     if args.resume and not (args.run_dir or config.checkpoint.dir):
         raise InvalidInput("--resume", "--run-dir naming the run to continue", "no --run-dir")
+    if args.env != "bandit":
+        check_env_name(args.env)  # lobsim or gymnasium:ID, before anything is written
     if args.env == "bandit" and (args.resume or args.tensorboard):
         flag = "--resume" if args.resume else "--tensorboard"
-        raise InvalidInput(flag, "--env lobsim (the bandit job has no per-Step log)", "bandit")
-    run_dir = Path(args.run_dir) if args.run_dir else new_run_dir(args.env)
+        raise InvalidInput(flag, "--env lobsim or gymnasium:ID (the bandit job has no per-Step "
+                           "log)", "bandit")  # fmt: skip
+    run_dir = Path(args.run_dir) if args.run_dir else new_run_dir(run_name(args.env))
     if args.env == "bandit":
         return run_train_bandit(config, run_dir, write_checkpoint=not args.no_checkpoint)
     tensorboard = Path(args.tensorboard) if args.tensorboard else None
+    if args.env != "lobsim":
+        from service.jobs.gym import run_train_gym
+
+        return run_train_gym(config, args.env, run_dir, not args.no_checkpoint, args.resume,
+                             tensorboard)  # fmt: skip
     return run_train_lobsim(config, run_dir, not args.no_checkpoint, args.resume, tensorboard)
+
+
+def run_name(env: str) -> str:
+    """A run folder's stem for `env`: gymnasium:CartPole-v1 -> CartPole-v1."""
+    return env.removeprefix(GYMNASIUM).replace("/", "-")
 
 
 def run_export(args: argparse.Namespace) -> int:
@@ -467,6 +500,8 @@ def run_serve(args: argparse.Namespace) -> int:
         flags["--gpus"] = ("server.world_size", str(args.gpus))
     backend = ["train.backend=cuda"] if args.gpus is not None else []  # after the user's --set
     config = load_config(args.config, overrides=[*args.overrides, *backend], flags=flags)
+    if args.env is not None:
+        config = sized_for_env(config, args.env)
     # Ranks on several hosts: each process is told its place by TRIDENT_RANK & co.
     topology = Topology.from_env(os.environ) if ENV_RANK in os.environ else None
     return serve(
@@ -476,6 +511,20 @@ def run_serve(args: argparse.Namespace) -> int:
         resume=args.resume,
         topology=topology,
     )
+
+
+def sized_for_env(config: Config, env: str) -> Config:
+    """`config` with model.obs_dim, num_actions and aux_dim from `env` (serve --env); a value
+    set otherwise that disagrees is refused, naming it."""
+    dims = env_dims(env, config.lobsim)
+    sizes = {"obs_dim": dims.obs_dim, "num_actions": dims.num_actions,
+             "aux_dim": dims.aux_dim or 0}  # fmt: skip
+    defaults = Config().model
+    for key, wanted in sizes.items():
+        given = getattr(config.model, key)
+        if given not in (wanted, getattr(defaults, key)):
+            raise ConfigError(f"model.{key}: --env {env} needs {wanted}, got {given}")
+    return with_overrides(config, [f"model.{key}={value}" for key, value in sizes.items()])
 
 
 def _read_token(path: str) -> str:

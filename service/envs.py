@@ -1,12 +1,42 @@
-"""LobSim as the loops' vector environment (`service/vector_env.py`'s VectorEnv)."""
+"""The environments the loops and actors run, as `service/vector_env.py`'s VectorEnv: LobSim,
+and any Gymnasium env with Discrete actions (`gymnasium:ID`), by `open_env`."""
 
 from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from service.config import LobsimConfig
-from service.lobsim.env import LobSim
-from service.vector_env import EnvStep
+from service.errors import InvalidInput
+from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, LobSim, observation_dim
+from service.vector_env import EnvStep, VectorEnv
+
+if TYPE_CHECKING:  # Gymnasium is optional (pip install 'trident[gym]')
+    from gymnasium.vector import VectorEnv as GymnasiumVector
+
+GYMNASIUM = "gymnasium:"
+
+
+@dataclass(frozen=True)
+class EnvDims:
+    """The model shape an env needs."""
+
+    obs_dim: int
+    num_actions: int
+    aux_dim: int | None  # None: the env sends no aux targets, any model.aux_dim fits
+
+
+class EpisodeEnv(VectorEnv, Protocol):
+    """The loop's VectorEnv, keeping the returns of the episodes it finishes."""
+
+    def take_returns(self) -> list[float]:
+        """Returns of the episodes finished since the last call."""
+        ...
 
 
 class LobSimVectorEnv:
@@ -47,3 +77,123 @@ class LobSimVectorEnv:
         """Returns of the episodes finished since the last call."""
         returns, self.finished_returns = self.finished_returns, []
         return returns
+
+
+class GymnasiumVectorEnv:
+    """A Gymnasium vector env with same-step autoreset as the loop's VectorEnv; Box
+    observations of any rank are flattened (C order) into [N, prod(shape)] float32.
+
+    Same-step autoreset makes every step a real transition: an ended sub-env is reset inside
+    the step that ends it, its last observation is `infos["final_obs"][i]`, and the returned
+    observation already starts the next episode. (Gymnasium's default next-step mode would
+    instead spend the following step on the reset, with reward 0 and the action ignored.)
+    """
+
+    def __init__(self, envs: GymnasiumVector, seed: int) -> None:
+        import gymnasium
+
+        mode = envs.metadata.get("autoreset_mode")
+        if mode != gymnasium.vector.AutoresetMode.SAME_STEP:
+            raise InvalidInput("env", "a vector env with SAME_STEP autoreset", mode)
+        obs_space, action_space = envs.single_observation_space, envs.single_action_space
+        if not isinstance(action_space, gymnasium.spaces.Discrete):
+            raise InvalidInput("--env", "an env with Discrete actions", action_space)
+        if not isinstance(obs_space, gymnasium.spaces.Box):
+            raise InvalidInput("--env", "an env with Box observations (of any rank)", obs_space)
+        self.envs = envs
+        self.num_envs = envs.num_envs
+        self.dims = EnvDims(math.prod(obs_space.shape), int(action_space.n), None)
+        self.action_start = int(action_space.start)  # the trainer's actions count from 0
+        obs, _ = envs.reset(seed=seed)
+        self.obs = self._flat(obs)
+        self.returns = np.zeros(self.num_envs)
+        self.finished_returns: list[float] = []
+
+    def _flat(self, obs: np.ndarray) -> np.ndarray:
+        return np.asarray(obs, np.float32).reshape(len(obs), self.dims.obs_dim)
+
+    def step(self, actions: np.ndarray) -> EnvStep:
+        obs, rewards, terminated, truncated, infos = self.envs.step(actions + self.action_start)
+        terminated = np.asarray(terminated, bool)
+        truncated = np.asarray(truncated, bool) & ~terminated  # a terminal step never bootstraps
+        self.returns += rewards
+        done = terminated | truncated
+        self.finished_returns.extend(self.returns[done].tolist())
+        self.returns[done] = 0.0
+        final = [infos["final_obs"][i] for i in np.flatnonzero(truncated)]
+        self.obs = self._flat(obs)
+        return EnvStep(
+            obs=self.obs,
+            rewards=np.asarray(rewards, np.float32),
+            terminated=terminated,
+            truncated=truncated,
+            final_obs=self._flat(np.stack(final)) if final
+            else np.zeros((0, self.dims.obs_dim), np.float32),
+        )  # fmt: skip
+
+    def take_returns(self) -> list[float]:
+        returns, self.finished_returns = self.finished_returns, []
+        return returns
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+def make_gymnasium_env(env_id: str, num_envs: int, seed: int) -> GymnasiumVectorEnv:
+    """`gymnasium.make_vec(env_id)` with sync vectorisation and same-step autoreset."""
+    try:
+        import gymnasium
+    except ImportError:
+        raise InvalidInput("--env", f"{GYMNASIUM}{env_id} with Gymnasium installed (pip install "
+                           "'trident[gym]')", "no module gymnasium") from None  # fmt: skip
+    try:
+        envs = gymnasium.make_vec(
+            env_id,
+            num_envs=num_envs,
+            vectorization_mode="sync",
+            vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP},
+        )
+    except gymnasium.error.Error as error:
+        raise InvalidInput("--env", f"a Gymnasium env id ({GYMNASIUM}ID)", f"{env_id}: {error}") \
+            from None  # fmt: skip
+    try:
+        return GymnasiumVectorEnv(envs, seed)
+    except BaseException:
+        envs.close()
+        raise
+
+
+def env_dims(env: str, lobsim: LobsimConfig) -> EnvDims:
+    """The model shape `env` ("lobsim" or "gymnasium:ID") needs (a Gymnasium env is made once
+    to read its spaces)."""
+    check_env_name(env)
+    if env == "lobsim":
+        return EnvDims(observation_dim(lobsim), NUM_ACTIONS, LABEL_DIM)
+    gym_env = make_gymnasium_env(env.removeprefix(GYMNASIUM), 1, seed=0)
+    gym_env.close()
+    return gym_env.dims
+
+
+def check_env_name(env: str) -> None:
+    """InvalidInput unless `env` is "lobsim" or "gymnasium:ID"; a bare Gymnasium id is told
+    how to write it."""
+    if env == "lobsim" or (env.startswith(GYMNASIUM) and env != GYMNASIUM):
+        return
+    hint = f" (a Gymnasium env: --env {GYMNASIUM}{env})" if "-v" in env else ""
+    raise InvalidInput("--env", f"lobsim or {GYMNASIUM}ID", f"{env!r}{hint}")
+
+
+@contextmanager
+def open_env(
+    env: str, num_envs: int, lobsim: LobsimConfig, seed: int
+) -> Iterator[tuple[EpisodeEnv, EnvDims]]:
+    """The vector env `env` names ("lobsim" or "gymnasium:ID") and the model shape it needs."""
+    check_env_name(env)
+    if env == "lobsim":
+        yield LobSimVectorEnv(num_envs, lobsim, seed), env_dims(env, lobsim)
+        return
+    gym_env = make_gymnasium_env(env.removeprefix(GYMNASIUM), num_envs, seed)
+    try:
+        yield gym_env, gym_env.dims
+    finally:
+        gym_env.close()

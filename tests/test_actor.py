@@ -16,13 +16,10 @@ import pytest
 from conftest import free_port, running_server
 from serverproc import ServerProcess, clean_env, trident_cli
 
-from service.actor import (
-    ActorError,
-    GymnasiumVectorEnv,
-    make_gymnasium_env,
-)
 from service.client.client import TridentClient
 from service.config import LobsimConfig
+from service.envs import GymnasiumVectorEnv, check_env_name, make_gymnasium_env
+from service.errors import InvalidInput
 from service.lobsim.env import observation_dim
 from service.types import ActMode
 from service.vector_env import collect_rollout
@@ -217,15 +214,65 @@ def test_truncations_match_single_envs_and_the_server_takes_them(
 
 
 def test_unsupported_gymnasium_envs_are_refused() -> None:
-    with pytest.raises(ActorError, match="Discrete actions, got Box"):
+    with pytest.raises(InvalidInput, match=r"--env: expected an env with Discrete actions, "
+                                           r"got Box"):  # fmt: skip
         make_gymnasium_env("Pendulum-v1", 2, seed=0)
-    with pytest.raises(ActorError, match="1-D Box observations, got Discrete"):
+    with pytest.raises(InvalidInput, match=r"Box observations \(of any rank\), got Discrete"):
         make_gymnasium_env("FrozenLake-v1", 2, seed=0)
-    with pytest.raises(ActorError, match="No-Such-Env"):
+    with pytest.raises(InvalidInput, match="No-Such-Env"):
         make_gymnasium_env("No-Such-Env-v0", 2, seed=0)
     next_step = gymnasium.make_vec("CartPole-v1", 2, vectorization_mode="sync")
-    with pytest.raises(ActorError, match="SAME_STEP"):
+    with pytest.raises(InvalidInput, match="SAME_STEP"):
         GymnasiumVectorEnv(next_step, seed=0)
+    with pytest.raises(InvalidInput, match=r"got 'CartPole-v1' \(a Gymnasium env: --env "
+                                           r"gymnasium:CartPole-v1\)"):  # fmt: skip
+        check_env_name("CartPole-v1")
+
+
+class Grid(gymnasium.Env):
+    """Observations of rank 3 ([2, 3, 4], drawn from the env's seeded generator), two actions,
+    episodes of 5 steps."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (2, 3, 4), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def _observe(self) -> np.ndarray:
+        return self.np_random.uniform(-1, 1, (2, 3, 4)).astype(np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+        super().reset(seed=seed)
+        self.t = 0
+        return self._observe(), {}
+
+    def step(self, action: int) -> tuple:
+        self.t += 1
+        return self._observe(), float(action), False, self.t >= 5, {}
+
+
+def test_observations_of_any_rank_are_flattened(seed: int, rng: np.random.Generator) -> None:
+    """Every observation, final ones included, is the env's own in C order, [N, 24] float32."""
+    gymnasium.register("TridentGrid-v0", entry_point=Grid)
+    env = make_gymnasium_env("TridentGrid-v0", 3, seed)
+    raw = gymnasium.make_vec("TridentGrid-v0", 3, vectorization_mode="sync",
+                             vector_kwargs=SAME_STEP)  # fmt: skip
+    try:
+        assert env.dims.obs_dim == 24
+        want, _ = raw.reset(seed=seed)
+        np.testing.assert_array_equal(env.obs, want.reshape(3, 24))
+        truncations = 0
+        for _ in range(7):
+            actions = rng.integers(0, 2, 3)
+            moved = env.step(actions)
+            want, _, _, truncated, infos = raw.step(actions)
+            assert moved.obs.shape == (3, 24) and moved.obs.dtype == np.float32
+            np.testing.assert_array_equal(moved.obs, want.reshape(3, 24))
+            finals = [infos["final_obs"][i].reshape(24) for i in np.flatnonzero(truncated)]
+            np.testing.assert_array_equal(moved.final_obs, np.reshape(finals, (-1, 24)))
+            truncations += len(finals)
+        assert truncations == 3  # every env ended its 5-step episode once
+    finally:
+        env.close()
+        raw.close()
 
 
 def test_a_setting_warning_reaches_the_actor_once(tmp_path: Path) -> None:

@@ -1,0 +1,278 @@
+"""`trident train --env gymnasium:ID`: any Gymnasium env with Discrete actions, trained in-process.
+
+The model's sizes come from the env's spaces (Box observations of any rank, flattened; no aux
+targets). Act -> env step -> Step on the configured backend, the envs on the host, into a run
+folder as the main job's (run_folder.py): a CSV row per Step, a progress bar and a line every
+`train.log_every` Steps, periodic and final checkpoints, the learning rate annealed as
+`train.lr_schedule` says, SIGINT / SIGTERM saving a checkpoint and exiting 130. At the end the
+greedy and the sampled policy and a uniformly random one each play the same EVAL_EPISODES
+episodes on fresh seeds (episode i of each policy starts from seed + HELD_OUT + i): their mean
+returns and the paired differences against random, with 95 % intervals, in eval.json /
+eval.txt, and the learning curve with those levels in train.png. `--resume` restores the
+trainer; the envs start afresh (a Gymnasium env's state is not part of a checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from service import logs
+from service.backend.blas import single_blas_thread
+from service.checkpoint import CheckpointInfo, restore_checkpoint, save_checkpoint
+from service.config import Config, with_overrides
+from service.envs import GymnasiumVectorEnv, env_dims, make_gymnasium_env
+from service.jobs.evaluate import Interval, interval, paired_difference
+from service.jobs.progress import Progress
+from service.jobs.run_folder import RunFolder
+from service.jobs.scalars import ScalarLog, Value
+from service.jobs.train import CSV_COLUMNS, HELD_OUT, LOSSES, checkpoint_to_resume, smoothed
+from service.signals import stop_signals
+from service.trainer.sizing import sized_backend
+from service.trainer.trainer import Trainer
+from service.types import ActMode
+from service.vector_env import collect_rollout
+
+EVAL_EPISODES = 100  # per policy, the same seeds for each
+EVAL_STEP_LIMIT = 100_000  # env steps an evaluation episode may take before it is cut
+POLICIES = ("greedy-π", "sampled-π", "random")
+
+
+def gym_model(config: Config, env: str) -> Config:
+    """`config` with the model's input and output sizes set to the env's."""
+    dims = env_dims(env, config.lobsim)
+    sizes = [f"model.obs_dim={dims.obs_dim}", f"model.num_actions={dims.num_actions}",
+             "model.aux_dim=0"]  # fmt: skip
+    return with_overrides(config, sizes)
+
+
+def run_train_gym(
+    config: Config,
+    env: str,
+    run_dir: Path,
+    write_checkpoint: bool = True,
+    resume: str | None = None,
+    tensorboard: Path | None = None,
+) -> int:
+    """The job on `env` ("gymnasium:ID") into the run folder `run_dir`; `resume`: "latest" or a
+    checkpoint name, checked before anything is written."""
+    config, backend = sized_backend(gym_model(config, env))
+    folder = RunFolder(run_dir)
+    name = None if resume is None else checkpoint_to_resume(folder.checkpoint_dir(config), resume)
+    config = folder.prepare(config)
+    with single_blas_thread(backend.name):
+        trainer = Trainer(config, backend)
+        return _train_gym(trainer, env, folder, write_checkpoint, name, tensorboard)
+
+
+def _train_gym(
+    trainer: Trainer,
+    env_name: str,
+    folder: RunFolder,
+    write_checkpoint: bool,
+    resume: str | None,
+    tensorboard: Path | None,
+) -> int:
+    config = trainer.config
+    train = config.train
+    env_id = env_name.removeprefix("gymnasium:")
+    saved: CheckpointInfo | None = None
+    if resume is not None:
+        saved = restore_checkpoint(trainer, config.checkpoint.dir, resume)
+        print(f"resumed from {saved.name} at step {trainer.global_step}; the envs start "
+              "afresh (a Gymnasium env's state is not part of a checkpoint)",
+              flush=True)  # fmt: skip
+    env = make_gymnasium_env(env_id, train.num_envs, train.seed + trainer.global_step)
+    lr, samples_per_step = config.optim.lr, train.num_envs * train.rollout_len
+    print(
+        f"trident train: backend={trainer.backend.name} env={env_name} steps={train.steps} "
+        f"rollout={train.rollout_len}x{train.num_envs} obs_dim={config.model.obs_dim} "
+        f"actions={config.model.num_actions} seed={train.seed}\n"
+        f"run folder {folder.root}: config.toml, train.csv, train.png, eval.json, eval.txt; "
+        f"checkpoints in {config.checkpoint.dir}",
+        flush=True,
+    )
+    first, every = trainer.global_step, config.checkpoint.every_steps
+    started = time.perf_counter()
+    warned = logs.FirstOfKind()
+
+    def checkpoint_now() -> CheckpointInfo:
+        """A checkpoint of the state as it is: the last one saved, when it holds this Step."""
+        nonlocal saved
+        if saved is None or saved.global_step != trainer.global_step:
+            saved = save_checkpoint(trainer, config.checkpoint.dir)
+        return saved
+
+    try:
+        with (
+            ScalarLog(folder.log_csv, CSV_COLUMNS, first if resume else None, tensorboard) as log,
+            Progress(train.steps, first) as progress,
+            stop_signals() as stopping,
+        ):
+            for _ in range(max(0, train.steps - first)):
+                if stopping:
+                    break
+                if train.lr_schedule == "linear":
+                    trainer.update_hyperparams(
+                        {"optim.lr": lr * (1 - trainer.global_step / train.steps)}
+                    )
+                act = lambda obs: trainer.act(obs, ActMode.SAMPLE)  # noqa: E731
+                rollout = collect_rollout(act, env, train.rollout_len)
+                result = trainer.step(rollout)
+                step, ended, losses = trainer.global_step, env.take_returns(), result.losses
+                elapsed = time.perf_counter() - started
+                row: dict[str, Value] = {
+                    "step": step, "elapsed_s": elapsed, "env_steps": step * samples_per_step,
+                    "reward_per_step": float(rollout.rewards.mean()), "episodes": len(ended),
+                    "episode_return": float(np.mean(ended)) if ended else None,
+                    **{f"loss_{k}": losses.get(k) for k in LOSSES},
+                    "grad_norm": result.grad_norm, "entropy": result.entropy,
+                    "lr": trainer.config.optim.lr, "skipped": int(result.skipped),
+                }  # fmt: skip
+                log.write(row)
+                if every and step % every == 0:
+                    checkpoint_now()
+                for warning in warned.new(result.warnings):
+                    progress.log(f"warning (shown once): {warning}")
+                mean = f"{np.mean(ended):.2f} ({len(ended)})" if ended else "n/a"
+                status = (f"{(step - first) * samples_per_step / max(elapsed, 1e-9):.0f} env "
+                          f"steps/s | episode return {mean}")  # fmt: skip
+                progress.step(status)
+                if step % train.log_every == 0 or step == train.steps:
+                    detail = " ".join(f"{k} {v:.3f}" for k, v in losses.items())
+                    progress.log(f"step {step}/{train.steps} | {status} | {detail}")
+            if stopping:
+                info = checkpoint_now()
+                print(f"trident train: stopped by {stopping[0]} at step {trainer.global_step}/"
+                      f"{train.steps}; checkpoint {info.name}. Go on with: trident train "
+                      f"--env {env_name} --resume --run-dir {folder.root}", flush=True)  # fmt: skip
+                return 130
+    finally:
+        env.close()
+    seconds = time.perf_counter() - started
+    print(f"trained {trainer.global_step - first} steps in {seconds:.1f} s; log "
+          f"{folder.log_csv}; evaluating on {EVAL_EPISODES} fresh episodes", flush=True)
+    report = evaluate_policies(trainer, env_id, train.seed + HELD_OUT)
+    report.write(folder.root)
+    print(report.text())
+    plot_returns(folder.log_csv, folder.curve_png, env_name, report.returns)
+    print(f"learning curve -> {folder.curve_png}; evaluation -> {folder.root / 'eval.json'}",
+          flush=True)  # fmt: skip
+    if write_checkpoint:
+        info = checkpoint_now()
+        print(f"checkpoint {info.name} -> {info.path} ({info.size_bytes} bytes)", flush=True)
+    return 0
+
+
+@dataclass(frozen=True)
+class GymReport:
+    """Each policy's episode returns (the same seeds, in order) and what they say."""
+
+    env: str
+    seed: int
+    episodes: dict[str, list[float]]
+
+    @property
+    def returns(self) -> dict[str, Interval]:
+        return {name: interval(np.array(values)) for name, values in self.episodes.items()}
+
+    def against_random(self) -> dict[str, Interval]:
+        random = np.array(self.episodes["random"])
+        return {name: paired_difference(np.array(values), random)
+                for name, values in self.episodes.items() if name != "random"}  # fmt: skip
+
+    def text(self) -> str:
+        lines = [f"evaluation of {self.env}: {EVAL_EPISODES} episodes per policy, the same "
+                 f"seeds ({self.seed} + episode), mean ± 95 % interval",
+                 f"{'policy':<12} return"]  # fmt: skip
+        lines += [f"{name:<12} {value}" for name, value in self.returns.items()]
+        lines.append("paired difference against random (same seeds):")
+        for name, difference in self.against_random().items():
+            low, high = difference.mean - difference.half, difference.mean + difference.half
+            verdict = "better" if low > 0 else "worse" if high < 0 else "not apart"
+            lines.append(f"{name:<12} {difference}  {verdict}")
+        return "\n".join(lines)
+
+    def write(self, folder: Path) -> None:
+        body = {
+            "env": self.env,
+            "seed": self.seed,
+            "episodes_per_policy": EVAL_EPISODES,
+            "interval": "mean ± 1.96 standard errors over episodes (one per seed)",
+            "returns": {name: value.to_json() for name, value in self.returns.items()},
+            "against_random": {k: v.to_json() for k, v in self.against_random().items()},
+            "episode_returns": self.episodes,
+        }
+        (folder / "eval.json").write_text(json.dumps(body, indent=1) + "\n")
+        (folder / "eval.txt").write_text(self.text() + "\n")
+
+
+def evaluate_policies(trainer: Trainer, env_id: str, seed: int) -> GymReport:
+    """Each policy plays episode i from seed `seed` + i, for i < EVAL_EPISODES."""
+    rng = np.random.default_rng(seed)
+    num_actions = trainer.config.model.num_actions
+    choose: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+        "greedy-π": lambda obs: trainer.act(obs, ActMode.GREEDY_PI).actions,
+        "sampled-π": lambda obs: trainer.act(obs, ActMode.SAMPLE).actions,
+        "random": lambda obs: rng.integers(0, num_actions, obs.shape[0]),
+    }
+    episodes = {}
+    for name in POLICIES:
+        env = make_gymnasium_env(env_id, EVAL_EPISODES, seed)
+        try:
+            episodes[name] = first_episodes(env, choose[name])
+        finally:
+            env.close()
+    return GymReport(f"gymnasium:{env_id}", seed, episodes)
+
+
+def first_episodes(
+    env: GymnasiumVectorEnv, act: Callable[[np.ndarray], np.ndarray]
+) -> list[float]:
+    """The return of each env's first episode (env i's, in order), under `act`; an episode
+    still running after EVAL_STEP_LIMIT steps counts what it gathered."""
+    N = env.num_envs
+    returns, finished = np.zeros(N), np.zeros(N, bool)
+    for _ in range(EVAL_STEP_LIMIT):
+        moved = env.step(np.asarray(act(env.obs), np.int64))
+        returns += np.where(finished, 0.0, moved.rewards)
+        finished |= moved.terminated | moved.truncated
+        if finished.all():
+            break
+    return returns.tolist()
+
+
+def plot_returns(log_csv: Path, png: Path, env: str, levels: dict[str, Interval]) -> None:
+    """Episode returns of training (each Step's mean, and over the last 10 Steps) against env
+    steps, with each evaluated policy's mean return as a line."""
+    import csv
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    with log_csv.open(newline="") as handle:
+        rows = [r for r in csv.DictReader(handle) if r["episode_return"]]
+    figure = Figure(figsize=(10, 5))
+    FigureCanvasAgg(figure)
+    axes = figure.subplots()
+    if rows:
+        steps = np.array([float(r["env_steps"]) for r in rows])
+        values = np.array([float(r["episode_return"]) for r in rows])
+        axes.plot(steps, values, color="0.7", linewidth=0.8, label="episodes ended per Step")
+        axes.plot(steps, smoothed(values, 10), color="black", linewidth=2,
+                  label="mean of the last 10")  # fmt: skip
+    for (name, level), style in zip(levels.items(), ("--", "-.", ":"), strict=False):
+        axes.axhline(level.mean, linestyle=style, color="tab:blue",
+                     label=f"{name} (held out): {level}")  # fmt: skip
+    axes.set_xlabel("env steps")
+    axes.set_ylabel("episode return")
+    axes.set_title(f"trident train --env {env}")
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(png, dpi=100)
