@@ -36,7 +36,7 @@ from service.checkpoint import (
     save_checkpoint,
 )
 from service.config import Config
-from service.errors import InferenceOnly, StalePolicy
+from service.errors import InferenceOnly, StalePolicy, Unavailable
 from service.server.act_batcher import ActBatcher
 from service.server.metrics import Metrics
 from service.server.step_queue import StepQueue
@@ -165,7 +165,10 @@ class Engine:
                     queued.waiting.append(caller_waiting)
                     self.metrics.steps_replayed.inc()
                     return queued.future
-                digest = self._digests.submit(rollout.digest)
+                try:
+                    digest = self._digests.submit(rollout.digest)
+                except RuntimeError:  # shut down by a drain: the queue is closed too
+                    raise Unavailable("the server is draining and takes no new Steps") from None
                 queued = _Queued(Future(), [caller_waiting], digest)
                 work = _Work(rollout, key, digest)
                 queued.future = self._steps.submit(work, queued.anyone_waiting)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import pytest
 from conftest import random_rollout, running_server, small_config, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from serverproc import Samples, ServerProcess, scrape, value
@@ -127,3 +128,23 @@ def refusal(method: grpc.UnaryUnaryMultiCallable, request: object) -> str | None
     except grpc.RpcError as error:
         return error.code().name
     return None
+
+
+def test_a_keyed_step_after_the_drain_is_unavailable(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    """Once an engine has drained, a keyed Step is refused as UNAVAILABLE (the actor goes and
+    waits for the next server), not failed as an internal error by its content digest's pool."""
+    from prometheus_client import CollectorRegistry
+
+    from service.errors import Unavailable
+    from service.server.engine import Engine
+    from service.server.metrics import Metrics
+    from service.step_ledger import StepKey
+
+    config = small_config(f"checkpoint.dir={tmp_path}")
+    engine = Engine(Trainer(config), Metrics(CollectorRegistry()))
+    engine.drain()
+    for key in (None, StepKey("late", 0)):
+        with pytest.raises(Unavailable, match="draining"):
+            engine.submit_step(random_rollout(rng), lambda: True, key)
