@@ -187,10 +187,11 @@ class Engine:
         started = self.clock()
         with self._lock:
             self._check_lag(rollout.policy_version)
+            # Before the Step (hashed meanwhile, it is done by now): a failure applies nothing.
+            digest = None if work.digest is None else work.digest.result()
             result = self.trainer.step(rollout)
             self._publish()
-            if work.key is not None and work.digest is not None:
-                digest = work.digest.result()
+            if work.key is not None:
                 with self._keys_lock:
                     self.ledger.record(work.key, result, digest)
             every = self.trainer.config.checkpoint.every_steps
