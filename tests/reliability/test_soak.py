@@ -1,4 +1,4 @@
-"""The CI-fast soak: bench/soak.py's own run with 4 actors for 20 s (`make soak` runs 16 for
+"""The CI-fast soak: bench/soak.py's own run with 4 actors for 40 s (`make soak` runs 16 for
 10 minutes). One run per module; each criterion is its own test: no errors, every Step in
 `trident_steps_total`, the server's RSS flat after the warm-up, `promtool check metrics` clean,
 latency recorded by every actor."""
@@ -16,17 +16,19 @@ pytestmark = pytest.mark.slow
 
 SETTINGS = Settings(
     actors=4,
-    duration_s=20.0,
+    duration_s=40.0,
     num_envs=8,  # 128 samples a Step: the replay fills within the warm-up on a busy 2-core box
     replay_capacity=1024,
     step_key_window=16,  # the ledger of applied keys is full within the warm-up as well
-    warmup_frac=0.4,  # the actors' start-up (imports on 2 cores) takes the first seconds
+    warmup_frac=0.5,  # the actors' start-up, then the allocators settling (RSS rises for ~15 s)
 )
-# The line through 12 s of RSS samples, extrapolated to 10 minutes, multiplies the RSS's
-# ordinary wander (~0.5 MiB of ~75 MiB while allocator pools settle) by 50: the short run bounds
-# the line's change over its own span instead. 2 % of ~75 MiB is 1.5 MiB over the ~20 Steps of
+# The line through 20 s of RSS samples, extrapolated to 10 minutes, multiplies the RSS's
+# ordinary wander (~0.5 MiB of ~75 MiB while allocator pools settle) by 30: the short run bounds
+# the line's change over its own span instead. 2 % of ~75 MiB is 1.5 MiB over the ~40 Steps of
 # that span: a leak of the order of one rollout per Step (request bytes, decoded arrays and
-# replay transitions, ~100 KiB at 16x8) would cross it.
+# replay transitions, ~100 KiB at 16x8) would cross it. The first 20 s are left out: over a
+# 20 s run with 12 s measured, the settling itself came to 2.0-2.4 % on the 2-vCPU VM (the
+# bound failed at 1ce58ff 4 times in 4 and in a clean-clone CI run); from 20 s on, -0.1-0.6 %.
 MAX_RSS_CHANGE_PCT = 2.0
 
 
