@@ -31,9 +31,8 @@ from service.jobs.evaluate import Interval, interval, paired_difference
 from service.jobs.progress import Progress
 from service.jobs.run_folder import RunFolder
 from service.jobs.scalars import ScalarLog, Value
-from service.jobs.train import CSV_COLUMNS, HELD_OUT, LOSSES, checkpoint_to_resume, smoothed
+from service.jobs.train import CSV_COLUMNS, HELD_OUT, LOSSES, smoothed, start_run
 from service.signals import stop_signals
-from service.trainer.sizing import sized_backend
 from service.trainer.trainer import Trainer
 from service.types import ActMode
 from service.vector_env import collect_rollout
@@ -61,12 +60,8 @@ def run_train_gym(
 ) -> int:
     """The job on `env` ("gymnasium:ID") into the run folder `run_dir`; `resume`: "latest" or a
     checkpoint name, checked before anything is written."""
-    config, backend = sized_backend(gym_model(config, env))
-    folder = RunFolder(run_dir)
-    name = None if resume is None else checkpoint_to_resume(folder.checkpoint_dir(config), resume)
-    config = folder.prepare(config)
-    with single_blas_thread(backend.name):
-        trainer = Trainer(config, backend)
+    trainer, folder, name = start_run(gym_model(config, env), run_dir, resume)
+    with single_blas_thread(trainer.backend.name):
         return _train_gym(trainer, env, folder, write_checkpoint, name, tensorboard)
 
 

@@ -77,14 +77,21 @@ def run_train_lobsim(
     """The main job into the run folder `run_dir`; `resume`: "latest" or a checkpoint name
     under checkpoint.dir, checked before anything is written; `tensorboard`: a directory for
     TensorBoard events too."""
-    config, backend = sized_backend(lobsim_model(config))
-    folder = RunFolder(run_dir)
-    checkpoints = folder.checkpoint_dir(config)
-    name = None if resume is None else checkpoint_to_resume(checkpoints, resume)
-    config = folder.prepare(config)
-    with single_blas_thread(backend.name):
-        trainer = Trainer(config, backend)
+    trainer, folder, name = start_run(lobsim_model(config), run_dir, resume)
+    with single_blas_thread(trainer.backend.name):
         return _train_lobsim(trainer, folder, write_checkpoint, name, tensorboard)
+
+
+def start_run(config: Config, run_dir: Path, resume: str | None) -> tuple[Trainer, RunFolder,
+                                                                          str | None]:  # fmt: skip
+    """A training job's trainer on its backend, its run folder prepared, and the checkpoint
+    `resume` means ("latest" or a name), checked before anything is written."""
+    config, backend = sized_backend(config)
+    folder = RunFolder(run_dir)
+    name = None if resume is None else checkpoint_to_resume(folder.checkpoint_dir(config), resume)
+    config = folder.prepare(config)
+    with single_blas_thread(backend.name):  # the trainer's first arrays too
+        return Trainer(config, backend), folder, name
 
 
 def checkpoint_to_resume(checkpoints: Path, resume: str) -> str:
