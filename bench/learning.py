@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import csv
 import datetime as dt
 import functools
 import json
@@ -46,7 +47,6 @@ from serverproc import ServerProcess
 
 from service.actor import GROUP_SEED_STRIDE, StreamActor, group_sizes
 from service.client.client import TridentClient
-from service.client.interact import InteractOutcome
 from service.client.resilient import ResilientLink
 from service.config import load_config, sized_for
 from service.envs import GymnasiumVectorEnv, LobSimVectorEnv, make_gymnasium_env
@@ -156,25 +156,32 @@ def cartpole(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------ LobSim
-def lobsim_run(seed: int, sets: list[str], workdir: Path, timeout_s: float) -> dict[str, Any]:
-    """The main job for one seed in its own run folder; its evaluation JSON and wall time."""
+def lobsim_run(
+    seed: int, sets: list[str], workdir: Path, timeout_s: float, env: str = "lobsim"
+) -> dict[str, Any]:
+    """`trident train --env env` for one seed in its own run folder (the main job by default);
+    its evaluation JSON, its train.csv rows and wall time."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"seed{seed}-", dir=workdir))
-    command = [sys.executable, "-m", "service.cli", "train", "--no-checkpoint",
+    command = [sys.executable, "-m", "service.cli", "train", "--env", env, "--no-checkpoint",
                "--run-dir", str(run_dir), "--set", f"train.seed={seed}"]  # fmt: skip
     for setting in sets:
         command += ["--set", setting]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIDENT_")}
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TRIDENT_")}
     started = time.perf_counter()
-    done = subprocess.run(command, cwd=run_dir, env=env, capture_output=True, text=True,
+    done = subprocess.run(command, cwd=run_dir, env=environ, capture_output=True, text=True,
                           timeout=timeout_s)  # fmt: skip
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"{shlex.join(command)} exited {done.returncode}:\n{done.stderr}")
     report = json.loads((run_dir / EVAL_JSON).read_text())
+    with (run_dir / "train.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
     lines = done.stdout.splitlines()
-    return {"seed": seed, "settings": sets, "seconds": round(seconds, 1),
+    return {"seed": seed, "settings": sets, "env": env, "seconds": round(seconds, 1),
             "job": lines[0] if lines else "",  # "trident train: backend=... steps=..."
-            "stdout_tail": lines[-30:], "evaluation": report}  # fmt: skip
+            "stdout_tail": lines[-30:], "evaluation": report,
+            "curve": [[int(row["env_steps"]), float(row["episode_return"])]
+                      for row in rows if row["episode_return"]]}  # fmt: skip
 
 
 def served_lobsim_run(
@@ -182,9 +189,9 @@ def served_lobsim_run(
 ) -> dict[str, Any]:
     """The main job's training through the served path: a real `trident serve` with the job's
     settings, `trident actor`'s StreamActor here (Interact, `groups` env groups) for the
-    job's Steps, the job's linear learning-rate decay applied through UpdateHyperparams after
-    each Step's outcome (a served trainer keeps its rate otherwise), then `trident eval` on the
-    final checkpoint: the same held-out markets and baselines as the job's own evaluation."""
+    job's Steps (the server anneals the learning rate over them, as the job does), then
+    `trident eval` on the final checkpoint: the same held-out markets and baselines as the
+    job's own evaluation."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"served{seed}-", dir=workdir))
     base = load_config(env={}, overrides=[f"train.seed={seed}", "train.backend=numpy", *sets])
     job = sized_for(base, "numpy")
@@ -193,7 +200,7 @@ def served_lobsim_run(
                    f"model.aux_dim={LABEL_DIM}", f"train.seed={seed}", "train.backend=numpy",
                    *sets]  # fmt: skip
     checkpoints = run_dir / "checkpoints"
-    steps, T, lr = job.train.steps, job.train.rollout_len, job.optim.lr
+    steps, T = job.train.steps, job.train.rollout_len
     started = time.perf_counter()
     with ServerProcess.start(
         run_dir, server_sets, checkpoint_dir=checkpoints, startup_timeout_s=120.0
@@ -201,13 +208,7 @@ def served_lobsim_run(
         envs = [LobSimVectorEnv(size, job.lobsim, seed + group * GROUP_SEED_STRIDE)
                 for group, size in enumerate(group_sizes(job.train.num_envs, groups))]  # fmt: skip
 
-        def anneal(outcome: InteractOutcome, progress: Any) -> None:
-            """The job's rate for the Step after this one: lr (1 - global_step / steps)."""
-            reply, linear = outcome.reply, job.train.lr_schedule == "linear"
-            if reply is not None and linear and reply.global_step < steps:
-                client.update_hyperparams({"optim.lr": lr * (1 - reply.global_step / steps)})
-
-        actor = StreamActor(ResilientLink(client), envs, T, D, anneal, synchronous)
+        actor = StreamActor(ResilientLink(client), envs, T, D, lambda *_: None, synchronous)
         while actor.progress.rollouts < steps:
             actor.turn()
             if time.perf_counter() - started > timeout_s:
@@ -238,13 +239,13 @@ def margin(report: dict[str, Any]) -> float:
 
 
 def run_all(
-    jobs: list[tuple[int, list[str]]],
+    jobs: list[tuple[Any, ...]],
     args: argparse.Namespace,
     summarize: Callable[[list[dict]], dict[str, Any]],
 ) -> dict[str, Any]:
-    """Every (seed, settings) job, `args.workers` at a time (one BLAS thread each); after each
-    one ends, the summary of those ended so far is written to `args.out` (a sweep cut short
-    keeps what it measured). A run that fails is recorded with its error."""
+    """Every (seed, settings[, Gymnasium id]) job, `args.workers` at a time (one BLAS thread
+    each); after each one ends, the summary of those ended so far is written to `args.out` (a
+    sweep cut short keeps what it measured). A run that fails is recorded with its error."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     runs: list[dict] = []
     with (
@@ -255,14 +256,17 @@ def run_all(
         if getattr(args, "via", "in-process") == "served":
             run = functools.partial(served_lobsim_run, groups=args.env_groups,
                                     synchronous=args.synchronous)  # fmt: skip
-        futures = {pool.submit(run, seed, sets, Path(tmp), args.timeout): (seed, sets)
-                   for seed, sets in jobs}  # fmt: skip
+        futures = {
+            pool.submit(run, seed, sets, Path(tmp), args.timeout, *env): (seed, sets, *env)
+            for seed, sets, *env in jobs  # env: a Gymnasium id, or none (LobSim)
+        }
         for future in concurrent.futures.as_completed(futures):
-            seed, sets = futures[future]
+            seed, sets, *env = futures[future]
             try:
                 runs.append(future.result())
             except (RuntimeError, subprocess.TimeoutExpired, OSError, ValueError) as error:
-                runs.append({"seed": seed, "settings": sets, "error": str(error)[-2000:]})
+                runs.append({"seed": seed, "settings": sets, "env": env[0] if env else "lobsim",
+                             "error": str(error)[-2000:]})  # fmt: skip
                 print(f"seed {seed} {' '.join(sets)}: failed: {str(error)[-300:]}", flush=True)
             write(args, summarize(runs))
     return summarize(runs)
@@ -310,11 +314,85 @@ def ranking(points: list[list[str]], runs: list[dict], args: argparse.Namespace)
     return {"points": args.points, "ranking": rows, "runs": runs}
 
 
+# ------------------------------------------------------------------------------ Gymnasium
+# Each env's budget, the return every seed's greedy policy must reach within it (issue 26), and
+# the published PPO figure it is set against (mean ± std over seeds, as their authors give it).
+GYM_TARGETS: dict[str, dict[str, Any]] = {
+    "CartPole-v1": {"budget": 500_000, "threshold": 475.0,
+                    "reference": "reward threshold of the env"},
+    "Acrobot-v1": {"budget": 500_000, "threshold": -90.0,
+                   "reference": "CleanRL ppo.py, 500k: -86.36 ± 1.32"},
+    "LunarLander-v3": {"budget": 1_000_000, "threshold": 200.0,
+                       "reference": "rl-baselines3-zoo PPO, 1M: 242.1 ± 31.8"},
+}  # fmt: skip
+
+
+def gym_steps(env_id: str, sets: list[str]) -> int:
+    """Steps of `trident train --env gymnasium:env_id` (its rows per Step as `sets` leave them)
+    that fit the env's budget."""
+    from service.jobs.gym import gym_rows
+
+    config = load_config(env={}, overrides=sets)
+    backend = config.train.backend if config.train.backend != "auto" else "numpy"
+    return GYM_TARGETS[env_id]["budget"] // gym_rows(sized_for(config, backend))
+
+
+def gym(args: argparse.Namespace) -> dict[str, Any]:
+    """Every env × point × seed as `trident train --env gymnasium:ID` within the env's budget:
+    the held-out evaluation of greedy-π, sampled-π and random (100 fresh episodes each)."""
+    points = [point.split() for point in args.points]
+    jobs = []
+    for env_id in args.envs:
+        for point in points:
+            sets = [*args.sets, *point]
+            sets.append(f"train.steps={gym_steps(env_id, sets)}")
+            jobs += [(seed, sets, f"gymnasium:{env_id}") for seed in args.seeds]
+
+    def summarize(runs: list[dict]) -> dict[str, Any]:
+        return {"targets": GYM_TARGETS, "points": args.points, "table": gym_table(runs),
+                "runs": sorted(runs, key=lambda r: (r.get("env", ""), r["seed"]))}
+
+    result = run_all(jobs, args, summarize)
+    print(f"\n{'env':<16} {'settings':<28} {'seeds':>5} {'env steps':>10} {'wall s':>7} "
+          f"{'greedy-π (per seed)':<34} {'random':>8} {'target':>7} {'met':>4}  reference")
+    for row in result["table"]:
+        per_seed = ", ".join(f"{value:.1f}" for value in row["greedy"])
+        print(f"{row['env']:<16} {' '.join(row['settings']) or '(defaults)':<28} "
+              f"{len(row['greedy']):>5} {row['env_steps']:>10,} {np.mean(row['seconds']):7.0f} "
+              f"{np.mean(row['greedy']):8.1f} [{per_seed}]{'':<{max(0, 24 - len(per_seed))}} "
+              f"{np.mean(row['random']):8.1f} {row['threshold']:7g} "
+              f"{'yes' if row['met'] else 'no':>4}  {row['reference']}")  # fmt: skip
+    return result
+
+
+def gym_table(runs: list[dict]) -> list[dict[str, Any]]:
+    """Per env and settings: each seed's greedy-π and random mean returns, and whether every
+    seed reached the env's threshold."""
+    rows: dict[tuple[str, tuple[str, ...]], dict[str, Any]] = {}
+    for run in runs:
+        if "error" in run:
+            continue
+        env_id = run["env"].removeprefix("gymnasium:")
+        point = tuple(s for s in run["settings"] if not s.startswith("train.steps="))
+        row = rows.setdefault((env_id, point), {
+            "env": env_id, "settings": list(point), "greedy": [], "sampled": [], "random": [],
+            "seconds": [], "env_steps": 0, **GYM_TARGETS[env_id]})  # fmt: skip
+        returns = run["evaluation"]["returns"]
+        row["greedy"].append(returns["greedy-π"]["mean"])
+        row["sampled"].append(returns["sampled-π"]["mean"])
+        row["random"].append(returns["random"]["mean"])
+        row["seconds"].append(run["seconds"])
+        row["env_steps"] = run["curve"][-1][0] if run["curve"] else 0
+    for row in rows.values():
+        row["met"] = min(row["greedy"]) >= row["threshold"]
+    return sorted(rows.values(), key=lambda row: (row["env"], -np.mean(row["greedy"])))
+
+
 # ------------------------------------------------------------------------------ main
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    for name in ("cartpole", "lobsim", "sweep"):
+    for name in ("cartpole", "lobsim", "sweep", "gym"):
         sub = commands.add_parser(name)
         sub.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
         sub.add_argument("--set", dest="sets", action="append", default=[],
@@ -329,6 +407,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             sub.add_argument("--env-groups", type=int, default=1, help="with --via actor")
         else:
             sub.add_argument("--workers", type=int, default=1, help="runs at a time")
+        if name != "cartpole":
+            sub.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
+        if name == "gym":
+            sub.add_argument("--envs", nargs="+", choices=sorted(GYM_TARGETS),
+                             default=list(GYM_TARGETS), help="Gymnasium ids")  # fmt: skip
+            sub.add_argument("--point", dest="points", action="append", default=[],
+                             metavar="'SECTION.KEY=VALUE ...'",
+                             help="settings on top of the defaults (default: the defaults)")
         if name == "lobsim":
             sub.add_argument("--via", choices=("in-process", "served"), default="in-process",
                              help="served: the job's training through trident serve and an "
@@ -337,7 +423,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             sub.add_argument("--synchronous", action="store_true",
                              help="with --via served: each rollout's first actions wait for "
                              "the previous Step (no policy lag)")  # fmt: skip
-            sub.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
         if name == "sweep":
             sub.add_argument("--point", dest="points", action="append", required=True,
                              metavar="'SECTION.KEY=VALUE ...'")  # fmt: skip
@@ -360,7 +445,10 @@ def write(args: argparse.Namespace, result: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.argv, args.started = list(argv or sys.argv[1:]), dt.datetime.now(dt.UTC)
-    result = {"cartpole": cartpole, "lobsim": lobsim, "sweep": sweep}[args.command](args)
+    if args.command == "gym" and not args.points:
+        args.points = [""]
+    commands = {"cartpole": cartpole, "lobsim": lobsim, "sweep": sweep, "gym": gym}
+    result = commands[args.command](args)
     write(args, result)
     print(f"\nwrote {args.out}")
     return 0

@@ -9,13 +9,13 @@ double buffering): one group steps while another's actions are in flight. The de
 group: on the H200 host 12 LobSim actors trained 314k env steps/s with one and 224k with two
 (bench/README.md, served.py), their round trip being small beside the markets' step.
 
-`--env lobsim` runs LobSim markets (the `lobsim` settings of --config / --set): start the
-server with `--set model.obs_dim=<observation_dim(lobsim)> --set model.num_actions=9
---set model.aux_dim=3` (obs_dim is 56 with the default lobsim.visible_levels = 10).
-`--env gymnasium:ID` runs `gymnasium.make_vec(ID, num_envs=N, vectorization_mode="sync")` for
-any env with Discrete actions and 1-D Box observations (model.obs_dim = the observation size,
-model.num_actions = the number of actions; model.aux_dim is free, no aux targets are sent).
-The actor reads the server's model shape first and stops with a message on a mismatch.
+`--env lobsim` runs LobSim markets (the `lobsim` settings of --config / --set), `--env
+gymnasium:ID` runs `gymnasium.make_vec(ID, num_envs=N, vectorization_mode="sync")` for any env
+with Discrete actions and Box observations (flattened); start the server with the same --env
+(`trident serve --env ...` sizes its model and fits its settings to the env). The actor reads
+the server's status first and stops with a message where the model does not fit its env. What
+it sends is the server's run unless flags say otherwise (RunShape): Steps of train.num_envs x
+train.rollout_len env steps, until the server's global step reaches train.steps.
 
 Its calls go through `ResilientLink` (service/client/resilient.py): when the server goes away
 (killed, draining, upgraded) the environments wait where they are, the actor reconnects with
@@ -47,7 +47,7 @@ from service.client.resilient import (
     stale,
 )
 from service.config import LobsimConfig
-from service.envs import EnvDims, EpisodeEnv, open_env
+from service.envs import EnvDims, EpisodeEnv, env_dims, open_env
 from service.errors import TridentError
 from service.signals import stop_signals
 from service.step_ledger import StepKey
@@ -254,14 +254,50 @@ class StreamActor:
                 self.report(InteractOutcome(sequence, reply, None, ""), self.progress)
 
 
+@dataclass(frozen=True)
+class RunShape:
+    """What an actor sends: `steps` rollouts of `rollout_len` x `num_envs` env steps, and the
+    server's global step at which it stops sooner (None: it does not)."""
+
+    num_envs: int
+    rollout_len: int
+    steps: int
+    until_step: int | None
+
+    @classmethod
+    def of(
+        cls,
+        status: pb.GetStatusResponse,
+        num_envs: int | None,
+        rollout_len: int | None,
+        steps: int | None,
+    ) -> RunShape:
+        """The flags given, the rest from the server's run: train.num_envs and rollout_len
+        (the Steps `trident train` makes), and Steps until its global step reaches
+        train.steps (the end of its learning-rate schedule), however many actors share it."""
+        train = json.loads(status.config_json)["train"]
+        until = None
+        if steps is None:
+            until = train["steps"]
+            steps = until - status.global_step
+            if steps < 1:
+                raise ActorError(
+                    f"the server's run has ended: its global step {status.global_step} has "
+                    f"reached train.steps = {until}; --steps N sends N more (at the schedule's "
+                    "last rate), or start the server with a larger train.steps"
+                )
+        return cls(num_envs or train["num_envs"], rollout_len or train["rollout_len"], steps,
+                   until)  # fmt: skip
+
+
 def run_actor(
     client: TridentClient,
     env: str,
     lobsim: LobsimConfig,
     *,
-    num_envs: int,
-    steps: int,
-    rollout_len: int,
+    num_envs: int | None,
+    steps: int | None,
+    rollout_len: int | None,
     seed: int,
     log_every: int,
     duration_s: float | None = None,
@@ -270,23 +306,20 @@ def run_actor(
     synchronous: bool = False,
     wait_checkpoint: bool = False,
 ) -> int:
-    """Send `steps` rollouts of `rollout_len` x `num_envs` env steps (or stop at the first
-    rollout boundary `duration_s` after the start) through an Interact stream, the envs in
-    `env_groups` groups (`synchronous`: a rollout's first actions wait for the previous
-    rollout's Step); print progress, then a `done:` summary line. With `wait_checkpoint`,
-    wait (up to `reconnect_s`) until a checkpoint holds every applied Step before it. A server
-    gone for longer than `reconnect_s` stops the actor (ServerGone). SIGINT or SIGTERM stops
-    it at once: the partial rollout abandoned, the Steps sent answered, the summary printed,
-    exit code 130."""
+    """Send `steps` rollouts of `rollout_len` x `num_envs` env steps (each None: as the
+    server's run, RunShape.of; or stop at the first rollout boundary `duration_s` after the
+    start) through an Interact stream, the envs in `env_groups` groups (`synchronous`: a
+    rollout's first actions wait for the previous rollout's Step); print progress, then a
+    `done:` summary line. With `wait_checkpoint`, wait (up to `reconnect_s`) until a checkpoint
+    holds every applied Step before it. A server gone for longer than `reconnect_s` stops the
+    actor (ServerGone). SIGINT or SIGTERM stops it at once: the partial rollout abandoned, the
+    Steps sent answered, the summary printed, exit code 130."""
     for name, value in (
         ("--num-envs", num_envs), ("--steps", steps), ("--rollout-len", rollout_len),
         ("--log-every", log_every), ("--env-groups", env_groups),
     ):  # fmt: skip
-        if value < 1:
+        if value is not None and value < 1:
             raise ActorError(f"{name}: expected a positive integer, got {value}")
-    if env_groups > num_envs:
-        raise ActorError(f"--env-groups: expected at most --num-envs ({num_envs}), got "
-                         f"{env_groups}")  # fmt: skip
     seeds = 2**63 - env_groups * GROUP_SEED_STRIDE  # every group's seed fits in 63 bits
     if not 0 <= seed < seeds:
         raise ActorError(f"--seed: expected an integer in [0, {seeds}), got {seed}")
@@ -294,33 +327,40 @@ def run_actor(
         raise ActorError(f"--duration: expected a positive number of seconds, got {duration_s}")
     if not reconnect_s > 0:
         raise ActorError(f"--reconnect-timeout: expected a positive number, got {reconnect_s}")
-    sizes = group_sizes(num_envs, env_groups)
+    dims = env_dims(env, lobsim)
+    link = ResilientLink(
+        client, lambda status: check_dims(status, dims, env), reconnect_s=reconnect_s
+    )
+    status = first_status(client, link, reconnect_s)
+    check_dims(status, dims, env)
+    shape = RunShape.of(status, num_envs, rollout_len, steps)
+    if env_groups > shape.num_envs:
+        raise ActorError(f"--env-groups: expected at most --num-envs ({shape.num_envs}), got "
+                         f"{env_groups}")  # fmt: skip
+    sizes = group_sizes(shape.num_envs, env_groups)
+    steps, rollout_len = shape.steps, shape.rollout_len
     with ExitStack() as opened:
-        envs, dims = [], None
-        for group, size in enumerate(sizes):
-            vec_env, dims = opened.enter_context(
-                open_env(env, size, lobsim, seed + group * GROUP_SEED_STRIDE)
-            )
-            envs.append(vec_env)
-        assert dims is not None
-        link = ResilientLink(
-            client, lambda status: check_dims(status, dims, env), reconnect_s=reconnect_s
-        )
-        status = first_status(client, link, reconnect_s)
-        check_dims(status, dims, env)
+        envs = [
+            opened.enter_context(open_env(env, size, lobsim, seed + group * GROUP_SEED_STRIDE))[0]
+            for group, size in enumerate(sizes)
+        ]
+        until = "" if shape.until_step is None else f" (until global step {shape.until_step})"
         print(
             f"trident actor: env={env} obs_dim={dims.obs_dim} actions={dims.num_actions} "
-            f"rollout={rollout_len}x{num_envs} groups={'+'.join(map(str, sizes))} "
-            f"steps={steps} seed={seed} id={link.actor_id}",
+            f"rollout={rollout_len}x{shape.num_envs} groups={'+'.join(map(str, sizes))} "
+            f"steps={steps}{until} seed={seed} id={link.actor_id}",
             flush=True,
         )
         started = time.perf_counter()
         warned = logs.FirstOfKind()
+        server_step = [status.global_step]  # as the latest reply has it
 
         def report(outcome: InteractOutcome, progress: Progress) -> None:
             reply = outcome.reply
             for warning in warned.new(reply.warnings if reply else []):
                 print(f"trident actor: the server warns (shown once): {warning}", flush=True)
+            if reply is not None:
+                server_step[0] = reply.global_step
             if reply is None or (progress.outcomes % log_every and progress.outcomes != steps):
                 return
             returns = [r for vec_env in envs for r in vec_env.take_returns()]
@@ -337,6 +377,8 @@ def run_actor(
         with stop_signals() as stopping:
             actor = StreamActor(link, envs, rollout_len, dims.obs_dim, report, synchronous)
             while actor.progress.rollouts < steps and not stopping:
+                if shape.until_step is not None and server_step[0] >= shape.until_step:
+                    break  # other actors' Steps have run the server's schedule to its end
                 late = duration_s is not None and time.perf_counter() - started >= duration_s
                 if late and actor.between_rollouts:
                     break

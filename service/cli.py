@@ -22,8 +22,8 @@ from service.actor import run_actor
 from service.api.messages import to_plain
 from service.client.client import DEFAULT_PORT, TridentClient, answered, channel_credentials
 from service.client.observations import load_observations
-from service.config import Config, ConfigError, load_config, with_overrides
-from service.envs import GYMNASIUM, check_env_name, env_dims
+from service.config import Config, ConfigError, load_config
+from service.envs import GYMNASIUM, check_env_name, fit_to_env
 from service.errors import TridentError
 from service.jobs import evaluate
 from service.jobs.bandit import run_train_bandit
@@ -282,15 +282,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_flags(actor)
     _add_config_flags(actor)  # the lobsim section, for --env lobsim
     actor.add_argument("--env", required=True, help="lobsim or gymnasium:ID (Discrete actions)")
-    actor.add_argument("--num-envs", type=int, default=16, help="environments in this process")
-    actor.add_argument("--steps", type=int, default=100, help="Steps to send, then exit")
+    actor.add_argument("--num-envs", type=int, help="environments in this process (default: "
+                       "the server's train.num_envs, the Steps `trident train` makes)")
+    actor.add_argument("--steps", type=int, help="Steps to send, then exit (default: until the "
+                       "server's global step reaches its train.steps, the end of its "
+                       "learning-rate schedule, whatever other actors send)")
     actor.add_argument(
         "--duration",
         type=float,
         metavar="SECONDS",
         help="also exit after the first Step that ends this long after the start",
     )
-    actor.add_argument("--rollout-len", type=int, default=16, help="env steps per Step")
+    actor.add_argument("--rollout-len", type=int,
+                       help="env steps per Step (default: the server's train.rollout_len)")
     actor.add_argument("--seed", type=int, default=0, help="environment seed")
     actor.add_argument("--log-every", type=int, default=10, help="Steps between progress lines")
     actor.add_argument(
@@ -501,7 +505,7 @@ def run_serve(args: argparse.Namespace) -> int:
     backend = ["train.backend=cuda"] if args.gpus is not None else []  # after the user's --set
     config = load_config(args.config, overrides=[*args.overrides, *backend], flags=flags)
     if args.env is not None:
-        config = sized_for_env(config, args.env)
+        config = fit_to_env(config, args.env)
     # Ranks on several hosts: each process is told its place by TRIDENT_RANK & co.
     topology = Topology.from_env(os.environ) if ENV_RANK in os.environ else None
     return serve(
@@ -511,20 +515,6 @@ def run_serve(args: argparse.Namespace) -> int:
         resume=args.resume,
         topology=topology,
     )
-
-
-def sized_for_env(config: Config, env: str) -> Config:
-    """`config` with model.obs_dim, num_actions and aux_dim from `env` (serve --env); a value
-    set otherwise that disagrees is refused, naming it."""
-    dims = env_dims(env, config.lobsim)
-    sizes = {"obs_dim": dims.obs_dim, "num_actions": dims.num_actions,
-             "aux_dim": dims.aux_dim or 0}  # fmt: skip
-    defaults = Config().model
-    for key, wanted in sizes.items():
-        given = getattr(config.model, key)
-        if given not in (wanted, getattr(defaults, key)):
-            raise ConfigError(f"model.{key}: --env {env} needs {wanted}, got {given}")
-    return with_overrides(config, [f"model.{key}={value}" for key, value in sizes.items()])
 
 
 def _read_token(path: str) -> str:

@@ -130,9 +130,11 @@ class TrainConfig(_Section):
     # (BACKEND_DEFAULTS: a few hundred on NumPy, thousands on CUDA)
     num_envs: int = _f(0, ge=0)
     rollout_len: int = _f(32, ge=1)  # env steps per environment per rollout
-    steps: int = _f(0, ge=0)  # training steps run by the `trident train` job; 0: BACKEND_DEFAULTS
-    # `trident train`'s learning rate over the job: 'constant' (optim.lr), or 'linear', optim.lr
-    # x (1 - done / steps) before each Step (CleanRL's anneal_lr)
+    # Steps of a run: `trident train`'s, or a server's (the learning-rate schedule's horizon;
+    # `trident actor` stops there by default); 0: BACKEND_DEFAULTS
+    steps: int = _f(0, ge=0)
+    # the learning rate over a run, the train job's or a server's: 'constant' (optim.lr), or
+    # 'linear', optim.lr x (1 - done / train.steps) before each Step (CleanRL's anneal_lr)
     lr_schedule: str = _f("linear", choices=("constant", "linear"))
     log_every: int = _f(20, ge=1)  # training steps between log lines
 

@@ -1,5 +1,21 @@
 """The environments the loops and actors run, as `service/vector_env.py`'s VectorEnv: LobSim,
-and any Gymnasium env with Discrete actions (`gymnasium:ID`), by `open_env`."""
+and any Gymnasium env with Discrete actions (`gymnasium:ID`), by `open_env`; and the settings
+an env decides (`fit_to_env`): the model's sizes and the C51 support.
+
+The support comes from a short probe: PROBE_ENVS copies of the env played PROBE_STEPS steps by
+a uniformly random policy seeded by train.seed (deterministic). A random policy's returns are not
+a trained one's (CartPole's last 20 steps, not 500), so the support also spans what the probe's
+per-step rewards give over the discount's horizon 1 / (1 - γ): with r_lo, r_hi the 1st and 99th
+percentiles of the rewards of steps that did not end an episode (a terminal bonus is one-off),
+
+    v_min = min(min(0, r_lo) / (1 - γ), lowest discounted return seen)
+    v_max = max(max(0, r_hi) / (1 - γ), highest discounted return seen)
+
+each rounded outward to two significant digits: CartPole [0, 100], Acrobot [-100, 0],
+LunarLander [-510, 690]. Not LobSim: a random market maker's rewards never show a good one's
+profits (its probe gives [-320, 0], which would clip every positive return); its support stays
+the recorded default [-10, 10] (bench/README.md, learning.py).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from service.config import LobsimConfig
+from service.config import C51Config, Config, LobsimConfig, with_overrides
 from service.errors import InvalidInput
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, LobSim, observation_dim
 from service.vector_env import EnvStep, VectorEnv
@@ -197,3 +213,76 @@ def open_env(
         yield gym_env, gym_env.dims
     finally:
         gym_env.close()
+
+
+PROBE_ENVS = 16  # copies of the env the support probe plays
+PROBE_STEPS = 256  # steps each copy plays
+HOST_NUM_ENVS = 256  # train.num_envs of a Gymnasium env left at 0, on every backend
+
+
+def fit_to_env(config: Config, env: str) -> Config:
+    """`config` with the settings `env` decides: model.obs_dim, num_actions and aux_dim (a value
+    set otherwise that disagrees is refused, naming it); for a Gymnasium env c51.v_min / v_max
+    from the probe where both are left at their defaults, and a train.num_envs left at 0 set
+    to HOST_NUM_ENVS (its envs run on the host; a GPU's thousands would spend a budget of
+    env steps in a few Steps)."""
+    dims = env_dims(env, config.lobsim)
+    sizes = {"obs_dim": dims.obs_dim, "num_actions": dims.num_actions,
+             "aux_dim": dims.aux_dim or 0}  # fmt: skip
+    defaults = Config().model
+    for key, wanted in sizes.items():
+        given = getattr(config.model, key)
+        if given not in (wanted, getattr(defaults, key)):
+            raise InvalidInput(f"model.{key}", f"{wanted} for --env {env}", given)
+    settings = [f"model.{key}={value}" for key, value in sizes.items()]
+    if env == "lobsim":
+        return with_overrides(config, settings)
+    c51, default_c51 = config.c51, C51Config()
+    if (c51.v_min, c51.v_max) == (default_c51.v_min, default_c51.v_max):
+        v_min, v_max = probe_support(env, config)
+        settings += [f"c51.v_min={v_min!r}", f"c51.v_max={v_max!r}"]
+    if config.train.num_envs == 0:
+        settings.append(f"train.num_envs={HOST_NUM_ENVS}")
+    return with_overrides(config, settings)
+
+
+def probe_support(env: str, config: Config) -> tuple[float, float]:
+    """[v_min, v_max] for the C51 head from a random policy's play of `env` (see above)."""
+    seed = config.train.seed
+    rng = np.random.default_rng(seed)
+    rewards = np.empty((PROBE_STEPS, PROBE_ENVS))
+    terminated, ended = np.empty_like(rewards, bool), np.empty_like(rewards, bool)
+    with open_env(env, PROBE_ENVS, config.lobsim, seed) as (vec_env, dims):
+        for t in range(PROBE_STEPS):
+            out = vec_env.step(rng.integers(0, dims.num_actions, PROBE_ENVS))
+            rewards[t], terminated[t] = out.rewards, out.terminated
+            ended[t] = out.terminated | out.truncated
+    return support_from_play(rewards, terminated, ended, config.train.gamma)
+
+
+def support_from_play(
+    rewards: np.ndarray, terminated: np.ndarray, ended: np.ndarray, gamma: float
+) -> tuple[float, float]:
+    """The probe's rule on [T, N] rewards and episode ends (module docstring)."""
+    horizon = 1 / (1 - gamma) if gamma < 1 else len(rewards)
+    flow = rewards[~terminated] if (~terminated).any() else rewards
+    low_rate, high_rate = np.percentile(flow, [1, 99])
+    returns, ahead = np.empty_like(rewards), np.zeros(rewards.shape[1])
+    for t in range(len(rewards) - 1, -1, -1):  # discounted returns-to-go within the probe
+        ahead = rewards[t] + gamma * np.where(ended[t], 0.0, ahead)
+        returns[t] = ahead
+    v_min = min(min(0.0, low_rate) * horizon, returns.min())
+    v_max = max(max(0.0, high_rate) * horizon, returns.max())
+    if not v_max - v_min > 1e-6:  # rewards all 0: any support fits; keep the default's width
+        default = C51Config()
+        v_min, v_max = v_min + default.v_min, v_max + default.v_max
+    return _round_out(v_min, floor=True), _round_out(v_max, floor=False)
+
+
+def _round_out(value: float, floor: bool) -> float:
+    """`value` rounded away from the inside of the support to two significant digits."""
+    value = float(f"{value:.9g}")  # 1 / (1 - 0.99) is 100.00000000000001
+    if value == 0:
+        return 0.0
+    unit = 10.0 ** (math.floor(math.log10(abs(value))) - 1)
+    return float((math.floor if floor else math.ceil)(value / unit) * unit)

@@ -279,7 +279,8 @@ def test_a_setting_warning_reaches_the_actor_once(tmp_path: Path) -> None:
     """A C51 support far narrower than CartPole's returns: the server's warning rides on the
     Step replies (every 100 Steps while it holds) and the actor prints it once, naming the
     setting to change."""
-    narrow = ("c51.v_min=-0.01", "c51.v_max=0.01", "replay.min_size=16", "replay.batch_size=16")
+    narrow = ("c51.v_min=-0.01", "c51.v_max=0.01", "replay.min_size=16", "replay.batch_size=16",
+              "train.steps=200")  # the 115 Steps end no learning-rate schedule  # fmt: skip
     with running_server(tmp_path, *CARTPOLE, *narrow) as server:
         code, lines, stderr = actor(server, "gymnasium:CartPole-v1", "--steps", "115",
                                     "--log-every", "1000")  # fmt: skip
@@ -288,3 +289,20 @@ def test_a_setting_warning_reaches_the_actor_once(tmp_path: Path) -> None:
     assert len(warned) == 1, lines
     assert "c51: " in warned[0] and "--set c51.v_min=" in warned[0]
     assert len(server.events("setting")) >= 2  # the replies carried it more than once
+
+
+def test_an_actor_without_sizes_runs_the_servers_run(tmp_path: Path) -> None:
+    """No --num-envs / --rollout-len / --steps: the server's train.num_envs x rollout_len Steps
+    until its global step reaches train.steps; an actor after that is told the run has ended."""
+    run = ("train.num_envs=3", "train.rollout_len=4", "train.steps=5")
+    with running_server(tmp_path, *CARTPOLE, *run) as server:
+        done = trident_cli("actor", "--server", server.target, "--env", "gymnasium:CartPole-v1")
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert "rollout=4x3 groups=3 steps=5 (until global step 5)" in lines[0], lines[0]
+        assert lines[-1].startswith("done: 5 Steps (5 applied"), lines[-1]
+        assert global_step(server) == 5
+        late = trident_cli("actor", "--server", server.target, "--env", "gymnasium:CartPole-v1")
+    assert late.returncode == 2 and late.stdout == ""
+    assert "the server's run has ended: its global step 5 has reached train.steps = 5" in \
+        late.stderr  # fmt: skip

@@ -1,11 +1,12 @@
 """`trident train --env gymnasium:ID`: any Gymnasium env with Discrete actions, trained in-process.
 
 The model's sizes come from the env's spaces (Box observations of any rank, flattened; no aux
-targets). Act -> env step -> Step on the configured backend, the envs on the host, into a run
-folder as the main job's (run_folder.py): a CSV row per Step, a progress bar and a line every
-`train.log_every` Steps, periodic and final checkpoints, the learning rate annealed as
-`train.lr_schedule` says, SIGINT / SIGTERM saving a checkpoint and exiting 130. At the end the
-greedy and the sampled policy and a uniformly random one each play the same EVAL_EPISODES
+targets) and its C51 support from a short probe (envs.fit_to_env). Act -> env step -> Step on
+the configured backend, the envs on the host, into a run folder as the main job's
+(run_folder.py): a CSV row per Step, a progress bar and a line every `train.log_every` Steps,
+periodic and final checkpoints, the learning rate annealed as `train.lr_schedule` says, SIGINT /
+SIGTERM saving a checkpoint and exiting 130. At the end the greedy and the sampled policy head,
+the Q head's greedy choice and a uniformly random policy each play the same EVAL_EPISODES
 episodes on fresh seeds (episode i of each policy starts from seed + HELD_OUT + i): their mean
 returns and the paired differences against random, with 95 % intervals, in eval.json /
 eval.txt, and the learning curve with those levels in train.png. `--resume` restores the
@@ -25,29 +26,28 @@ import numpy as np
 from service import logs
 from service.backend.blas import single_blas_thread
 from service.checkpoint import CheckpointInfo, restore_checkpoint, save_checkpoint
-from service.config import Config, with_overrides
-from service.envs import GymnasiumVectorEnv, env_dims, make_gymnasium_env
+from service.config import Config
+from service.envs import HOST_NUM_ENVS, GymnasiumVectorEnv, fit_to_env, make_gymnasium_env
 from service.jobs.evaluate import Interval, interval, paired_difference
 from service.jobs.progress import Progress
 from service.jobs.run_folder import RunFolder
 from service.jobs.scalars import ScalarLog, Value
 from service.jobs.train import CSV_COLUMNS, HELD_OUT, LOSSES, smoothed, start_run
 from service.signals import stop_signals
+from service.trainer.schedule import schedule_next_step
 from service.trainer.trainer import Trainer
 from service.types import ActMode
 from service.vector_env import collect_rollout
 
 EVAL_EPISODES = 100  # per policy, the same seeds for each
 EVAL_STEP_LIMIT = 100_000  # env steps an evaluation episode may take before it is cut
-POLICIES = ("greedy-π", "sampled-π", "random")
+POLICIES = ("greedy-π", "sampled-π", "greedy-Q", "random")
 
 
-def gym_model(config: Config, env: str) -> Config:
-    """`config` with the model's input and output sizes set to the env's."""
-    dims = env_dims(env, config.lobsim)
-    sizes = [f"model.obs_dim={dims.obs_dim}", f"model.num_actions={dims.num_actions}",
-             "model.aux_dim=0"]  # fmt: skip
-    return with_overrides(config, sizes)
+def gym_rows(config: Config) -> int:
+    """Env steps per Step of the job under `config` (sized, and fitted to a Gymnasium env)."""
+    num_envs = config.train.num_envs or HOST_NUM_ENVS
+    return num_envs * config.train.rollout_len
 
 
 def run_train_gym(
@@ -60,7 +60,7 @@ def run_train_gym(
 ) -> int:
     """The job on `env` ("gymnasium:ID") into the run folder `run_dir`; `resume`: "latest" or a
     checkpoint name, checked before anything is written."""
-    trainer, folder, name = start_run(gym_model(config, env), run_dir, resume)
+    trainer, folder, name = start_run(fit_to_env(config, env), run_dir, resume)
     with single_blas_thread(trainer.backend.name):
         return _train_gym(trainer, env, folder, write_checkpoint, name, tensorboard)
 
@@ -112,10 +112,7 @@ def _train_gym(
             for _ in range(max(0, train.steps - first)):
                 if stopping:
                     break
-                if train.lr_schedule == "linear":
-                    trainer.update_hyperparams(
-                        {"optim.lr": lr * (1 - trainer.global_step / train.steps)}
-                    )
+                schedule_next_step(trainer, lr)
                 act = lambda obs: trainer.act(obs, ActMode.SAMPLE)  # noqa: E731
                 rollout = collect_rollout(act, env, train.rollout_len)
                 result = trainer.step(rollout)
@@ -214,6 +211,7 @@ def evaluate_policies(trainer: Trainer, env_id: str, seed: int) -> GymReport:
     choose: dict[str, Callable[[np.ndarray], np.ndarray]] = {
         "greedy-π": lambda obs: trainer.act(obs, ActMode.GREEDY_PI).actions,
         "sampled-π": lambda obs: trainer.act(obs, ActMode.SAMPLE).actions,
+        "greedy-Q": lambda obs: trainer.act(obs, ActMode.GREEDY_Q).actions,
         "random": lambda obs: rng.integers(0, num_actions, obs.shape[0]),
     }
     episodes = {}
@@ -261,7 +259,8 @@ def plot_returns(log_csv: Path, png: Path, env: str, levels: dict[str, Interval]
         axes.plot(steps, values, color="0.7", linewidth=0.8, label="episodes ended per Step")
         axes.plot(steps, smoothed(values, 10), color="black", linewidth=2,
                   label="mean of the last 10")  # fmt: skip
-    for (name, level), style in zip(levels.items(), ("--", "-.", ":"), strict=False):
+    styles = ("--", "-.", (0, (5, 1, 1, 1)), ":")  # one per policy of POLICIES
+    for (name, level), style in zip(levels.items(), styles, strict=True):
         axes.axhline(level.mean, linestyle=style, color="tab:blue",
                      label=f"{name} (held out): {level}")  # fmt: skip
     axes.set_xlabel("env steps")

@@ -43,6 +43,7 @@ from service.jobs.run_folder import RunFolder
 from service.jobs.scalars import ScalarLog, Value
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, LobSim, observation_dim
 from service.signals import stop_signals
+from service.trainer.schedule import schedule_next_step
 from service.trainer.sizing import sized_backend
 from service.trainer.trainer import Trainer
 from service.types import ActMode
@@ -275,17 +276,12 @@ class MarketSteps:
 
 
 def job_stepper(trainer: Trainer, config: Config, seed: int) -> MarketSteps:
-    """The main job's Steps: `make_stepper` with `config.train`'s sizes, and with a 'linear'
-    train.lr_schedule the learning rate set before each Step from `config.optim.lr` (the job's,
-    not the trainer's, so a resumed job continues the same schedule)."""
-    train = config.train
-    lr, steps = config.optim.lr, train.steps
-
-    def anneal() -> None:
-        trainer.update_hyperparams({"optim.lr": lr * (1 - trainer.global_step / steps)})
-
-    before = anneal if train.lr_schedule == "linear" else (lambda: None)
-    return MarketSteps(trainer, train.num_envs, train.rollout_len, config.lobsim, seed, before)
+    """The main job's Steps: `make_stepper` with `config.train`'s sizes, the learning rate set
+    before each Step as train.lr_schedule says from `config.optim.lr` (the job's, not the
+    trainer's, so a resumed job continues the same schedule)."""
+    train, lr = config.train, config.optim.lr
+    scheduled = lambda: schedule_next_step(trainer, lr)  # noqa: E731
+    return MarketSteps(trainer, train.num_envs, train.rollout_len, config.lobsim, seed, scheduled)
 
 
 def make_stepper(

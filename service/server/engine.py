@@ -41,6 +41,7 @@ from service.server.act_batcher import ActBatcher
 from service.server.metrics import Metrics
 from service.server.step_queue import StepQueue
 from service.step_ledger import AHEAD, StepKey, StepLedger, check_same_content
+from service.trainer import schedule
 from service.trainer.trainer import Trainer
 from service.types import ActMode, ActResult, Rollout, StepResult
 
@@ -112,6 +113,9 @@ class Engine:
         self._keys_lock = threading.RLock()  # the ledger and _queued; taken inside _lock
         self._queued: dict[StepKey, _Queued] = {}
         self._checkpoint_step = 0  # global step of the newest checkpoint saved or restored
+        # optim.lr as set (the config's, or UpdateHyperparams'): train.lr_schedule scales it
+        # before each Step; a Restore's settings bring the rate of their Step, not this
+        self._base_lr = trainer.config.optim.lr
         self._state_epoch = secrets.randbits(62)  # new whenever the state is replaced
         self._steps: StepQueue[_Work] = StepQueue(self._apply_step, server.step_queue_size)
         # Keyed Steps' content digests (Rollout.digest), hashed off the Step worker: sha256 lets
@@ -189,7 +193,10 @@ class Engine:
             self._check_lag(rollout.policy_version)
             # Before the Step (hashed meanwhile, it is done by now): a failure applies nothing.
             digest = None if work.digest is None else work.digest.result()
+            schedule.schedule_next_step(self.trainer, self._base_lr)
             result = self.trainer.step(rollout)
+            warning = schedule.ended(self.trainer.config.train, result.global_step)
+            result.warnings += [warning] if warning and result.updates_applied else []
             self._publish()
             if work.key is not None:
                 with self._keys_lock:
@@ -308,8 +315,15 @@ class Engine:
     def update_hyperparams(self, values: Mapping[str, float]) -> str:
         self.require_training("UpdateHyperparams")
         with self._lock:
-            self.trainer.update_hyperparams(values)
-            return json.dumps(self.trainer.config.public_dict())
+            trainer, scaled = self.trainer, dict(values)
+            base = scaled.get("optim.lr")
+            if isinstance(base, float) and base >= 0:  # else the trainer refuses it as given
+                step = trainer.global_step
+                scaled["optim.lr"] = schedule.learning_rate(trainer.config.train, base, step)
+            trainer.update_hyperparams(scaled)
+            if base is not None:
+                self._base_lr = base
+            return json.dumps(trainer.config.public_dict())
 
     def status(self) -> Status:
         with self._lock:

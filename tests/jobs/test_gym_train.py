@@ -46,7 +46,7 @@ def test_train_on_a_gymnasium_env(tmp_path: Path) -> None:
     assert report["env"] == "gymnasium:CartPole-v1" and report["seed"] == 1_000_003
     assert list(report["returns"]) == list(POLICIES)
     assert all(len(v) == EVAL_EPISODES for v in report["episode_returns"].values())
-    assert set(report["against_random"]) == {"greedy-π", "sampled-π"}
+    assert set(report["against_random"]) == {"greedy-π", "sampled-π", "greedy-Q"}
     assert (run / "eval.txt").read_text().startswith("evaluation of gymnasium:CartPole-v1")
     assert (run / "train.png").read_bytes().startswith(b"\x89PNG")
     (saved,) = list_checkpoints(run / "checkpoints")
@@ -75,4 +75,4 @@ def test_serve_takes_its_model_sizes_from_the_env(tmp_path: Path) -> None:
     clash = trident("serve", "--env", "gymnasium:Acrobot-v1", "--set", "model.obs_dim=7",
                     "--port", "0", "--metrics-port", "0", cwd=tmp_path)  # fmt: skip
     assert clash.returncode == 2
-    assert "model.obs_dim: --env gymnasium:Acrobot-v1 needs 6, got 7" in clash.stderr
+    assert "model.obs_dim: expected 6 for --env gymnasium:Acrobot-v1, got 7" in clash.stderr
