@@ -332,9 +332,7 @@ def gym_steps(env_id: str, sets: list[str]) -> int:
     that fit the env's budget."""
     from service.jobs.gym import gym_rows
 
-    config = load_config(env={}, overrides=sets)
-    backend = config.train.backend if config.train.backend != "auto" else "numpy"
-    return GYM_TARGETS[env_id]["budget"] // gym_rows(sized_for(config, backend))
+    return GYM_TARGETS[env_id]["budget"] // gym_rows(load_config(env={}, overrides=sets))
 
 
 def gym(args: argparse.Namespace) -> dict[str, Any]:

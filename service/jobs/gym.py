@@ -45,7 +45,8 @@ POLICIES = ("greedy-π", "sampled-π", "greedy-Q", "random")
 
 
 def gym_rows(config: Config) -> int:
-    """Env steps per Step of the job under `config` (sized, and fitted to a Gymnasium env)."""
+    """Env steps per Step of the job under `config`, before or after envs.fit_to_env (a
+    Gymnasium env's train.num_envs is not the backend's)."""
     num_envs = config.train.num_envs or HOST_NUM_ENVS
     return num_envs * config.train.rollout_len
 
