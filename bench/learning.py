@@ -4,6 +4,7 @@
     python3 bench/learning.py lobsim --seeds 0 1 2 --out bench/results/learning_lobsim.json
     python3 bench/learning.py sweep --point "" --point "optim.lr=1e-3" \\
         --point "ppo.epochs=2 ppo.num_minibatches=4" --seeds 0 1 2 --workers 2 --out sweep.json
+    python3 bench/learning.py gym --seeds 0 1 2 --workers 2 --out bench/results/learning_gym.json
 
 `cartpole`: a real `trident serve` process shaped for CartPole-v1 and an actor in this process
 talking to it over gRPC, until the mean return of the last 100 finished episodes reaches 475 or
@@ -15,8 +16,13 @@ markets: per seed the wall time and the evaluation's table (every baseline, pair
 with 95 % intervals). `sweep`: the main job at several points × seeds, ranked by the trained
 policy's paired difference with the best baseline; each `--point` is one set of settings on top
 of the defaults ("" is the defaults themselves), so a sweep varies one choice at a time around
-them. `--set section.key=value` applies to every run; `train.backend=cuda` runs on the GPU. Each
-command prints a table and writes a JSON with the machine, versions and commit.
+them. `gym`: `trident train --env gymnasium:ID` for CartPole-v1, Acrobot-v1 and LunarLander-v3
+(`--envs`) within each env's budget of env steps (GYM_TARGETS), per `--point` and seed, or with
+`--via served` through `trident serve --env` and one `trident actor` with no sizes; the job's
+evaluation (greedy-π, sampled-π, greedy-Q, random on 100 fresh episodes) against each env's
+threshold and the published PPO figure. `--set section.key=value` applies to every run;
+`train.backend=cuda` runs on the GPU. Each command prints a table and writes a JSON with the
+machine, versions and commit.
 """
 
 from __future__ import annotations
@@ -253,7 +259,9 @@ def run_all(
         concurrent.futures.ThreadPoolExecutor(args.workers) as pool,
     ):
         run = lobsim_run
-        if getattr(args, "via", "in-process") == "served":
+        if args.command == "gym" and args.via == "served":
+            run = served_gym_run
+        elif getattr(args, "via", "in-process") == "served":
             run = functools.partial(served_lobsim_run, groups=args.env_groups,
                                     synchronous=args.synchronous)  # fmt: skip
         futures = {
@@ -335,6 +343,50 @@ def gym_steps(env_id: str, sets: list[str]) -> int:
     return GYM_TARGETS[env_id]["budget"] // gym_rows(load_config(env={}, overrides=sets))
 
 
+def served_gym_run(
+    seed: int, sets: list[str], workdir: Path, timeout_s: float, env: str
+) -> dict[str, Any]:
+    """The gym job's training through the served path as a user runs it: `trident serve --env
+    env` with `sets`, one `trident actor --env env` with no sizes (it sends the server's run:
+    train.num_envs x rollout_len Steps until train.steps), then the job's own evaluation
+    (service/jobs/gym.py) of the server's final checkpoint."""
+    from service.checkpoint import load_policy, restore_checkpoint
+    from service.jobs.gym import evaluate_policies
+    from service.jobs.train import HELD_OUT
+    from service.trainer.trainer import Trainer
+
+    run_dir = Path(tempfile.mkdtemp(prefix=f"served{seed}-", dir=workdir))
+    checkpoints = run_dir / "checkpoints"
+    started = time.perf_counter()
+    with ServerProcess.start(
+        run_dir, [f"train.seed={seed}", *sets], checkpoint_dir=checkpoints,
+        extra_args=("--env", env), startup_timeout_s=120.0,
+    ) as server:  # fmt: skip
+        command = [sys.executable, "-m", "service.cli", "actor", "--server", server.target,
+                   "--env", env, "--seed", str(seed)]  # fmt: skip
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("TRIDENT_")}
+        done = subprocess.run(command, cwd=run_dir, env=environ, capture_output=True, text=True,
+                              timeout=timeout_s)  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"{shlex.join(command)} exited {done.returncode}:\n{done.stderr}")
+        trained_s = time.perf_counter() - started
+        with TridentClient(server.target, timeout_s=600.0) as client:
+            final = client.checkpoint("served")
+    config, _ = load_policy(checkpoints, final.name)
+    trainer = Trainer(config)
+    restore_checkpoint(trainer, checkpoints, final.name)
+    report = evaluate_policies(trainer, env.removeprefix("gymnasium:"), seed + HELD_OUT)
+    report.write(run_dir)
+    lines = done.stdout.splitlines()
+    summary = next(line for line in lines if line.startswith("done: "))
+    env_steps = int(summary.split(" env steps")[0].rsplit(" ", 1)[1])
+    return {"seed": seed, "settings": sets, "env": env, "via": "served",
+            "seconds": round(time.perf_counter() - started, 1), "training_s": round(trained_s, 1),
+            "steps": final.global_step, "job": lines[0] if lines else "",
+            "stdout_tail": lines[-12:], "evaluation": json.loads((run_dir / EVAL_JSON).read_text()),
+            "curve": [[env_steps, None]]}  # fmt: skip
+
+
 def gym(args: argparse.Namespace) -> dict[str, Any]:
     """Every env × point × seed as `trident train --env gymnasium:ID` within the env's budget:
     the held-out evaluation of greedy-π, sampled-π and random (100 fresh episodes each)."""
@@ -408,6 +460,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if name != "cartpole":
             sub.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
         if name == "gym":
+            sub.add_argument("--via", choices=("in-process", "served"), default="in-process",
+                             help="served: trident serve --env and one trident actor with no "
+                             "sizes, then the job's evaluation of the server's checkpoint")
             sub.add_argument("--envs", nargs="+", choices=sorted(GYM_TARGETS),
                              default=list(GYM_TARGETS), help="Gymnasium ids")  # fmt: skip
             sub.add_argument("--point", dest="points", action="append", default=[],
