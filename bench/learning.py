@@ -323,7 +323,7 @@ def ranking(points: list[list[str]], runs: list[dict], args: argparse.Namespace)
 
 
 # ------------------------------------------------------------------------------ Gymnasium
-# Each env's budget, the return every seed's greedy policy must reach within it (issue 26), and
+# Each env's budget, the return every seed's greedy policy must reach within it, and
 # the published PPO figure it is set against (mean ± std over seeds, as their authors give it).
 GYM_TARGETS: dict[str, dict[str, Any]] = {
     "CartPole-v1": {"budget": 500_000, "threshold": 475.0,

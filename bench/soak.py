@@ -102,7 +102,9 @@ class Settings:
         - `train.max_policy_lag` = 4 x actors: a rollout's T Acts and its Step wait behind
           about one Step of every other actor, so the default (4) would drop rollouts as stale
           (FAILED_PRECONDITION) by design, not by fault;
-        - `replay.capacity` and `server.step_key_window` (see above)."""
+        - `replay.capacity` and `server.step_key_window` (see above);
+        - `train.lr_schedule` = constant: a soak has a length in seconds, not Steps, and a
+          linear schedule's end is a warning in the server's log."""
         return [
             "train.backend=numpy",
             f"model.obs_dim={observation_dim(LobsimConfig())}",
@@ -113,6 +115,7 @@ class Settings:
             f"replay.capacity={self.replay_capacity}",
             f"server.step_key_window={self.step_key_window}",
             f"train.seed={self.seed}",
+            "train.lr_schedule=constant",
             f"server.auth_token={token}",
         ]
 

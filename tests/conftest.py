@@ -37,6 +37,9 @@ SMALL = (
     "replay.min_size=16",
     "replay.batch_size=8",
     "ppo.num_minibatches=2",
+    # A constant rate: a server's Steps then equal a bare Trainer's (a served trainer anneals
+    # over train.steps otherwise; test_lr_schedule.py checks that against a scheduled Trainer).
+    "train.lr_schedule=constant",
 )
 # Test-server settings that do not touch the math: a short drain, so shutdown is quick.
 SERVING = ("server.shutdown_grace_s=5",)

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import random_rollout, running_server
+from conftest import random_rollout, running_server, small_config
 
 from service.client.client import TridentClient
 from service.config import load_config
-from service.trainer.schedule import COOLDOWN, ended, learning_rate
+from service.trainer.schedule import COOLDOWN, ended, learning_rate, schedule_next_step
+from service.trainer.trainer import Trainer
 
 
 def test_the_linear_rate_is_the_base_times_what_is_left(rng: np.random.Generator) -> None:
@@ -42,9 +43,15 @@ def test_the_end_is_told_on_the_first_step_past_it_then_every_cooldown() -> None
 
 
 @pytest.mark.slow
-def test_a_served_trainer_anneals_over_its_steps(tmp_path: Path, rng: np.random.Generator) -> None:
+def test_a_served_trainer_anneals_over_its_steps(tmp_path: Path, seed: int) -> None:
+    """Five Steps on a server with train.steps = 4, the base rate changed after two: each Step's
+    rate, the end told once, and the parameters those of a Trainer given the same Steps with
+    `schedule_next_step` before each (what the train jobs do)."""
+    settings = ("train.steps=4", "optim.lr=0.001", "train.lr_schedule=linear")
+    rng = np.random.default_rng(seed)
+    rollouts = [random_rollout(rng) for _ in range(5)]
     with (
-        running_server(tmp_path, "train.steps=4", "optim.lr=0.001") as server,
+        running_server(tmp_path, *settings) as server,
         TridentClient(server.target) as client,
     ):
 
@@ -53,18 +60,20 @@ def test_a_served_trainer_anneals_over_its_steps(tmp_path: Path, rng: np.random.
 
         assert rate() == 0.001
         rates, warnings = [], []
-        for _ in range(2):
-            reply = client.step(random_rollout(rng))
+        for k, rollout in enumerate(rollouts):
+            if k == 2:  # UpdateHyperparams sets the base; the schedule scales it from here
+                config = json.loads(client.update_hyperparams({"optim.lr": 0.002}))
+                assert config["optim"]["lr"] == pytest.approx(0.002 * 2 / 4)
+            reply = client.step(rollout)
             rates.append(rate())  # the rate that Step ran at
             warnings += reply.warnings
-        # UpdateHyperparams sets the base rate; the schedule scales it from the Step it is at
-        config = json.loads(client.update_hyperparams({"optim.lr": 0.002}))
-        assert config["optim"]["lr"] == pytest.approx(0.002 * 2 / 4)
-        for _ in range(3):
-            reply = client.step(random_rollout(rng))
-            rates.append(rate())
-            warnings += reply.warnings
         assert reply.global_step == 5
+        served = client.status().param_digest
     assert rates == pytest.approx([0.001, 0.001 * 3 / 4, 0.002 * 2 / 4, 0.002 / 4, 0.002 / 4])
     told = [w for w in warnings if w.startswith("lr_schedule: ")]
     assert len(told) == 1 and "train.steps = 4" in told[0]
+    local = Trainer(small_config(*settings))
+    for k, rollout in enumerate(rollouts):
+        schedule_next_step(local, 0.001 if k < 2 else 0.002)
+        local.step(rollout)
+    assert local.param_digest() == served
