@@ -340,7 +340,8 @@ def gym_steps(env_id: str, sets: list[str]) -> int:
     that fit the env's budget."""
     from service.jobs.gym import gym_rows
 
-    return GYM_TARGETS[env_id]["budget"] // gym_rows(load_config(env={}, overrides=sets))
+    rows = gym_rows(load_config(env={}, overrides=sets))
+    return max(1, GYM_TARGETS[env_id]["budget"] // rows)  # 0 would be the backend's count
 
 
 def served_gym_run(
