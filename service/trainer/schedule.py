@@ -24,7 +24,8 @@ def learning_rate(train: TrainConfig, base: float, global_step: int) -> float:
     """The rate of the Step after `global_step` applied ones."""
     if train.lr_schedule == "constant":
         return base
-    return base * max(1 - global_step / train.steps, 1 / train.steps)
+    done = min(global_step, train.steps - 1)  # past the end: the last Step's rate
+    return base * (1 - done / train.steps)
 
 
 def schedule_next_step(trainer: Trainer, base: float) -> None:
