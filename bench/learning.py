@@ -55,7 +55,7 @@ from service.actor import GROUP_SEED_STRIDE, StreamActor, group_sizes
 from service.client.client import TridentClient
 from service.client.resilient import ResilientLink
 from service.config import load_config, sized_for
-from service.envs import GymnasiumVectorEnv, LobSimVectorEnv, make_gymnasium_env
+from service.envs import HOST_NUM_ENVS, GymnasiumVectorEnv, LobSimVectorEnv, make_gymnasium_env
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
 from service.types import ActMode
 from service.vector_env import collect_rollout
@@ -338,9 +338,8 @@ GYM_TARGETS: dict[str, dict[str, Any]] = {
 def gym_steps(env_id: str, sets: list[str]) -> int:
     """Steps of `trident train --env gymnasium:env_id` (its rows per Step as `sets` leave them)
     that fit the env's budget."""
-    from service.jobs.gym import gym_rows
-
-    rows = gym_rows(load_config(env={}, overrides=sets))
+    train = load_config(env={}, overrides=sets).train
+    rows = (train.num_envs or HOST_NUM_ENVS) * train.rollout_len  # as envs.fit_to_env sizes it
     return max(1, GYM_TARGETS[env_id]["budget"] // rows)  # 0 would be the backend's count
 
 

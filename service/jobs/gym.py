@@ -27,7 +27,7 @@ from service import logs
 from service.backend.blas import single_blas_thread
 from service.checkpoint import CheckpointInfo, restore_checkpoint, save_checkpoint
 from service.config import Config
-from service.envs import HOST_NUM_ENVS, GymnasiumVectorEnv, fit_to_env, make_gymnasium_env
+from service.envs import GymnasiumVectorEnv, fit_to_env, make_gymnasium_env
 from service.jobs.evaluate import Interval, interval, paired_difference
 from service.jobs.progress import Progress
 from service.jobs.run_folder import RunFolder
@@ -42,13 +42,6 @@ from service.vector_env import collect_rollout
 EVAL_EPISODES = 100  # per policy, the same seeds for each
 EVAL_STEP_LIMIT = 100_000  # env steps an evaluation episode may take before it is cut
 POLICIES = ("greedy-π", "sampled-π", "greedy-Q", "random")
-
-
-def gym_rows(config: Config) -> int:
-    """Env steps per Step of the job under `config`, before or after envs.fit_to_env (a
-    Gymnasium env's train.num_envs is not the backend's)."""
-    num_envs = config.train.num_envs or HOST_NUM_ENVS
-    return num_envs * config.train.rollout_len
 
 
 def run_train_gym(
