@@ -317,7 +317,7 @@ class Engine:
         with self._lock:
             trainer, scaled = self.trainer, dict(values)
             base = scaled.get("optim.lr")
-            if isinstance(base, float) and base >= 0:  # else the trainer refuses it as given
+            if base is not None and base >= 0:  # else the trainer refuses it as given
                 step = trainer.global_step
                 scaled["optim.lr"] = schedule.learning_rate(trainer.config.train, base, step)
             trainer.update_hyperparams(scaled)
