@@ -3,7 +3,8 @@
 The servicer's Interact handler runs in this process on pre-serialised requests of one group
 (--rows observations of LobSim's shape, the outcome of the previous step, T = --rollout-len),
 around a real engine with a tiny NumPy trainer, so the Steps are cheap and the time is the
-handler's: decoding and checking the tensors, the Unroller's writes, the Act through the act
+handler's (each rollout a Step of its own: train.num_envs is the stream's width): decoding and
+checking the tensors, the Unroller's writes, the Act through the act
 batcher, encoding the reply. cProfile splits the handler thread's own time by function (the
 waits for the act batcher and the Steps are listed as lock acquires). Prints a table and
 writes JSON.
@@ -65,7 +66,7 @@ def measure(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as checkpoints:
         config = load_config(env={}, overrides=[
             "train.backend=numpy", f"model.obs_dim={OBS_DIM}", f"model.aux_dim={LABEL_DIM}",
-            f"checkpoint.dir={checkpoints}", *TINY])  # fmt: skip
+            f"checkpoint.dir={checkpoints}", f"train.num_envs={args.rows}", *TINY])  # fmt: skip
         engine = Engine(Trainer(config), Metrics(CollectorRegistry()))
         servicer = TrainerServicer(engine.metrics)
         servicer.attach(engine)

@@ -84,7 +84,8 @@ CALL_TIMEOUT_S = 60.0
 LOBSIM_OBS_DIM = observation_dim(LobsimConfig())
 ACTOR_READY = "trident actor: env="
 WORKER_READY = "served worker: ready"
-DONE_COUNTS = re.compile(r"^done: (\d+) Steps \((\d+) applied, (\d+) dropped behind the policy lag")
+DONE_COUNTS = re.compile(r"^done: (\d+) rollouts \((\d+) trained in \d+ Steps, (\d+) dropped "
+                         r"behind the policy lag, (\d+) dropped ahead")
 DONE_LATENCY = re.compile(r"\b(Act|Step) p50 ([\d.]+) ms p99 ([\d.]+) ms")
 
 
@@ -535,7 +536,8 @@ def actor_done(out: Path) -> dict[str, Any] | None:
     figures: dict[str, Any] = {"line": lines[-1]}
     counts = DONE_COUNTS.match(lines[-1])
     if counts is not None:
-        figures.update(zip(("steps", "applied", "stale"), map(int, counts.groups()), strict=True))
+        figures.update(zip(("rollouts", "trained", "stale", "ahead"), map(int, counts.groups()),
+                           strict=True))  # fmt: skip
     for name, p50, p99 in DONE_LATENCY.findall(lines[-1]):
         figures[f"{name.lower()}_p50_ms"] = float(p50)
         figures[f"{name.lower()}_p99_ms"] = float(p99)
@@ -543,16 +545,10 @@ def actor_done(out: Path) -> dict[str, Any] | None:
 
 
 # ------------------------------------------------------------------------------- a cell
-def server_settings(load: Load, actors: int, args: argparse.Namespace) -> list[str]:
-    """The load's model shape, room for every actor's Step in the queue, a lag limit that K
-    actors do not reach by design (as bench/soak.py), a short drain; then the user's --set."""
-    return [
-        *load.shape,
-        f"server.step_queue_size={max(8, actors)}",
-        f"train.max_policy_lag={4 * actors}",
-        "server.shutdown_grace_s=5",
-        *args.set,
-    ]
+def server_settings(load: Load, args: argparse.Namespace) -> list[str]:
+    """The load's model shape and a short drain, the server's defaults otherwise (its Step
+    queue and policy lag too: what a user gets); then the user's --set (a tuned row)."""
+    return [*load.shape, "server.shutdown_grace_s=5", *args.set]
 
 
 def num_envs(load: Load, args: argparse.Namespace) -> int:
@@ -626,6 +622,8 @@ def measure(
     samples = delta(b, a, "trident_samples_total")
     cell["samples_in_window"] = int(samples)
     cell["steps_in_window"] = int(delta(b, a, "trident_steps_total"))
+    cell["rollouts_in_window"] = int(delta(b, a, "trident_rollouts_total"))
+    cell["rollouts_dropped_in_window"] = int(delta(b, a, "trident_rollouts_dropped_total"))
     cell["env_steps_per_s"] = round(samples / seconds, 1)
     mean = lambda name, scale=1.0: histogram_mean(b, a, name, scale)  # noqa: E731
     cell["server_act_forward_mean_ms"] = mean("trident_act_duration_seconds", 1e3)
@@ -763,7 +761,7 @@ def run_cell(load: Load, actors: int, args: argparse.Namespace, root: Path) -> d
     workdir = root / f"{load.name}-{actors}"
     workdir.mkdir(parents=True)
     N = num_envs(load, args)
-    sets = server_settings(load, actors, args)
+    sets = server_settings(load, args)
     cell: dict[str, Any] = {
         "load": load.name,
         "actors": actors,
@@ -796,6 +794,7 @@ def run_cell(load: Load, actors: int, args: argparse.Namespace, root: Path) -> d
             deadline = max(time.monotonic(), planned_end) + EXIT_WAIT_S
             while any(p.popen.poll() is None for p in processes) and time.monotonic() < deadline:
                 wait_until(time.monotonic() + POLL_S, processes, server)
+        run_totals(cell, server)
     finally:
         for process in processes:
             stop(process.popen)
@@ -808,13 +807,76 @@ def run_cell(load: Load, actors: int, args: argparse.Namespace, root: Path) -> d
     return cell
 
 
+def run_totals(cell: dict[str, Any], server: ServerProcess) -> None:
+    """The server's rollout counts over the whole cell, once its processes have ended: how many
+    it was handed and how many it dropped, by reason."""
+    with contextlib.suppress(OSError):
+        samples = scrape(server)
+        dropped = {dict(labels)["reason"]: int(value) for (name, labels), value in samples.items()
+                   if name == "trident_rollouts_dropped_total" and value}  # fmt: skip
+        cell["run_rollouts"] = int(delta({}, samples, "trident_rollouts_total"))
+        cell["run_rollouts_dropped"] = dropped
+        cell["run_steps"] = int(delta({}, samples, "trident_steps_total"))
+
+
 # ------------------------------------------------------------------------------- report
 def add_scaling(cells: list[dict[str, Any]]) -> None:
-    """rate(K) / (K rate(1)) of each cell whose load was measured at K = 1."""
+    """rate(K) / (K rate(1)) of each cell whose load was measured at K = 1 (the median rate)."""
     single = {c["load"]: c.get("env_steps_per_s") for c in cells if c["actors"] == 1}
     for cell in cells:
         rate, base = cell.get("env_steps_per_s"), single.get(cell["load"])
         cell["scaling"] = round(rate / (cell["actors"] * base), 3) if rate and base else None
+
+
+def median_of(cells: list[dict[str, Any]], *path: str) -> float | None:
+    """The median of the figure at `path` (keys into each cell) over the cells that have it."""
+    values = []
+    for cell in cells:
+        value: Any = cell
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is not None:
+            values.append(value)
+    return float(np.median(values)) if values else None
+
+
+def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (load, K) over its runs: the median env steps/s and its spread (the runs'
+    largest distance from the median, as a share of it), the medians of the other figures, the
+    rollouts dropped over every run whole, and each run's rate."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for run in runs:
+        groups.setdefault((run["load"], run["actors"]), []).append(run)
+    rows = []
+    for (load, actors), cells in groups.items():
+        rates = [c["env_steps_per_s"] for c in cells if c.get("env_steps_per_s") is not None]
+        median = median_of(cells, "env_steps_per_s")
+        rollouts = sum(c.get("run_rollouts", 0) for c in cells)
+        dropped: Counter[str] = Counter()
+        for cell in cells:
+            dropped.update(cell.get("run_rollouts_dropped", {}))
+        row = {
+            "load": load,
+            "actors": actors,
+            "num_envs": cells[0]["num_envs"],
+            "runs": len(cells),
+            "env_steps_per_s": median,
+            "env_steps_per_s_runs": rates,
+            "spread": round(max(abs(r - median) for r in rates) / median, 4) if median else None,
+            "rollouts": rollouts,
+            "rollouts_dropped": dict(dropped),
+            "dropped_share": round(sum(dropped.values()) / rollouts, 6) if rollouts else None,
+            "act": {q: median_of(cells, "act", q) for q in ("p50_ms", "p99_ms")},
+            "server_interact_p99_ms": median_of(cells, "server_interact_ms", "p99"),
+            "errors": [f"run {c['run']}: {e}" for c in cells for e in c["errors"]],
+            "other_cores": max((c.get("other_cores") or 0.0 for c in cells), default=None),
+        }
+        for name in ("steps_in_window", "server_act_forward_mean_ms", "server_cores",
+                     "actor_cores_each", "gpu_busy_pct"):  # fmt: skip
+            row[name] = median_of(cells, name)
+        rows.append(row)
+    add_scaling(rows)
+    return rows
 
 
 def print_table(cells: list[dict[str, Any]]) -> None:
@@ -822,27 +884,31 @@ def print_table(cells: list[dict[str, Any]]) -> None:
         return "-" if value is None or not math.isfinite(value) else format(value, spec)
 
     header = (
-        f"{'load':<9} {'K':>3} {'actors×envs':>12} {'env steps/s':>12} {'Steps':>5} {'scaling':>7} "
-        f"{'Act p50':>8} {'p99':>8} {'srv p99':>8} {'srv fwd':>8} {'server cores':>12} "
-        f"{'actor cores':>11} {'GPU busy':>8}"
+        f"{'load':<9} {'K':>3} {'actors×envs':>12} {'env steps/s':>12} {'spread':>7} "
+        f"{'dropped':>11} {'Steps':>5} {'scaling':>7} {'Act p50':>8} {'p99':>8} {'srv p99':>8} "
+        f"{'srv fwd':>8} {'server cores':>12} {'actor cores':>11} {'GPU busy':>8}"
     )
     print("\n" + header + "\n" + "-" * len(header))
     for c in cells:
         act = c.get("act", {})
         gpu = c.get("gpu_busy_pct")
         shape = f"{c['actors']}×{c['num_envs']}"
+        dropped = f"{sum(c['rollouts_dropped'].values())}/{c['rollouts']}"
         print(
             f"{c['load']:<9} {c['actors']:>3} {shape:>12} "
-            f"{num(c.get('env_steps_per_s'), ',.0f'):>12} {num(c.get('steps_in_window'), 'd'):>5} "
+            f"{num(c.get('env_steps_per_s'), ',.0f'):>12} {num(c.get('spread'), '.1%'):>7} "
+            f"{dropped:>11} {num(c.get('steps_in_window'), '.0f'):>5} "
             f"{num(c.get('scaling'), '.2f'):>7} "
             f"{num(act.get('p50_ms'), '.2f'):>8} {num(act.get('p99_ms'), '.2f'):>8} "
-            f"{num(c.get('server_interact_ms', {}).get('p99'), '.2f'):>8} "
+            f"{num(c.get('server_interact_p99_ms'), '.2f'):>8} "
             f"{num(c.get('server_act_forward_mean_ms'), '.2f'):>8} "
             f"{num(c.get('server_cores'), '.2f'):>12} {num(c.get('actor_cores_each'), '.2f'):>11} "
             f"{'-' if gpu is None else f'{gpu:.0f}%':>8}"
         )
     print(
-        "Steps: Steps trained in the window. Act p50 / p99, srv p99 (an Interact request in"
+        "Each row: the median of its runs. spread: the runs' largest distance from the median"
+        " env steps/s. dropped: rollouts the server dropped / was handed, every run whole."
+        " Steps: Steps trained in the window. Act p50 / p99, srv p99 (an Interact request in"
         " the server's handler), srv fwd (the server's batched forward, mean): ms. Cores: CPU"
         " seconds per second of the window (actor cores: the mean process's)."
     )
@@ -852,6 +918,8 @@ def print_table(cells: list[dict[str, Any]]) -> None:
             print(f"{c['load']} K={c['actors']}: other processes used {other:.2f} cores")
         for error in c["errors"]:
             print(f"{c['load']} K={c['actors']}: {error}")
+        if c["rollouts_dropped"]:
+            print(f"{c['load']} K={c['actors']}: dropped by reason {c['rollouts_dropped']}")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -864,6 +932,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="environments per process (default: lobsim 1024, cartpole 512, "
                         "loadgen 1024)")
     parser.add_argument("--rollout-len", type=int, default=32, help="T: env steps per Step")
+    parser.add_argument("--runs", type=int, default=3,
+                        help="runs of each cell (a server and its processes each); the table "
+                        "shows their median and spread")
     parser.add_argument("--duration", type=float, default=20.0,
                         help="seconds each process runs in a cell")
     parser.add_argument("--warmup", type=float, default=5.0,
@@ -897,8 +968,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--env-ms: expected a non-negative number, got {args.env_ms}")
     if args.env_groups < 1 or (args.num_envs is not None and args.env_groups > args.num_envs):
         parser.error(f"--env-groups: expected 1 to --num-envs, got {args.env_groups}")
-    if not 0 <= args.warmup < args.duration or min(args.actors) < 1:
-        parser.error("expected 0 <= --warmup < --duration and every --actors >= 1")
+    if not 0 <= args.warmup < args.duration or min(args.actors) < 1 or args.runs < 1:
+        parser.error("expected 0 <= --warmup < --duration, every --actors >= 1, --runs >= 1")
     return args
 
 
@@ -909,11 +980,14 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.profile_dir is not None:
         args.profile_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="served-") as tmp:
-        for name in args.loads:
-            for actors in args.actors:
-                print(f"{name} K={actors} ...", file=sys.stderr, flush=True)
-                cells.append(run_cell(LOADS[name], actors, args, Path(tmp)))
-    add_scaling(cells)
+        for run in range(args.runs):  # run after run over every cell: drift spreads evenly
+            for name in args.loads:
+                for actors in args.actors:
+                    print(f"{name} K={actors} run {run + 1}/{args.runs} ...", file=sys.stderr,
+                          flush=True)  # fmt: skip
+                    cell = run_cell(LOADS[name], actors, args, Path(tmp) / f"run{run}")
+                    cells.append({**cell, "run": run})
+    rows = summarise(cells)
     report = {
         "command": shlex.join([sys.executable, *sys.argv]),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -925,6 +999,7 @@ def run_bench(args: argparse.Namespace) -> int:
             "actors": args.actors,
             "num_envs": {name: num_envs(LOADS[name], args) for name in args.loads},
             "rollout_len": args.rollout_len,
+            "runs": args.runs,
             "duration_s": args.duration,
             "warmup_s": args.warmup,
             "set": args.set,
@@ -936,12 +1011,13 @@ def run_bench(args: argparse.Namespace) -> int:
             "transport": "plaintext gRPC over 127.0.0.1: the actors' own calls (each process's "
             "start_line), the loadgen workers' --protocol",
         },
+        "rows": rows,
         "cells": cells,
         "runtime_s": round(time.monotonic() - started, 1),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print_table(cells)
+    print_table(rows)
     print(f"runtime {report['runtime_s']} s; wrote {args.out}")
     return 0
 

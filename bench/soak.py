@@ -10,11 +10,14 @@ Step count and its own Step and Act wall-time p50 / p99. While they run, the scr
 server's VmRSS and /metrics.
 Criteria, each a line of the table and an entry of `failures`:
 
-- errors: 0. Counted: actor exit codes, actor stderr output, rollouts dropped as stale, actors
+- errors: 0. Counted: actor exit codes, actor stderr output, rollouts dropped (the server runs
+  its default Step queue and policy lag, which drop none under this load), actors
   without a `done:` line, the server's `trident_rpc_errors_total` (every method and code),
   `trident_checkpoint_failures_total`, server log lines at WARNING / ERROR or not JSON, and
   the server's exit status after SIGTERM.
-- Steps: the actors' applied Steps add up to the final `trident_steps_total`.
+- Steps: the actors' trained rollouts add up to the server's `trident_rollouts_total` less
+  `trident_rollouts_dropped_total`, and their env steps to `trident_samples_total` (the server
+  trains them side by side, several rollouts a Step).
 - RSS drift: the slope of a least-squares line through the server's VmRSS after the warm-up,
   in % per 10 minutes (see `rss_drift`), below `--max-drift-pct`.
 - `promtool check metrics` on the last scrape: exit 0 and no output.
@@ -58,15 +61,17 @@ from service.config import LobsimConfig
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
 
 TEN_MINUTES_S = 600.0
+PEAK_BIN_S = 3.0  # the RSS line goes through each such span's largest sample (rss_drift)
 PACKAGES = ("numpy", "grpcio", "protobuf", "prometheus-client", "trident")  # versions recorded
 TOKEN = "<random per run>"  # what the report shows of the bearer token
 STARTUP_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0
 DONE = re.compile(
-    r"^done: (?P<sent>\d+) Steps \((?P<applied>\d+) applied, (?P<dropped>\d+) dropped behind the "
-    r"policy lag, (?P<dropped_ahead>\d+) dropped ahead of the server's state\), "
-    r"(?P<acts>\d+) Acts, (?P<env_steps>\d+) env steps \((?P<unfinished>\d+) in unfinished "
-    r"rollouts\) in (?P<seconds>[\d.]+) s \| "
+    r"^done: (?P<sent>\d+) rollouts \((?P<applied>\d+) trained in (?P<server_steps>\d+) Steps, "
+    r"(?P<dropped>\d+) dropped behind the policy lag, (?P<dropped_ahead>\d+) dropped ahead of "
+    r"the server's state\), (?P<acts>\d+) Acts, (?P<env_steps>\d+) env steps "
+    r"\((?P<trained_pct>[\d.]+) % trained, (?P<unfinished>\d+) in unfinished rollouts\) in "
+    r"(?P<seconds>[\d.]+) s \| "
     r"Step p50 (?P<step_p50>[\d.]+) ms p99 (?P<step_p99>[\d.]+) ms \| "
     r"Act p50 (?P<act_p50>[\d.]+) ms p99 (?P<act_p99>[\d.]+) ms \| "
     r"(?P<rollouts>\d+) rollouts, (?P<resent>\d+) resent, (?P<replayed>\d+) replayed, "
@@ -94,14 +99,9 @@ class Settings:
 
     def server_sets(self, token: str) -> list[str]:
         """The server's `--set` settings: LobSim's model shape on the NumPy backend, a bearer
-        token (so every call passes the auth interceptor, as deployed), defaults otherwise,
-        except three the soak needs to be error-free by design:
+        token (so every call passes the auth interceptor, as deployed), defaults otherwise (the
+        Step queue and the policy lag too: at the defaults no rollout is dropped), except:
 
-        - `server.step_queue_size` = actors: each actor has at most one Step in flight, so a
-          queue that long never answers RESOURCE_EXHAUSTED;
-        - `train.max_policy_lag` = 4 x actors: a rollout's T Acts and its Step wait behind
-          about one Step of every other actor, so the default (4) would drop rollouts as stale
-          (FAILED_PRECONDITION) by design, not by fault;
         - `replay.capacity` and `server.step_key_window` (see above);
         - `train.lr_schedule` = constant: a soak has a length in seconds, not Steps, and a
           linear schedule's end is a warning in the server's log."""
@@ -110,8 +110,6 @@ class Settings:
             f"model.obs_dim={observation_dim(LobsimConfig())}",
             f"model.num_actions={NUM_ACTIONS}",
             f"model.aux_dim={LABEL_DIM}",
-            f"server.step_queue_size={self.actors}",
-            f"train.max_policy_lag={4 * self.actors}",
             f"replay.capacity={self.replay_capacity}",
             f"server.step_key_window={self.step_key_window}",
             f"train.seed={self.seed}",
@@ -247,21 +245,31 @@ def promtool_check(promtool: str | None, text: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------- RSS
 def rss_drift(series: list[tuple[float, int, float]], settings: Settings) -> dict[str, Any]:
-    """The least-squares line through the VmRSS samples from `start` (the later of the warm-up
+    """The least-squares line through the VmRSS peaks from `start` (the later of the warm-up
     and the replay buffer being full) to the end of the run: its change over that span in %,
     and its slope in % per 10 minutes, both relative to the line's value at `start`.
 
-    A line through every sample rather than the difference of two windows: the RSS wanders by
+    A line through every peak rather than the difference of two windows: the RSS wanders by
     about 1 MiB over minutes (allocator arenas and Python's object pools grow and shrink while
     the memory in use stays flat), which moves a window's median by as much as the drift the
-    soak bounds. `series` holds (seconds since the actors started, RSS bytes,
-    trident_samples_total)."""
+    soak bounds. The peaks (each PEAK_BIN_S's largest sample) rather than every sample: a leak
+    raises the working set's peak, while the anonymous memory of a Step's temporaries, handed
+    back to the OS for a moment (13 MiB for about a second at Steps of 4,096 samples; the
+    learner trains several rollouts a Step), only lowers single samples, and a line through
+    those tilts with where they fall. `series` holds (seconds since the actors started, RSS
+    bytes, trident_samples_total)."""
     D = settings.duration_s
     filled = next((t for t, _, s in series if s >= settings.replay_capacity), None)
     start = max(settings.warmup_frac * D, filled if filled is not None else math.inf)
     figures: dict[str, Any] = {"replay_full_at_s": filled, "start_s": start}
-    points = np.array([(t, rss / 2**20) for t, rss, _ in series if start <= t <= D])
-    if start > 0.75 * D or len(points) < 10:
+    window = [(t, rss / 2**20) for t, rss, _ in series if start <= t <= D]
+    bins: dict[int, tuple[float, float]] = {}
+    for t, mib in window:
+        at = int((t - start) // PEAK_BIN_S)
+        if at not in bins or mib > bins[at][1]:
+            bins[at] = (t, mib)
+    points = np.array(sorted(bins.values()))
+    if start > 0.75 * D or len(points) < 5:
         figures["error"] = "the replay buffer did not fill before the last quarter of the run"
         return figures
     slope, intercept = np.polyfit(points[:, 0], points[:, 1], 1)
@@ -269,8 +277,8 @@ def rss_drift(series: list[tuple[float, int, float]], settings: Settings) -> dic
     figures.update(
         start_mib=round(float(at_start), 2),
         end_mib=round(float(at_end), 2),
-        min_mib=round(float(points[:, 1].min()), 2),
-        max_mib=round(float(points[:, 1].max()), 2),
+        min_mib=round(min(mib for _, mib in window), 2),
+        max_mib=round(max(mib for _, mib in window), 2),
         change_pct=round(float(100 * (at_end - at_start) / at_start), 4),
         pct_per_10min=round(float(100 * slope * TEN_MINUTES_S / at_start), 4),
     )
@@ -397,6 +405,8 @@ def metric_figures(samples: Samples) -> dict[str, Any]:
         "steps_total": total(samples, "trident_steps_total"),
         "global_step": total(samples, "trident_global_step"),
         "samples_total": total(samples, "trident_samples_total"),
+        "rollouts_total": total(samples, "trident_rollouts_total"),
+        "rollouts_dropped_total": total(samples, "trident_rollouts_dropped_total"),
         "rpc_errors_total": total(samples, "trident_rpc_errors_total"),
         "rpc_errors": {
             f"{labels['method']} {labels['code']}": value
@@ -412,8 +422,9 @@ def metric_figures(samples: Samples) -> dict[str, Any]:
     }
 
 
-def summary(results: dict[str, Any]) -> dict[str, Any]:
-    """Errors, Step counts and the actors' latency over all actors."""
+def summary(results: dict[str, Any], rollout_env_steps: int) -> dict[str, Any]:
+    """Errors, rollout counts and the actors' latency over all actors (each rollout
+    `rollout_env_steps` env steps)."""
     actors = results["actors"]
     done = [a["done"] for a in actors if a["done"] is not None]
     metrics = results["metrics"] or {}
@@ -442,10 +453,11 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
     return {
         "errors": errors,
         "error_count": sum(errors.values()),
-        "steps_sent": sum(d["sent"] for d in done),
-        "steps_applied": sum(d["applied"] for d in done),
+        "rollouts_sent": sum(d["sent"] for d in done),
+        "rollouts_trained": sum(d["applied"] for d in done),
+        "env_steps_trained": sum(d["applied"] for d in done) * rollout_env_steps,
         "acts": sum(d["acts"] for d in done),
-        "steps_per_actor": spread("sent"),
+        "rollouts_per_actor": spread("sent"),
         # Per-actor quantiles; the pooled p99 is at most the largest actor's p99.
         "step_p50_ms": spread("step_p50"),
         "step_p99_ms": spread("step_p99"),
@@ -465,11 +477,17 @@ def failures(report: dict[str, Any]) -> dict[str, str]:
     if total_["error_count"]:
         found = {k: v for k, v in total_["errors"].items() if v}
         failed["errors"] = f"expected 0 errors, got {found}"
-    steps_total = (results["metrics"] or {}).get("steps_total")
-    if not total_["steps_applied"] or total_["steps_applied"] != steps_total:
+    metrics = results["metrics"] or {}
+    received = metrics.get("rollouts_total", 0) - metrics.get("rollouts_dropped_total", 0)
+    if not total_["rollouts_trained"] or total_["rollouts_trained"] != received:
         failed["steps"] = (
-            f"expected the actors' applied Steps ({total_['steps_applied']}) > 0 and equal to "
-            f"trident_steps_total ({steps_total})"
+            f"expected the actors' trained rollouts ({total_['rollouts_trained']}) > 0 and equal "
+            f"to trident_rollouts_total less trident_rollouts_dropped_total ({received})"
+        )
+    elif total_["env_steps_trained"] != metrics.get("samples_total"):
+        failed["steps"] = (
+            f"expected the actors' trained env steps ({total_['env_steps_trained']}) to equal "
+            f"trident_samples_total ({metrics.get('samples_total')})"
         )
     rss = results["rss"]
     if "error" in rss:
@@ -508,7 +526,7 @@ def soak(settings: Settings, workdir: Path, promtool: str | None) -> dict[str, A
             "server_set": settings.server_sets(TOKEN),
             "actor_command": shlex.join(actor_command(settings, "HOST:PORT", 0, TOKEN)),
         },
-        "summary": summary(results),
+        "summary": summary(results, settings.rollout_len * settings.num_envs),
         "results": results,
         "runtime_s": round(wall, 1),
     }
@@ -533,9 +551,14 @@ def print_table(report: dict[str, Any], failed: dict[str, str]) -> None:
     rates = [r for r in results["samples_per_s_by_tenth"] if r is not None]
     rows = [
         ("errors", str(total_["error_count"]), "0", mark("errors")),
-        ("Steps: actors applied / trident_steps_total",
-         f"{total_['steps_applied']} / {metrics.get('steps_total', float('nan')):.0f}", "equal",
-         mark("steps")),
+        ("rollouts: actors trained / trident_rollouts_total",
+         f"{total_['rollouts_trained']} / {metrics.get('rollouts_total', float('nan')):.0f}",
+         "equal", mark("steps")),
+        ("env steps: actors trained / trident_samples_total",
+         f"{total_['env_steps_trained']} / {metrics.get('samples_total', float('nan')):.0f}",
+         "equal", mark("steps")),
+        ("Steps applied (trident_steps_total)", f"{metrics.get('steps_total', float('nan')):.0f}",
+         "", ""),
         ("server RSS drift", drift, f"< {s['max_drift_pct']} %", mark("rss")),
         ("promtool check metrics", results["promtool"]["output"] or "clean", "clean",
          mark("promtool")),
@@ -547,9 +570,10 @@ def print_table(report: dict[str, Any], failed: dict[str, str]) -> None:
          f"{ms(step, 'p50_ms')} / {ms(step, 'p99_ms')}", "", ""),
         ("Act forward p50 / p99 ms (histogram)",
          f"{ms(act, 'p50_ms')} / {ms(act, 'p99_ms')}", "", ""),
-        ("Acts / Steps sent", f"{total_['acts']} / {total_['steps_sent']}", "", ""),
-        ("Steps per actor: min / max",
-         f"{total_['steps_per_actor']['min']} / {total_['steps_per_actor']['max']}", "", ""),
+        ("Acts / rollouts sent", f"{total_['acts']} / {total_['rollouts_sent']}", "", ""),
+        ("rollouts per actor: min / max",
+         f"{total_['rollouts_per_actor']['min']} / {total_['rollouts_per_actor']['max']}", "",
+         ""),
         ("samples/s by tenth of the run: min / max",
          f"{min(rates, default=None)} / {max(rates, default=None)}", "", ""),
     ]  # fmt: skip

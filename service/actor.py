@@ -3,11 +3,12 @@
 The actor runs its environments through one Interact stream (SEED RL's design): per env step a
 group of environments sends its observations with the outcome of its previous actions (rewards,
 episode ends, final observations of truncated episodes and, for LobSim, the perception labels)
-and gets its actions back; the server assembles the time-major rollouts [T, N] and trains on
-each as a keyed Step. `--env-groups G` splits the environments into G groups (Sample Factory's
-double buffering): one group steps while another's actions are in flight. The default is one
-group: on the H200 host 12 LobSim actors trained 314k env steps/s with one and 224k with two
-(bench/README.md, served.py), their round trip being small beside the markets' step.
+and gets its actions back; the server assembles the time-major rollouts [T, N] and trains each
+as a keyed Step, side by side with other actors' rollouts in the learner's own Steps.
+`--env-groups G` splits the environments into G groups (Sample Factory's double buffering): one
+group steps while another's actions are in flight. The default is one group: on the H200 host
+12 LobSim actors trained 314k env steps/s with one and 224k with two (bench/README.md,
+served.py), their round trip being small beside the markets' step.
 
 `--env lobsim` runs LobSim markets (the `lobsim` settings of --config / --set), `--env
 gymnasium:ID` runs `gymnasium.make_vec(ID, num_envs=N, vectorization_mode="sync")` for any env
@@ -37,7 +38,7 @@ import numpy as np
 
 from service import logs
 from service.api.trident.v1 import trainer_pb2 as pb
-from service.client.client import TridentClient
+from service.client.client import StepReply, TridentClient
 from service.client.interact import InteractOutcome, InteractReply, InteractStream
 from service.client.resilient import (
     GONE,
@@ -125,9 +126,27 @@ class Progress:
     rollouts: int = 0  # rollouts completed (sent whole to the server)
     outcomes: int = 0  # of those, answered or dropped
     applied: int = 0
+    trained_env_steps: int = 0  # env steps of the applied rollouts
+    server_steps: int = 0  # the server's Steps that trained them (each counted once)
     abandoned_env_steps: int = 0  # steps of rollouts a broken stream left unfinished
     act_s: list[float] = field(default_factory=list)  # per group's env step: request to actions
     step_s: list[float] = field(default_factory=list)  # per rollout: completed to its outcome
+    _last_step: int = -1
+
+    def trained(self, rollout: Rollout, reply: StepReply) -> None:
+        """Count an answered rollout: trained when its Step applied updates."""
+        if reply.updates_applied <= 0:
+            return
+        self.applied += 1
+        self.trained_env_steps += rollout.actions.size
+        if reply.global_step != self._last_step:  # replies come in order: a Step's together
+            self.server_steps += 1
+            self._last_step = reply.global_step
+
+    def trained_share(self) -> str:
+        """`X % trained` of the env steps stepped so far."""
+        share = 100 * self.trained_env_steps / self.env_steps if self.env_steps else 0.0
+        return f"{share:.1f} % trained"
 
 
 class StreamActor:
@@ -225,7 +244,7 @@ class StreamActor:
             self.progress.outcomes += 1
             if outcome.reply is not None:
                 self.link.answered(key, rollout, outcome.reply)
-                self.progress.applied += outcome.reply.updates_applied > 0
+                self.progress.trained(rollout, outcome.reply)
             elif outcome.code == grpc.StatusCode.FAILED_PRECONDITION and stale(outcome.message):
                 self.link.dropped(key, outcome.message)
             else:
@@ -250,7 +269,7 @@ class StreamActor:
             self.progress.step_s.append(time.perf_counter() - called)
             self.progress.outcomes += 1
             if reply is not None:
-                self.progress.applied += reply.updates_applied > 0
+                self.progress.trained(rollout, reply)
                 self.report(InteractOutcome(sequence, reply, None, ""), self.progress)
 
 
@@ -388,10 +407,11 @@ def run_actor(
                 link.wait_durable(reconnect_s)
             progress, counts = actor.progress, link.counts
             print(
-                f"done: {progress.outcomes} Steps ({progress.applied} applied, "
-                f"{counts.dropped_behind} dropped behind the policy lag, {counts.dropped_ahead} "
-                f"dropped ahead of the server's state), {progress.acts} Acts, "
-                f"{progress.env_steps} env steps ({progress.abandoned_env_steps} in unfinished "
+                f"done: {progress.outcomes} rollouts ({progress.applied} trained in "
+                f"{progress.server_steps} Steps, {counts.dropped_behind} dropped behind the "
+                f"policy lag, {counts.dropped_ahead} dropped ahead of the server's state), "
+                f"{progress.acts} Acts, {progress.env_steps} env steps "
+                f"({progress.trained_share()}, {progress.abandoned_env_steps} in unfinished "
                 f"rollouts) in {time.perf_counter() - started:.1f} s | "
                 f"{latency_ms('Step', progress.step_s)} | {latency_ms('Act', progress.act_s)} | "
                 f"{counts.rollouts} rollouts, {counts.resent} resent, {counts.replayed} replayed, "

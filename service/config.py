@@ -126,7 +126,8 @@ class TrainConfig(_Section):
     # equal shards by environment column; each rank of a world of W holds data_shards / W of
     # them (W = 1 holds all: the same Step the ranks compute together)
     data_shards: int = _f(1, ge=1)
-    # parallel environments per rollout of the `trident train` job; 0: the backend's size
+    # parallel environments per rollout of the `trident train` job, and a served Step's columns
+    # at least (more while the open Interact streams hold more); 0: the backend's size
     # (BACKEND_DEFAULTS: a few hundred on NumPy, thousands on CUDA)
     num_envs: int = _f(0, ge=0)
     rollout_len: int = _f(32, ge=1)  # env steps per environment per rollout
@@ -215,7 +216,14 @@ class ServerConfig(_Section):
     unix_socket: str = ""
     metrics_port: int = _f(9464, ge=0, le=65535)  # metrics HTTP TCP port
     max_message_mb: int = _f(64, ge=1)  # max gRPC message size (MiB)
-    step_queue_size: int = _f(8, ge=1)  # queued rollout batches before backpressure
+    # Steps' worth of rollouts queued behind the one training before backpressure (a request's
+    # own Step counts as a whole one): a full queue answers a Step request RESOURCE_EXHAUSTED
+    # and makes an Interact stream wait; each one more lets a rollout wait a Step longer
+    step_queue_size: int = _f(1, ge=1)
+    # the longest a rollout waits for others to fill the learner's Step (ms): a Step starts
+    # when its columns are in, when every open stream waits, or this long after its oldest
+    # rollout arrived, with the whole rollouts that have
+    step_max_wait_ms: float = _f(10_000.0, ge=0)
     # ranks of this server on this host (NumPy: processes over shared memory), each holding
     # train.data_shards / world_size of every Step; rank 0 answers gRPC
     world_size: int = _f(1, ge=1)

@@ -5,6 +5,7 @@ trainer or a backend."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -117,6 +118,52 @@ class Rollout(_TimeMajor):
             h.update(f"|{name}:{list(canonical.shape)}".encode())
             h.update(canonical.data)  # sha256 lets the GIL go for large buffers
         return h.hexdigest()
+
+    @property
+    def layout(self) -> tuple[int, int, bool, int | None]:
+        """What rollouts must share to be one Step side by side: the horizon T, the
+        observation width D, whether BCE labels come along, and the aux targets' width K."""
+        aux = None if self.aux_targets is None else self.aux_targets.shape[2]
+        return self.horizon, self.obs.shape[2], self.bce_labels is not None, aux
+
+    @classmethod
+    def side_by_side(cls, parts: list[Rollout], empty: Callable[..., np.ndarray]) -> Rollout:
+        """One rollout of `parts`' environment columns in their order (the inverse of
+        `columns`), its arrays made by `empty(shape, dtype)`; the policy version is the oldest
+        part's. Every part has the same `layout`. One part is returned as it is."""
+        if len(parts) == 1:
+            return parts[0]
+        starts = np.cumsum([0] + [part.num_envs for part in parts]).tolist()
+        N = starts[-1]
+
+        def joined(name: str) -> np.ndarray | None:
+            arrays = [getattr(part, name) for part in parts]
+            if arrays[0] is None:
+                return None
+            shape = (arrays[0].shape[0], N, *arrays[0].shape[2:])
+            return np.concatenate(arrays, axis=1, out=empty(shape, arrays[0].dtype))
+
+        final_obs, final_index = [], []
+        for part, start in zip(parts, starts, strict=False):
+            if part.final_obs is not None and part.final_obs.size:
+                # flat t * n + j in a part of n columns is t * N + start + j here
+                t, j = np.divmod(part.final_obs_index.astype(np.int64), part.num_envs)
+                final_obs.append(part.final_obs)
+                final_index.append(t * N + start + j)
+        versions = [part.policy_version for part in parts if part.policy_version is not None]
+        return cls(
+            obs=joined("obs"),
+            actions=joined("actions"),
+            rewards=joined("rewards"),
+            terminated=joined("terminated"),
+            truncated=joined("truncated"),
+            behavior_log_probs=joined("behavior_log_probs"),
+            final_obs=np.concatenate(final_obs) if final_obs else None,
+            final_obs_index=np.concatenate(final_index) if final_index else None,
+            bce_labels=joined("bce_labels"),
+            aux_targets=joined("aux_targets"),
+            policy_version=min(versions) if versions else None,
+        )
 
     def columns(self, start: int, stop: int) -> Rollout:
         """The environments [start, stop) alone (a data-parallel rank's share), final

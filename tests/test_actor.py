@@ -25,12 +25,14 @@ from service.types import ActMode
 from service.vector_env import collect_rollout
 
 CARTPOLE = ("model.obs_dim=4", "model.num_actions=2", "model.aux_dim=0")
+ONE_ROLLOUT_A_STEP = "train.num_envs=4"  # the actors' --num-envs: a rollout fills a Step
 SAME_STEP = {"autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP}
 
 
 @pytest.fixture(scope="module")
 def cartpole_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with running_server(tmp_path_factory.mktemp("cartpole"), *CARTPOLE) as server:
+    with running_server(tmp_path_factory.mktemp("cartpole"), *CARTPOLE,
+                        ONE_ROLLOUT_A_STEP) as server:  # fmt: skip
         yield server
 
 
@@ -86,7 +88,8 @@ def test_an_actor_started_before_its_server_waits_for_it(tmp_path: Path) -> None
         first = early.stdout.readline()  # printed before the server exists: it is started next
         assert first.startswith(f"trident actor: no server at 127.0.0.1:{port} yet (UNAVAILABLE)")
         assert "waiting up to 120 s" in first
-        with running_server(tmp_path, *CARTPOLE, extra_args=["--port", str(port)]) as server:
+        with running_server(tmp_path, *CARTPOLE, ONE_ROLLOUT_A_STEP,
+                            extra_args=["--port", str(port)]) as server:  # fmt: skip
             out, err = early.communicate(timeout=120)
             assert early.returncode == 0 and not err.strip(), err
             assert out.splitlines()[0].startswith("trident actor: env=gymnasium:CartPole-v1")
@@ -101,7 +104,7 @@ def test_an_actor_started_before_its_server_waits_for_it(tmp_path: Path) -> None
 def test_actor_trains_the_server_on_lobsim(tmp_path: Path) -> None:
     D = observation_dim(LobsimConfig())
     dims = (f"model.obs_dim={D}", "model.num_actions=9", "model.aux_dim=3")
-    with running_server(tmp_path, *dims) as server:
+    with running_server(tmp_path, *dims, ONE_ROLLOUT_A_STEP) as server:
         code, lines, stderr = actor(
             server, "lobsim", "--steps", "2", "--set", "lobsim.horizon=4", "--seed", "3",
             "--env-groups", "2",
@@ -112,11 +115,13 @@ def test_actor_trains_the_server_on_lobsim(tmp_path: Path) -> None:
     assert [line.split()[1] for line in progress] == ["1/2", "2/2"]
     assert "episode return n/a" not in progress[0]  # 8 steps of a 4-step horizon
     assert "bce " in progress[-1] and "aux " in progress[-1]  # the labels reached the server
-    done = re.match(r"done: 2 Steps \(2 applied, 0 dropped behind the policy lag, 0 dropped "
-                    r"ahead of the server's state\), \d+ Acts, (\d+) env steps \((\d+) in "
-                    r"unfinished rollouts\) in ", lines[-1])  # fmt: skip
+    done = re.match(r"done: 2 rollouts \(2 trained in 2 Steps, 0 dropped behind the policy lag, "
+                    r"0 dropped ahead of the server's state\), \d+ Acts, (\d+) env steps "
+                    r"\(([\d.]+) % trained, (\d+) in unfinished rollouts\) in ", lines[-1])
     assert done, lines[-1]
-    assert int(done[1]) - int(done[2]) == 2 * 8 * 4  # two whole rollouts, the rest left over
+    stepped, share, unfinished = int(done[1]), float(done[2]), int(done[3])
+    assert stepped - unfinished == 2 * 8 * 4  # two whole rollouts, the rest left over
+    assert share == round(100 * 2 * 8 * 4 / stepped, 1)
     assert " | Step p50 " in lines[-1] and " | Act p50 " in lines[-1]
     # The server saves no periodic checkpoints: the line says so, plainly.
     assert lines[-1].endswith("| durable: none of 2 answered (the server saves no periodic "
@@ -127,7 +132,7 @@ def test_actor_trains_the_server_on_lobsim(tmp_path: Path) -> None:
 def test_a_finishing_actor_waits_until_a_checkpoint_holds_its_steps(tmp_path: Path) -> None:
     """--wait-checkpoint against a server without periodic checkpoints: the actor asks for one
     (no token: it may), and its line counts every Step durable; the checkpoint holds them."""
-    with running_server(tmp_path, *CARTPOLE) as server:
+    with running_server(tmp_path, *CARTPOLE, ONE_ROLLOUT_A_STEP) as server:
         code, lines, stderr = actor(server, "gymnasium:CartPole-v1", "--steps", "3",
                                     "--wait-checkpoint")  # fmt: skip
         assert code == 0, stderr
@@ -140,7 +145,7 @@ def test_a_finishing_actor_waits_until_a_checkpoint_holds_its_steps(tmp_path: Pa
 def test_sigint_stops_the_actor_with_its_summary_and_no_traceback(tmp_path: Path) -> None:
     """Ctrl-C mid-run: the Steps sent are answered, the summary and how to go on are printed,
     exit code 130, nothing on stderr."""
-    with running_server(tmp_path, *CARTPOLE) as server:
+    with running_server(tmp_path, *CARTPOLE, ONE_ROLLOUT_A_STEP) as server:
         command = [sys.executable, "-m", "service.cli", "actor", "--server", server.target,
                    "--env", "gymnasium:CartPole-v1", "--num-envs", "4", "--rollout-len", "8",
                    "--log-every", "1", "--steps", "100000"]  # fmt: skip
@@ -158,7 +163,7 @@ def test_sigint_stops_the_actor_with_its_summary_and_no_traceback(tmp_path: Path
         lines = out.splitlines()
         assert running.returncode == 130 and err == "", err
         assert lines[-1].startswith("trident actor: stopped by SIGINT; the partial rollout's")
-        done = re.match(r"done: (\d+) Steps \((\d+) applied", lines[-2])
+        done = re.match(r"done: (\d+) rollouts \((\d+) trained", lines[-2])
         assert done and done[1] == done[2], lines[-2]
         assert global_step(server) >= int(done[2]) >= 1
 
@@ -281,7 +286,7 @@ def test_a_setting_warning_reaches_the_actor_once(tmp_path: Path) -> None:
     setting to change."""
     narrow = ("c51.v_min=-0.01", "c51.v_max=0.01", "replay.min_size=16", "replay.batch_size=16",
               "train.steps=200")  # the 115 Steps end no learning-rate schedule  # fmt: skip
-    with running_server(tmp_path, *CARTPOLE, *narrow) as server:
+    with running_server(tmp_path, *CARTPOLE, ONE_ROLLOUT_A_STEP, *narrow) as server:
         code, lines, stderr = actor(server, "gymnasium:CartPole-v1", "--steps", "115",
                                     "--log-every", "1000")  # fmt: skip
     assert code == 0, stderr
@@ -300,7 +305,7 @@ def test_an_actor_without_sizes_runs_the_servers_run(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
         lines = done.stdout.splitlines()
         assert "rollout=4x3 groups=3 steps=5 (until global step 5)" in lines[0], lines[0]
-        assert lines[-1].startswith("done: 5 Steps (5 applied"), lines[-1]
+        assert lines[-1].startswith("done: 5 rollouts (5 trained in 5 Steps"), lines[-1]
         assert global_step(server) == 5
         late = trident_cli("actor", "--server", server.target, "--env", "gymnasium:CartPole-v1")
     assert late.returncode == 2 and late.stdout == ""

@@ -1,6 +1,7 @@
 """bench/served.py end to end on the CPU: a real server per cell trained by 1 and 2 loadgen
-workers, then 1 and 2 CartPole actors, on the tests' small model. Every cell must train and time
-its Acts; the rates themselves depend on the machine and are not checked beyond > 0."""
+workers, then 1 and 2 CartPole actors, on the tests' small model at the server's defaults. Every
+cell must train, time its Acts and drop no rollout; the rates themselves depend on the machine
+and are not checked beyond > 0. The rows' medians and spreads against their definitions."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ ACTORS = (1, 2)
 SETTINGS = [f"--set={s}" for s in SMALL if not s.startswith("model.obs_dim=")]
 # 8 s per process, the first 2 s after the last one started left out: the window still holds
 # several seconds when a busy 2-core machine starts the processes a few seconds apart.
-RUN = ["--duration", "8", "--warmup", "2", "--num-envs", "16", "--rollout-len", "8"]
+RUN = ["--duration", "8", "--warmup", "2", "--num-envs", "16", "--rollout-len", "8", "--runs", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,8 @@ def finite_positive(value: object) -> bool:
 def test_every_cell_is_reported(report: dict[str, Any]) -> None:
     cells = [(c["load"], c["actors"]) for c in report["cells"]]
     assert cells == [(load, k) for load in LOADS for k in ACTORS]
+    assert [(r["load"], r["actors"], r["runs"]) for r in report["rows"]] == [
+        (load, k, 1) for load in LOADS for k in ACTORS]  # fmt: skip
     assert report["settings"]["num_envs"] == dict.fromkeys(LOADS, 16)
     assert report["command"] and report["date"] and report["machine"]["cpu_count"]
 
@@ -68,11 +71,31 @@ def test_every_cell_trains_and_times_its_acts(report: dict[str, Any]) -> None:
         assert all(finite_positive(c) for c in cell["actor_cores"]), where
         assert len(cell["processes"]) == cell["actors"], where
         assert all(p["exit"] == 0 for p in cell["processes"]), where
-        assert finite_positive(cell["scaling"]), where
-        if cell["actors"] == 1:
-            assert cell["scaling"] == 1.0, where
         if shutil.which("nvidia-smi") is None:
             assert cell["gpu_busy_pct"] is None, where
+    for row in report["rows"]:
+        where = f"{row['load']} K={row['actors']}: {row}"
+        assert row["rollouts"] > 0 and row["rollouts_dropped"] == {}, where
+        assert row["dropped_share"] == 0.0 and row["spread"] == 0.0, where
+        assert finite_positive(row["scaling"]), where
+        if row["actors"] == 1:
+            assert row["scaling"] == 1.0, where
+
+
+def test_a_row_is_the_median_of_its_runs_and_their_spread(rng: Any) -> None:
+    from bench.served import summarise
+
+    rates = rng.uniform(1e3, 1e4, 3).tolist()
+    runs = [{"load": "lobsim", "actors": 1, "num_envs": 8, "run": i, "errors": [],
+             "env_steps_per_s": rate, "run_rollouts": 10, "run_rollouts_dropped": {"behind": i},
+             "act": {"p50_ms": rate / 1e3, "p99_ms": None}} for i, rate in enumerate(rates)]
+    (row,) = summarise(runs)
+    median = float(np.median(rates))
+    assert row["env_steps_per_s"] == median and row["env_steps_per_s_runs"] == rates
+    assert row["spread"] == round(max(abs(r - median) for r in rates) / median, 4)
+    assert row["rollouts"] == 30 and row["rollouts_dropped"] == {"behind": 3}
+    assert row["dropped_share"] == 0.1 and row["scaling"] == 1.0
+    assert row["act"] == {"p50_ms": median / 1e3, "p99_ms": None}
 
 
 def test_histogram_quantiles_interpolate_within_the_bucket(rng: Any) -> None:

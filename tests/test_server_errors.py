@@ -444,9 +444,11 @@ def test_inference_only_server_acts_like_its_checkpoint(
 
 def test_step_whose_caller_left_is_never_applied(tmp_path: Path, rng: np.random.Generator) -> None:
     # A wide model and a large rollout make a Step take seconds on any machine: two of them
-    # keep the trainer busy while a third Step's 0.2 s deadline passes in the queue.
+    # keep the trainer busy while a third Step's 0.2 s deadline passes in the queue (of two
+    # Steps' worth, so that it is queued, not refused).
     with (
-        running_server(tmp_path, "model.hidden_dim=256", "ppo.epochs=20") as server,
+        running_server(tmp_path, "model.hidden_dim=256", "ppo.epochs=20",
+                       "server.step_queue_size=2") as server,
         TridentClient(server.target) as client,
     ):
         step = client.status().global_step

@@ -8,11 +8,19 @@ published to the snapshot (a device copy, under both locks, always taken in that
 version an Act reports is the snapshot's. A keyed Step is looked up in the ledger of applied
 keys first (and joins the same key's Step while that one is queued), so a Step sent again is
 answered, never applied twice; the ledger changes only with the trainer, under the lock, and
-is saved and restored with it. Nothing here knows gRPC.
+is saved and restored with it.
+
+The learner's Step is the learner's (`StepQueue`): the rollouts of Interact streams are trained
+side by side, whole, in Steps of at least train.num_envs columns; a Step applies its rollouts'
+keys together or not at all, and each key's reply names the Step that applied it. A rollout the
+learner will not train on (too old, ahead of a restored state, its caller gone, a reused or
+forgotten key, a drain's grace run out) is counted by reason in trident_rollouts_dropped_total.
+Nothing here knows gRPC.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import secrets
@@ -36,10 +44,18 @@ from service.checkpoint import (
     save_checkpoint,
 )
 from service.config import Config
-from service.errors import InferenceOnly, StalePolicy, Unavailable
+from service.errors import (
+    Abandoned,
+    ForgottenStepKey,
+    InferenceOnly,
+    KeyReused,
+    StalePolicy,
+    Unavailable,
+)
 from service.server.act_batcher import ActBatcher
 from service.server.metrics import Metrics
-from service.server.step_queue import StepQueue
+from service.server.status import drop_reason
+from service.server.step_queue import Seat, StepQueue, Taken
 from service.step_ledger import AHEAD, StepKey, StepLedger, check_same_content
 from service.trainer import schedule
 from service.trainer.trainer import Trainer
@@ -117,7 +133,12 @@ class Engine:
         # before each Step; a Restore's settings bring the rate of their Step, not this
         self._base_lr = trainer.config.optim.lr
         self._state_epoch = secrets.randbits(62)  # new whenever the state is replaced
-        self._steps: StepQueue[_Work] = StepQueue(self._apply_step, server.step_queue_size)
+        self._steps: StepQueue[_Work] = StepQueue(
+            self._apply_steps,
+            server.step_queue_size,
+            server.step_max_wait_ms / 1e3,
+            lambda: self.trainer.config.train.num_envs,
+        )
         # Keyed Steps' content digests (Rollout.digest), hashed off the Step worker: sha256 lets
         # the GIL go, so a Step of 131k rows costs the worker no wait for its ~30 ms of hashing.
         self._digests = ThreadPoolExecutor(DIGEST_THREADS, thread_name_prefix="trident-digest")
@@ -145,82 +166,158 @@ class Engine:
             raise InferenceOnly(f"{what}: this server is inference-only and answers Act alone")
 
     def submit_step(
-        self, rollout: Rollout, caller_waiting: Callable[[], bool], key: StepKey | None = None
+        self,
+        rollout: Rollout,
+        caller_waiting: Callable[[], bool],
+        key: StepKey | None = None,
+        seat: Seat | None = None,
     ) -> Future[StepResult]:
-        """Queue a validated rollout; RESOURCE_EXHAUSTED-style QueueFull when the queue is full.
-        A `key` applied before is answered with its result (`replayed`), one still queued is
-        joined; ForgottenStepKey when the key is older than the ledger remembers."""
+        """Queue a validated rollout. Alone it is a Step of its own, and a full queue raises
+        QueueFull (RESOURCE_EXHAUSTED) at once; with an Interact stream's `seat` it is trained
+        side by side with other streams' rollouts, and a full queue is waited out. A `key`
+        applied before is answered with its result (`replayed`), one still queued is joined;
+        ForgottenStepKey when the key is older than the ledger remembers, KeyReused when it
+        names other content."""
         self.require_training("Step")
-        if key is None:
-            future = self._steps.submit(_Work(rollout, None, None), caller_waiting)
-        else:
-            with self._keys_lock:
-                applied = self.ledger.lookup(key, rollout.digest)
-                if applied is not None:
-                    applied.replayed, applied.checkpoint_step = True, self._checkpoint_step
-                    applied.state_epoch = self._state_epoch
-                    self.metrics.steps_replayed.inc()
-                    future = Future()
-                    future.set_result(applied)
-                    return future
-                queued = self._queued.get(key)
-                if queued is not None:
-                    check_same_content(key, queued.digest.result(), rollout.digest)
-                    queued.waiting.append(caller_waiting)
-                    self.metrics.steps_replayed.inc()
-                    return queued.future
-                try:
-                    digest = self._digests.submit(rollout.digest)
-                except RuntimeError:  # shut down by a drain: the queue is closed too
-                    raise Unavailable("the server is draining and takes no new Steps") from None
-                queued = _Queued(Future(), [caller_waiting], digest)
-                work = _Work(rollout, key, digest)
-                queued.future = self._steps.submit(work, queued.anyone_waiting)
-                self._queued[key] = queued
-            queued.future.add_done_callback(lambda _: self._unqueue(key))
-            future = queued.future
+        try:
+            future = self._queue_step(rollout, caller_waiting, key, seat)
+        except (KeyReused, ForgottenStepKey, Abandoned) as refused:
+            self.metrics.rollouts.inc()
+            self._dropped(refused)
+            raise
         self.metrics.step_queue_depth.set(self._steps.depth)
         return future
+
+    def open_seat(self, columns: int) -> Seat:
+        """An Interact stream's place at the Step queue (`StepQueue.open_seat`)."""
+        return self._steps.open_seat(columns)
+
+    def _queue_step(
+        self,
+        rollout: Rollout,
+        caller_waiting: Callable[[], bool],
+        key: StepKey | None,
+        seat: Seat | None,
+    ) -> Future[StepResult]:
+        columns, layout = rollout.num_envs, None if seat is None else rollout.layout
+        if seat is not None:  # outside the keys' lock: the Step worker takes it
+            self._steps.wait_for_room(columns, caller_waiting, seat)
+        if key is None:
+            future = self._steps.submit(_Work(rollout, None, None), caller_waiting, columns,
+                                        layout, must_fit=seat is None)  # fmt: skip
+            self._received(future)
+            return future
+        with self._keys_lock:
+            applied = self.ledger.lookup(key, rollout.digest)
+            if applied is not None:
+                applied.replayed, applied.checkpoint_step = True, self._checkpoint_step
+                applied.state_epoch = self._state_epoch
+                self.metrics.steps_replayed.inc()
+                future = Future()
+                future.set_result(applied)
+                return future
+            queued = self._queued.get(key)
+            if queued is not None:
+                check_same_content(key, queued.digest.result(), rollout.digest)
+                queued.waiting.append(caller_waiting)
+                self.metrics.steps_replayed.inc()
+                return queued.future
+            try:
+                digest = self._digests.submit(rollout.digest)
+            except RuntimeError:  # shut down by a drain: the queue is closed too
+                raise Unavailable("the server is draining and takes no new Steps") from None
+            queued = _Queued(Future(), [caller_waiting], digest)
+            work = _Work(rollout, key, digest)
+            queued.future = self._steps.submit(work, queued.anyone_waiting, columns, layout,
+                                               must_fit=seat is None)  # fmt: skip
+            self._queued[key] = queued
+        queued.future.add_done_callback(lambda _: self._unqueue(key))
+        self._received(queued.future)
+        return queued.future
+
+    def _received(self, future: Future[StepResult]) -> None:
+        """Count a rollout the learner was handed, and its drop if it is refused."""
+        self.metrics.rollouts.inc()
+        future.add_done_callback(lambda done: self._dropped(done.exception()))
+
+    def _dropped(self, error: BaseException | None) -> None:
+        reason = None if error is None else drop_reason(error)
+        if reason is not None:
+            self.metrics.rollouts_dropped.labels(reason=reason).inc()
 
     def _unqueue(self, key: StepKey) -> None:
         with self._keys_lock:
             self._queued.pop(key, None)
 
-    def _apply_step(self, work: _Work, queued_ms: float) -> StepResult:
-        rollout = work.rollout
+    def _apply_steps(self, taken: Taken[_Work]) -> list[StepResult | Exception]:
+        """One Step on the taken rollouts side by side: each one refused for its policy
+        version (or a failed digest) is left out; the rest train together and their keys are
+        recorded together, each with its own copy of the Step's result."""
         started = self.clock()
+        outcomes: list[StepResult | Exception] = []
+        trained: list[tuple[int, _Work, str | None]] = []
         with self._lock:
-            self._check_lag(rollout.policy_version)
-            # Before the Step (hashed meanwhile, it is done by now): a failure applies nothing.
-            digest = None if work.digest is None else work.digest.result()
+            before = self.trainer.global_step
+            for index, (work, _) in enumerate(taken):
+                try:
+                    self._check_lag(work.rollout.policy_version)
+                    # Hashed meanwhile, it is done by now; a failure applies nothing of it.
+                    digest = None if work.digest is None else work.digest.result()
+                except Exception as error:
+                    outcomes.append(error)
+                    continue
+                outcomes.append(StepResult())  # its reply, once the Step has run
+                trained.append((index, work, digest))
+            if not trained:
+                return outcomes
+            rollout = Rollout.side_by_side([work.rollout for _, work, _ in trained],
+                                           self.trainer.backend.host_empty)  # fmt: skip
             schedule.schedule_next_step(self.trainer, self._base_lr)
             result = self.trainer.step(rollout)
             warning = schedule.ended(self.trainer.config.train, result.global_step)
             result.warnings += [warning] if warning and result.updates_applied else []
             self._publish()
-            if work.key is not None:
-                with self._keys_lock:
-                    self.ledger.record(work.key, result, digest)
             every = self.trainer.config.checkpoint.every_steps
+            replies = []
+            with self._keys_lock:
+                for index, work, digest in trained:
+                    reply = self._reply(result, work.rollout, before, taken[index][1])
+                    if work.key is not None:
+                        self.ledger.record(work.key, reply, digest)
+                    outcomes[index] = reply
+                    replies.append(reply)
             if every and result.updates_applied and result.global_step % every == 0:
                 self._periodic_checkpoint()
-            result.checkpoint_step, result.state_epoch = self._checkpoint_step, self._state_epoch
-        result.timings_ms["queue"] = queued_ms
+            for reply in replies:
+                reply.checkpoint_step, reply.state_epoch = self._checkpoint_step, self._state_epoch
         samples = rollout.horizon * rollout.num_envs
-        self.metrics.observe_step(result, samples, self.clock() - started)
+        self.metrics.observe_step(result, samples, self.clock() - started, len(trained))
         self.metrics.step_queue_depth.set(self._steps.depth)
         logs.event(
             logging.INFO,
             "step",
             global_step=result.global_step,
             samples=samples,
-            key=None if work.key is None else str(work.key),
+            rollouts=len(trained),
+            keys=[str(work.key) for _, work, _ in trained if work.key is not None] or None,
             skipped=result.skip_reason or None,
             ms=round(result.timings_ms.get("total", 0), 2),
         )
         for warning in result.warnings:
             logs.event(logging.WARNING, "setting", global_step=result.global_step, advice=warning)
-        return result
+        return outcomes
+
+    @staticmethod
+    def _reply(result: StepResult, rollout: Rollout, before: int, queued_ms: float) -> StepResult:
+        """One rollout's copy of its Step's result: its own policy lag and time queued."""
+        lag = 0 if rollout.policy_version is None else before - rollout.policy_version
+        return dataclasses.replace(
+            result,
+            losses=dict(result.losses),
+            timings_ms={**result.timings_ms, "queue": queued_ms},
+            warnings=list(result.warnings),
+            policy_lag=lag,
+        )
 
     def _check_lag(self, version: int | None) -> None:
         """FAILED_PRECONDITION for a rollout too many versions old (or from a version this

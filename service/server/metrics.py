@@ -8,6 +8,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
 
 from service.checkpoint import CheckpointInfo
+from service.server.status import REASONS
 from service.trainer.model import HEADS
 from service.types import StepResult
 
@@ -35,6 +36,28 @@ class Metrics:
             **ns,
         )
         self.samples = Counter("samples", "Rollout samples (T x N) trained on.", **ns)
+        self.rollouts = Counter(
+            "rollouts",
+            "Rollouts handed to the learner: Interact streams' and Step requests' (a replayed "
+            "or joined key not counted again).",
+            **ns,
+        )
+        self.rollouts_dropped = Counter(
+            "rollouts_dropped",
+            "Rollouts the learner did not train on, by reason: behind (older than "
+            "train.max_policy_lag allows), ahead (newer than the server's state, which went back "
+            "to a checkpoint), abandoned (its caller left first), shutdown (a drain's grace ran "
+            "out), key_reused (a key held for other content), key_forgotten (a key older than "
+            "the ledger remembers).",
+            ["reason"],
+            **ns,
+        )
+        self.step_rollouts = Histogram(
+            "step_rollouts",
+            "Rollouts trained side by side in one applied Step.",
+            buckets=tuple(2**k for k in range(11)),  # 1 .. 1,024
+            **ns,
+        )
         self.interact_streams = Gauge(
             "interact_streams", "Interact streams open (actors acting through the server).", **ns
         )
@@ -96,25 +119,32 @@ class Metrics:
         self.device_memory = Gauge(
             "device_memory", "Bytes the backend holds for the trainer.", unit="bytes", **ns
         )
-        self.policy_lag = Gauge("policy_lag", "Policy lag of the last Step's rollout.", **ns)
+        self.policy_lag = Gauge(
+            "policy_lag", "Policy lag of the last Step's oldest rollout.", **ns
+        )
         self.approx_kl = Gauge("approx_kl", "Approximate KL of the last Step.", **ns)
         self.clip_fraction = Gauge("clip_fraction", "PPO clip fraction of the last Step.", **ns)
         self.c51_support_clip_ratio = Gauge(
             "c51_support_clip_ratio", "Share of C51 target mass clipped at the support ends.", **ns
         )
         self.global_step = Gauge("global_step", "Applied Steps (the policy version).", **ns)
-        self.step_queue_depth = Gauge("step_queue_depth", "Steps waiting to be applied.", **ns)
+        self.step_queue_depth = Gauge(
+            "step_queue_depth", "Rollouts and Step requests waiting for the learner.", **ns
+        )
         for head in LOSS_LABELS:
             self.loss.labels(head=head)
+        for reason in REASONS:
+            self.rollouts_dropped.labels(reason=reason)
         # rpc_errors' (method, code) series appear with their first error: made up front, the
         # 9 methods x 16 codes were most of a scrape's lines, all zeros.
 
-    def observe_step(self, result: StepResult, samples: int, seconds: float) -> None:
+    def observe_step(self, result: StepResult, samples: int, seconds: float, rollouts: int) -> None:
         if result.updates_skipped:
             self.skipped_updates.inc(result.updates_skipped)
         if not result.updates_applied:
             return
         self.step_duration.observe(seconds)
+        self.step_rollouts.observe(rollouts)
         self.steps.inc()
         self.samples.inc(samples)
         for head, value in result.losses.items():

@@ -245,36 +245,41 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         actor, first_sequence, T, groups, synchronous = interact_start(request)
         unroller = Unroller(T, groups, config.model.obs_dim, recycling=True,
                             empty=engine.trainer.backend.host_empty)  # fmt: skip
-        steps = InteractSteps(engine, actor, first_sequence, context.is_active, unroller.recycle)
+        steps = InteractSteps(engine, actor, first_sequence, unroller.N, context.is_active,
+                              unroller.recycle)  # fmt: skip
         clock, latency = engine.clock, self.metrics.interact_request_duration
         returns = EpisodeReturns(unroller, self.metrics.episode_return.observe)
-        while request is not None:
-            arrived = clock()
-            step = group_step(request, config)
-            completed = unroller.observe(request.group, step)
-            returns.add(request.group, step)
-            for k, rollout in completed:
-                steps.submit(k, rollout)
-                if synchronous:
-                    steps.finish()
-            acted = self.engine.act(step.obs, ActMode.SAMPLE, 0.0)  # UNAVAILABLE on a drain
-            unroller.acted(request.group, acted.actions, acted.log_probs, acted.policy_version)
-            response = pb.InteractResponse(
-                group=request.group,
-                actions=encode(acted.actions.astype("<i4")),
-                log_probs=encode(acted.log_probs.astype("<f4")),
-                policy_version=acted.policy_version,
-                outcomes=[outcome_message(o) for o in steps.take_outcomes()],
+        try:
+            while request is not None:
+                arrived = clock()
+                step = group_step(request, config)
+                completed = unroller.observe(request.group, step)
+                returns.add(request.group, step)
+                for k, rollout in completed:
+                    steps.submit(k, rollout)
+                    if synchronous:
+                        steps.finish()
+                acted = engine.act(step.obs, ActMode.SAMPLE, 0.0)  # UNAVAILABLE on a drain
+                unroller.acted(request.group, acted.actions, acted.log_probs,
+                               acted.policy_version)  # fmt: skip
+                response = pb.InteractResponse(
+                    group=request.group,
+                    actions=encode(acted.actions.astype("<i4")),
+                    log_probs=encode(acted.log_probs.astype("<f4")),
+                    policy_version=acted.policy_version,
+                    outcomes=[outcome_message(o) for o in steps.take_outcomes()],
+                )
+                latency.observe(clock() - arrived)
+                yield response
+                request = next(requests, None)
+                if request is not None and request.HasField("start"):
+                    raise InvalidInput("start", "on the stream's first request alone", "again")
+            steps.finish()
+            yield pb.InteractResponse(
+                group=-1, outcomes=[outcome_message(o) for o in steps.take_outcomes()]
             )
-            latency.observe(clock() - arrived)
-            yield response
-            request = next(requests, None)
-            if request is not None and request.HasField("start"):
-                raise InvalidInput("start", "on the stream's first request alone", "again")
-        steps.finish()
-        yield pb.InteractResponse(
-            group=-1, outcomes=[outcome_message(o) for o in steps.take_outcomes()]
-        )
+        finally:
+            steps.close()
 
     @_rpc("Act")
     def Act(self, request: pb.ActRequest, context: grpc.ServicerContext) -> pb.ActResponse:

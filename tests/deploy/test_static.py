@@ -102,6 +102,8 @@ def test_alerts_the_issue_asks_for() -> None:
     assert "trident_skipped_updates_total" in exprs["TridentSkippedUpdates"]
     assert "trident_rpc_errors_total" in exprs["TridentRpcErrorRatio"]
     assert "0.01" in exprs["TridentRpcErrorRatio"]
+    assert "trident_rollouts_dropped_total" in exprs["TridentRolloutsDropped"]
+    assert "trident_rollouts_total" in exprs["TridentRolloutsDropped"]
 
 
 def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:

@@ -1,10 +1,11 @@
 """Actors ride through server restarts: 4 `trident actor` processes train one server that is
 stopped 3 times (SIGKILL, a SIGTERM drain, SIGKILL) and each time restarted on its port from its
-newest checkpoint (`serve --resume`). The actors finish their Step budget with exit 0, and
-every rollout they made is either in the final state exactly once or counted as dropped for
-policy lag: the final
-checkpoint's ledger holds, per actor, its rollouts less its drops, and the global step equals
-the number of keys (a rollout applied twice would count twice)."""
+newest checkpoint (`serve --resume`). The server trains the actors' rollouts side by side, a few
+a Step. The actors finish their rollout budget with exit 0, and every rollout they made is
+either in the final state exactly once or counted as dropped for policy lag: the final
+checkpoint's ledger holds, per actor, its rollouts less its drops; each of the final line's
+Steps is made of ledger keys; and the replay holds exactly one rollout's transitions per key (a
+rollout applied twice would hold two)."""
 
 from __future__ import annotations
 
@@ -25,17 +26,19 @@ from service.client.client import TridentClient
 
 pytestmark = pytest.mark.slow
 
-ACTORS, STEPS = 4, 24
-KILL_AT = (10, 25, 40)  # global steps after which the server is stopped ...
+ACTORS, STEPS, NUM_ENVS, T = 4, 24, 4, 8  # rollouts of T x NUM_ENVS env steps each
+# Steps of 8 columns at least, 16 while all four streams are open: 2 to 4 rollouts a Step, so
+# at least 24 Steps (96 rollouts) in the final line
+KILL_AT = (4, 9, 14)  # global steps after which the server is stopped ...
 STOPS = (signal.SIGKILL, signal.SIGTERM, signal.SIGKILL)  # ... by these signals
-CARTPOLE = ("model.obs_dim=4", "model.num_actions=2", "model.aux_dim=0",
-            "checkpoint.every_steps=4", "checkpoint.keep_last=2")  # fmt: skip
+CARTPOLE = ("model.obs_dim=4", "model.num_actions=2", "model.aux_dim=0", "train.num_envs=8",
+            "checkpoint.every_steps=2", "checkpoint.keep_last=2")  # fmt: skip
 DONE = re.compile(r"^done: .*\| (?P<rollouts>\d+) rollouts, (?P<resent>\d+) resent, "
                   r"(?P<replayed>\d+) replayed, (?P<reconnects>\d+) reconnects \| durable: "
                   r"(?P<durable>\d+) of (?P<answered>\d+) answered in a checkpoint, "
                   r"(?P<not_yet>\d+) not yet")  # fmt: skip
-STALE = re.compile(r"\((?P<applied>\d+) applied, (?P<dropped>\d+) dropped behind the policy "
-                   r"lag, (?P<ahead>\d+) dropped ahead of the server's state\)")  # fmt: skip
+STALE = re.compile(r"\((?P<applied>\d+) trained in \d+ Steps, (?P<dropped>\d+) dropped behind "
+                   r"the policy lag, (?P<ahead>\d+) dropped ahead of the server's state\)")
 
 
 
@@ -56,7 +59,8 @@ def test_four_actors_ride_through_three_server_stops(tmp_path: Path) -> None:
     actors = [
         subprocess.Popen(
             [sys.executable, "-m", "service.cli", "actor", "--server", server.target,
-             "--env", "gymnasium:CartPole-v1", "--num-envs", "4", "--rollout-len", "8",
+             "--env", "gymnasium:CartPole-v1", "--num-envs", str(NUM_ENVS), "--rollout-len",
+             str(T),
              "--steps", str(STEPS), "--seed", str(seed), "--log-every", "1000",
              "--reconnect-timeout", "120"],
             env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -71,6 +75,8 @@ def test_four_actors_ride_through_three_server_stops(tmp_path: Path) -> None:
             assert server.proc.wait(30) in (0, -signal.SIGKILL)
             server = serve(tmp_path, life, port)
         outputs = [actor.communicate(timeout=300) for actor in actors]
+        with TridentClient(server.target) as client:
+            replay_size = client.status().replay_size
     finally:
         for actor in actors:
             actor.kill()
@@ -96,9 +102,11 @@ def test_four_actors_ride_through_three_server_stops(tmp_path: Path) -> None:
         # The final checkpoint holds every applied Step; the actor saw those the periodic
         # ones held, and its count adds up.
         assert figures["durable"] + figures["not_yet"] == figures["answered"], figures
-    assert final.global_step == sum(applied.values())
-    print(f"\n[restarts] {ACTORS} actors x {STEPS} Steps through 3 stops (KILL, TERM, KILL): "
-          f"{sum(applied.values())} rollouts applied once, "
+    steps = {entry["result"]["global_step"] for entry in ledger["applied"]}
+    assert steps == set(range(1, final.global_step + 1))  # every Step of the final line
+    assert replay_size == sum(applied.values()) * T * NUM_ENVS  # each key's rollout once
+    print(f"\n[restarts] {ACTORS} actors x {STEPS} rollouts through 3 stops (KILL, TERM, KILL): "
+          f"{sum(applied.values())} rollouts applied once in {final.global_step} Steps, "
           f"{sum(f['dropped'] + f['ahead'] for f in counts.values())} dropped for lag, "
           f"{sum(f['resent'] for f in counts.values())} resent, "
           f"{sum(f['replayed'] for f in counts.values())} answered from the ledger, "

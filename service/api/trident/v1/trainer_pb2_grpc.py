@@ -111,8 +111,11 @@ class TrainerServiceServicer:
         """Interact runs an actor's environments through the server (SEED RL's design): per env step
         the actor sends what one group of its environments observed, with that group's previous
         rewards and episode ends, and gets the group's actions back; the server assembles the
-        time-major rollout and trains on it every rollout_len steps as a keyed Step, reporting
-        each Step's outcome on a later response. Requests are answered in order.
+        time-major rollout every rollout_len steps and trains on it whole, as the keyed Step
+        (actor_id, first_sequence + k), side by side with other streams' rollouts in the learner's
+        own Step (train.num_envs environment columns at least): the keys of one Step are applied
+        together or not at all, and each rollout's outcome, on a later response, names the Step
+        (global_step) that applied it. Requests are answered in order.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
