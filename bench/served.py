@@ -1,11 +1,11 @@
 """The served path end to end: one real `trident serve` trained by K real actor processes.
 
-    python bench/served.py                                  # lobsim cartpole loadgen, K = 1 3 6 12
+    python bench/served.py                      # lobsim cartpole loadgen, K = 1 3 6 12, 3 runs
     python bench/served.py --loads loadgen --actors 1 6 --set train.backend=cuda
 
 Per cell (load, K) the script starts a server (127.0.0.1, ports picked by the OS; the shape the
-load needs, a Step queue of at least K and `train.max_policy_lag` = 4 K, so that K actors are
-neither refused nor dropped as stale by design), then K processes of the load:
+load needs, the server's defaults otherwise: what a user gets; `--set` makes a tuned row), then
+K processes of the load:
 
 - `lobsim`: `trident actor --env lobsim` (N LobSim markets each, on its Interact stream);
 - `cartpole`: `trident actor --env gymnasium:CartPole-v1`;
@@ -16,8 +16,13 @@ neither refused nor dropped as stale by design), then K processes of the load:
 
 Each process runs `--duration` seconds from its own start (the line it prints once connected).
 The window opens `--warmup` s after the last process started and closes `--duration` s after the
-first one started; over it the script takes the delta of the server's `trident_samples_total`
-(env steps trained per second), the server's Act forward histogram, the CPU time of the server
+first one started. Env steps trained per second: the samples of the Steps that ended in the
+window after its first, over the time from the first to the last (the server's `step` log
+lines; a Step trains whole rollouts of several actors at once, so a counter's change over the
+window would move by whole Steps with where its edges fall); at least 3 Steps, else the cell
+says to lengthen --duration. Over the window too: the server's Act forward histogram, the
+rollouts it was handed and dropped (and over the whole cell, once its processes ended), the CPU
+time of the server
 (its process tree), of each load process (/proc/PID/stat) and of the whole machine (what none
 of them used is `other_cores`: another job on the machine), and `nvidia-smi`'s GPU utilisation
 every 0.5 s. Act latency: loadgen workers record every call, so their p50 / p99 are pooled over
@@ -77,6 +82,7 @@ STOP_TIMEOUT_S = 30.0  # SIGTERM, then SIGKILL
 POLL_S = 0.05
 GPU_SAMPLE_S = 0.5
 MIN_WINDOW_S = 1.0
+MIN_STEPS = 3  # Steps ending in a window, for its rate (step_aligned_rate)
 OTHER_CORES_WARN = 0.1  # CPU used by processes outside the cell: its figures are contended
 TAIL_CHARS = 2000
 PROFILE_WAIT_S = 30.0  # py-spy writes its file after the window
@@ -417,6 +423,7 @@ class Snapshot:
     """Counters at one edge of the window."""
 
     at: float
+    wall: float  # time.time(), the clock of the server's log lines
     samples: Samples | None
     server_cpu_s: float | None
     process_cpu_s: list[float | None]
@@ -430,6 +437,7 @@ class Snapshot:
             samples = scrape(server)
         return cls(
             time.monotonic(),
+            time.time(),
             samples,
             tree_cpu_s(server.proc.pid),
             [process_cpu_s(p.popen.pid) for p in processes],
@@ -622,9 +630,14 @@ def measure(
     samples = delta(b, a, "trident_samples_total")
     cell["samples_in_window"] = int(samples)
     cell["steps_in_window"] = int(delta(b, a, "trident_steps_total"))
+    cell["env_steps_per_s_counter"] = round(samples / seconds, 1)
+    rate = step_aligned_rate(server, before.wall, after.wall)
+    if rate is None:
+        cell["errors"].append(f"the window held {cell['steps_in_window']} Steps, fewer than "
+                              f"{MIN_STEPS}: lengthen --duration")  # fmt: skip
     cell["rollouts_in_window"] = int(delta(b, a, "trident_rollouts_total"))
     cell["rollouts_dropped_in_window"] = int(delta(b, a, "trident_rollouts_dropped_total"))
-    cell["env_steps_per_s"] = round(samples / seconds, 1)
+    cell["env_steps_per_s"] = rate
     mean = lambda name, scale=1.0: histogram_mean(b, a, name, scale)  # noqa: E731
     cell["server_act_forward_mean_ms"] = mean("trident_act_duration_seconds", 1e3)
     cell["server_act_batch_mean"] = mean("trident_act_batch_size")
@@ -653,6 +666,19 @@ def measure(
         own = (after.own_cpu_s - before.own_cpu_s) / seconds
         cell["other_cores"] = round(max(0.0, machine - cell["server_cores"] - sum(alive) - own), 3)
     return before.at, after.at
+
+
+def step_aligned_rate(server: ServerProcess, start: float, end: float) -> float | None:
+    """Env steps trained per second between the first and the last Step that ended inside the
+    window (wall clock, the server's `step` log lines): the samples of every Step after the
+    first, over the time between them. A learner's Step trains hundreds of thousands of env
+    steps at once, so a counter's change over a window moves by whole Steps with where the
+    window's edges fall; between two Steps' ends it does not. None with fewer than MIN_STEPS."""
+    ends = [(e["ts"], e["samples"]) for e in server.events("step")
+            if start <= e["ts"] <= end and not e.get("skipped")]  # fmt: skip
+    if len(ends) < MIN_STEPS:
+        return None
+    return round(sum(n for _, n in ends[1:]) / (ends[-1][0] - ends[0][0]), 1)
 
 
 def start_profile(
