@@ -273,7 +273,9 @@ class Engine:
             rollout = Rollout.side_by_side([work.rollout for _, work, _ in trained],
                                            self.trainer.backend.host_empty)  # fmt: skip
             schedule.schedule_next_step(self.trainer, self._base_lr)
-            result = self.trainer.step(rollout)
+            # Every float a request brings is checked as it is decoded (server.validation), and
+            # the log-probs of Interact's rollouts are the server's own: no second scan.
+            result = self.trainer.step(rollout, finite=True)
             warning = schedule.ended(self.trainer.config.train, result.global_step)
             result.warnings += [warning] if warning and result.updates_applied else []
             self._publish()

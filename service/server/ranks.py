@@ -275,11 +275,11 @@ class RankedTrainer:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.trainer, name)
 
-    def step(self, rollout: Rollout) -> StepResult:
+    def step(self, rollout: Rollout, finite: bool = False) -> StepResult:
         validate_rollout(rollout, self.trainer.config)  # refused here, it reaches no rank
         mine = own_columns(rollout, self.trainer)
-        self.ranks.send("step", rollout)
-        return self.trainer.step(mine)
+        self.ranks.send("step", rollout)  # each rank checks its own columns' floats
+        return self.trainer.step(mine, finite)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         self.ranks.send("state_dict")

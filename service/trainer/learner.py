@@ -58,11 +58,14 @@ class Learner:
         self.updates = Updates(state, executor)
         self.support_watch = SupportWatch(state.config.c51)
 
-    def step(self, rollout: Rollout) -> StepResult:
-        """Apply one Step. Raises InvalidInput (changing nothing) on malformed input."""
+    def step(self, rollout: Rollout, finite: bool = False) -> StepResult:
+        """Apply one Step. Raises InvalidInput (changing nothing) on malformed input. A
+        non-finite float skips the Step whole (`result.skipped`); with `finite` the caller
+        vouches for every float (the server checks each as it decodes it), which spares a scan
+        of the rollout (16 ms at [32, 12288] LobSim-shaped on the H200 host)."""
         validate_rollout(rollout, self.state.config)
         result = self._new_result(rollout.policy_version)
-        values = rollout.float_fields()
+        values = {} if finite else rollout.float_fields()
         bad = [name for name in FLOAT_FIELDS
                if name in values and not np.isfinite(values[name]).all()]  # fmt: skip
         state = self.state

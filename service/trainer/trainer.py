@@ -74,10 +74,11 @@ class Trainer:
         """Wait for every queued device call (a no-op on NumPy)."""
         self.executor.synchronize()
 
-    def step(self, rollout: Rollout) -> StepResult:
-        """Apply one Step. Raises InvalidInput (changing nothing) on malformed input."""
+    def step(self, rollout: Rollout, finite: bool = False) -> StepResult:
+        """Apply one Step. Raises InvalidInput (changing nothing) on malformed input. `finite`:
+        the caller has checked every float of the rollout (`Learner.step`)."""
         with self.on_device():
-            return self.learner.step(rollout)
+            return self.learner.step(rollout, finite)
 
     def step_on_device(
         self, rollout: DeviceRollout, report: np.ndarray | None = None
