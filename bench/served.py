@@ -15,21 +15,20 @@ K processes of the load:
   then one keyed Step of the [T, N] rollout).
 
 Each process runs `--duration` seconds from its own start (the line it prints once connected).
-The window opens `--warmup` s after the last process started and closes `--duration` s after the
-first one started. Env steps trained per second: the samples of the Steps that ended in the
-window after its first, over the time from the first to the last (the server's `step` log
-lines; a Step trains whole rollouts of several actors at once, so a counter's change over the
-window would move by whole Steps with where its edges fall); at least 3 Steps, else the cell
-says to lengthen --duration. Over the window too: the server's Act forward histogram, the
-rollouts it was handed and dropped (and over the whole cell, once its processes ended), the CPU
-time of the server
-(its process tree), of each load process (/proc/PID/stat) and of the whole machine (what none
-of them used is `other_cores`: another job on the machine), and `nvidia-smi`'s GPU utilisation
-every 0.5 s. Act latency: loadgen workers record every call, so their p50 / p99 are pooled over
-the window; an actor prints its own over its whole run (`done:` line: from a group's
-observations sent to its actions received), so the cell shows the median of the actors' p50s
-and the largest p99. Writes JSON (command, date, machine, versions, settings, every cell) to
---out and prints one table.
+The window opens `--warmup` s after the last process started (and not before the server's first
+Step has ended) and closes `--duration` s after the first one started. Env steps trained per
+second: the samples of the Steps that ended in the window after its first, over the time from
+the first to the last (the server's `step` log lines; a Step trains whole rollouts of several
+actors at once, so a counter's change over the window would move by whole Steps with where its
+edges fall); at least 3 Steps, else the cell says to lengthen --duration. Over the window too:
+the server's Act forward histogram, the rollouts it was handed and dropped (and over the whole
+cell, once its processes ended), the CPU time of the server (its process tree), of each load
+process (/proc/PID/stat) and of the whole machine (what none of them used is `other_cores`:
+another job on the machine), and `nvidia-smi`'s GPU utilisation every 0.5 s. Act latency:
+loadgen workers record every call, so their p50 / p99 are pooled over the window; an actor
+prints its own over its whole run (`done:` line: from a group's observations sent to its actions
+received), so the cell shows the median of the actors' p50s and the largest p99. Writes JSON
+(command, date, machine, versions, settings, every cell) to --out and prints one table.
 """
 
 from __future__ import annotations
@@ -611,6 +610,13 @@ def measure(
     if not wait_until(start, processes, server):
         cell["errors"].append("the server exited during the warm-up")
         return None
+    # ... and after the first Step: it captures its shape's graphs (seconds on CUDA), and the
+    # rollouts that came meanwhile make the next Step follow at once
+    while not server.events("step") and time.monotonic() < end - MIN_WINDOW_S:
+        if not wait_until(time.monotonic() + POLL_S, processes, server):
+            cell["errors"].append("the server exited before its first Step")
+            return None
+    cell["first_step_wait_s"] = round(max(0.0, time.monotonic() - start), 3)
     before = Snapshot.take(server, processes)
     spy = None if profile is None else start_profile(
         server.proc.pid, end - start, profile, profile_gil
