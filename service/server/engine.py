@@ -254,7 +254,7 @@ class Engine:
         version (or a failed digest) is left out; the rest train together and their keys are
         recorded together, each with its own copy of the Step's result."""
         started = self.clock()
-        outcomes: list[StepResult | Exception] = []
+        outcomes: dict[int, StepResult | Exception] = {}  # by the rollout's place in `taken`
         trained: list[tuple[int, _Work, str | None]] = []
         with self._lock:
             before = self.trainer.global_step
@@ -264,12 +264,11 @@ class Engine:
                     # Hashed meanwhile, it is done by now; a failure applies nothing of it.
                     digest = None if work.digest is None else work.digest.result()
                 except Exception as error:
-                    outcomes.append(error)
-                    continue
-                outcomes.append(StepResult())  # its reply, once the Step has run
-                trained.append((index, work, digest))
+                    outcomes[index] = error
+                else:
+                    trained.append((index, work, digest))
             if not trained:
-                return outcomes
+                return [outcomes[index] for index in range(len(taken))]
             rollout = Rollout.side_by_side([work.rollout for _, work, _ in trained],
                                            self.trainer.backend.host_empty)  # fmt: skip
             schedule.schedule_next_step(self.trainer, self._base_lr)
@@ -307,7 +306,7 @@ class Engine:
         )
         for warning in result.warnings:
             logs.event(logging.WARNING, "setting", global_step=result.global_step, advice=warning)
-        return outcomes
+        return [outcomes[index] for index in range(len(taken))]
 
     @staticmethod
     def _reply(result: StepResult, rollout: Rollout, before: int, queued_ms: float) -> StepResult:
