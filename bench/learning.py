@@ -52,6 +52,7 @@ import host_report
 from serverproc import ServerProcess
 
 from service.actor import GROUP_SEED_STRIDE, StreamActor, group_sizes
+from service.backend import resolve_name
 from service.client.client import TridentClient
 from service.client.resilient import ResilientLink
 from service.config import load_config, sized_for
@@ -191,16 +192,25 @@ def lobsim_run(
 
 
 def served_lobsim_run(
-    seed: int, sets: list[str], workdir: Path, timeout_s: float, groups: int, synchronous: bool
+    seed: int,
+    sets: list[str],
+    workdir: Path,
+    timeout_s: float,
+    groups: int,
+    synchronous: bool,
+    actors: int | None,
 ) -> dict[str, Any]:
     """The main job's training through the served path: a real `trident serve` with the job's
-    settings, `trident actor`'s StreamActor here (Interact, `groups` env groups) for the
-    job's Steps (the server anneals the learning rate over them, as the job does), then
-    `trident eval` on the final checkpoint: the same held-out markets and baselines as the
-    job's own evaluation."""
+    settings (its backend: `train.backend`, NumPy unless set) and, for the job's Steps (the
+    server anneals the learning rate over them, as the job does), either `trident actor`'s
+    StreamActor here (Interact, `groups` env groups, the job's markets) or, with `actors`, that
+    many `trident actor --env lobsim` processes sharing the job's markets, the server's own run
+    (one of each actor's rollouts a Step: 8 × 1,024 markets make the CUDA job's [32, 8192]);
+    then `trident eval` on the final checkpoint: the same held-out markets and baselines as
+    the job's own evaluation."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"served{seed}-", dir=workdir))
     base = load_config(env={}, overrides=[f"train.seed={seed}", "train.backend=numpy", *sets])
-    job = sized_for(base, "numpy")
+    job = sized_for(base, resolve_name(base.train.backend))
     D = observation_dim(job.lobsim)
     server_sets = [f"model.obs_dim={D}", f"model.num_actions={NUM_ACTIONS}",
                    f"model.aux_dim={LABEL_DIM}", f"train.seed={seed}", "train.backend=numpy",
@@ -209,17 +219,21 @@ def served_lobsim_run(
     steps, T = job.train.steps, job.train.rollout_len
     started = time.perf_counter()
     with ServerProcess.start(
-        run_dir, server_sets, checkpoint_dir=checkpoints, startup_timeout_s=120.0
+        run_dir, server_sets, checkpoint_dir=checkpoints, startup_timeout_s=300.0
     ) as server, TridentClient(server.target, timeout_s=600.0) as client:
-        envs = [LobSimVectorEnv(size, job.lobsim, seed + group * GROUP_SEED_STRIDE)
-                for group, size in enumerate(group_sizes(job.train.num_envs, groups))]  # fmt: skip
-
-        actor = StreamActor(ResilientLink(client), envs, T, D, lambda *_: None, synchronous)
-        while actor.progress.rollouts < steps:
-            actor.turn()
-            if time.perf_counter() - started > timeout_s:
-                raise RuntimeError(f"seed {seed}: not trained within {timeout_s:g} s")
-        actor.close()
+        if actors is None:
+            sizes = group_sizes(job.train.num_envs, groups)
+            envs = [LobSimVectorEnv(size, job.lobsim, seed + group * GROUP_SEED_STRIDE)
+                    for group, size in enumerate(sizes)]  # fmt: skip
+            actor = StreamActor(ResilientLink(client), envs, T, D, lambda *_: None, synchronous)
+            while actor.progress.rollouts < steps:
+                actor.turn()
+                if time.perf_counter() - started > timeout_s:
+                    raise RuntimeError(f"seed {seed}: not trained within {timeout_s:g} s")
+            actor.close()
+        else:
+            run_actors(server.target, job.train.num_envs // actors, actors, seed, sets,
+                       run_dir, timeout_s)  # fmt: skip
         trained_s = time.perf_counter() - started
         final = client.checkpoint("served")
         trained_steps = final.global_step
@@ -234,9 +248,37 @@ def served_lobsim_run(
     lines = done.stdout.splitlines()
     return {"seed": seed, "settings": sets, "seconds": round(time.perf_counter() - started, 1),
             "training_s": round(trained_s, 1), "steps": trained_steps,
-            "env_groups": groups, "synchronous": synchronous,
+            "env_groups": groups, "synchronous": synchronous, "actors": actors or 1,
             "job": f"served: {steps} Steps of {T}x{job.train.num_envs}",
             "stdout_tail": lines[-30:], "evaluation": report}  # fmt: skip
+
+
+ACTOR_SEED_STRIDE = 2**24  # actor i's markets are seeded from seed + i * this (groups: 2**20)
+
+
+def run_actors(target: str, num_envs: int, actors: int, seed: int, sets: list[str],
+               run_dir: Path, timeout_s: float) -> None:  # fmt: skip
+    """`actors` `trident actor --env lobsim` processes of `num_envs` markets each (the job's
+    `lobsim.*` settings), each sending the server's run until its global step reaches
+    train.steps; RuntimeError naming the first that failed or outlived `timeout_s`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIDENT_")}
+    lobsim_sets = [f"--set={s}" for s in sets if s.startswith("lobsim.")]
+    processes = []
+    for index in range(actors):
+        command = [sys.executable, "-m", "service.cli", "actor", "--server", target, "--env",
+                   "lobsim", "--num-envs", str(num_envs), "--seed",
+                   str(seed + index * ACTOR_SEED_STRIDE), "--log-every", "1000", *lobsim_sets]
+        log = (run_dir / f"actor{index}.log").open("w")
+        processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                          text=True))  # fmt: skip
+    try:
+        for index, process in enumerate(processes):
+            if process.wait(timeout=timeout_s) != 0:
+                tail = (run_dir / f"actor{index}.log").read_text()[-2000:]
+                raise RuntimeError(f"actor {index} exited {process.returncode}:\n{tail}")
+    finally:
+        for process in processes:
+            process.kill()
 
 
 def margin(report: dict[str, Any]) -> float:
@@ -263,7 +305,7 @@ def run_all(
             run = served_gym_run
         elif getattr(args, "via", "in-process") == "served":
             run = functools.partial(served_lobsim_run, groups=args.env_groups,
-                                    synchronous=args.synchronous)  # fmt: skip
+                                    synchronous=args.synchronous, actors=args.actors)  # fmt: skip
         futures = {
             pool.submit(run, seed, sets, Path(tmp), args.timeout, *env): (seed, sets, *env)
             for seed, sets, *env in jobs  # env: a Gymnasium id, or none (LobSim)
@@ -476,6 +518,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             sub.add_argument("--synchronous", action="store_true",
                              help="with --via served: each rollout's first actions wait for "
                              "the previous Step (no policy lag)")  # fmt: skip
+            sub.add_argument("--actors", type=int,
+                             help="with --via served: that many `trident actor` processes "
+                             "sharing the job's markets (default: one actor in this process)")
         if name == "sweep":
             sub.add_argument("--point", dest="points", action="append", required=True,
                              metavar="'SECTION.KEY=VALUE ...'")  # fmt: skip
