@@ -52,11 +52,11 @@ class HeldTrainer(Trainer):
         self.clock = clock
         self.stepping, self.release = threading.Event(), threading.Event()
 
-    def step(self, rollout: Rollout) -> StepResult:
+    def step(self, rollout: Rollout, finite: bool = False) -> StepResult:
         self.stepping.set()
         assert self.release.wait(WAIT_S), "the test never let the Step finish"
         self.clock.now += STEP_S
-        return super().step(rollout)
+        return super().step(rollout, finite)
 
     def snapshot(self) -> PolicySnapshot:
         snapshot = TimedSnapshot(self.state, self.backend.executor(False, True), self.executor)
