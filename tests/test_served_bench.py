@@ -1,7 +1,8 @@
 """bench/served.py end to end on the CPU: a real server per cell trained by 1 and 2 loadgen
-workers, then 1 and 2 CartPole actors, on the tests' small model at the server's defaults. Every
-cell must train, time its Acts and drop no rollout; the rates themselves depend on the machine
-and are not checked beyond > 0. The rows' medians and spreads against their definitions."""
+workers, then 1 and 2 CartPole actors, on the tests' small model (Steps of 16 columns, the
+server's defaults otherwise). Every cell must train, time its Acts and drop no rollout; the
+rates themselves depend on the machine and are not checked beyond > 0. The rows' medians and
+spreads against their definitions."""
 
 from __future__ import annotations
 
@@ -24,8 +25,12 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 LOADS = ("loadgen", "cartpole")
 ACTORS = (1, 2)
-# The small model's settings but its obs_dim: each load sets the shape its env needs.
+# The small model's settings but its obs_dim: each load sets the shape its env needs. Steps of
+# the processes' 16 envs (one rollout each; two at K = 2, the Step growing with the streams):
+# the rate needs 3 Steps in a window of a few seconds on a busy 2-core machine, where 256-env
+# Steps came twice in one (the cell's error said to lengthen --duration).
 SETTINGS = [f"--set={s}" for s in SMALL if not s.startswith("model.obs_dim=")]
+SETTINGS.append("--set=train.num_envs=16")
 # 8 s per process, the first 2 s after the last one started left out: the window still holds
 # several seconds when a busy 2-core machine starts the processes a few seconds apart.
 RUN = ["--duration", "8", "--warmup", "2", "--num-envs", "16", "--rollout-len", "8", "--runs", "1"]
