@@ -17,7 +17,6 @@ tests' measure) and the tensor where it is worst:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import secrets
 import sys
@@ -28,10 +27,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from conftest import random_rollout, small_config
+from conftest import nudged, random_rollout, small_config
 
 from service.trainer.trainer import Trainer
-from service.types import Rollout
 
 GPU_SIZES = (  # tests/gpu/test_trainer_cuda.py's
     "model.hidden_dim=64",
@@ -49,12 +47,6 @@ def trainer(backend: str, shards: bool) -> Trainer:
     return Trainer(
         small_config(*GPU_SIZES, *(SHARDS if shards else ()), f"train.backend={backend}")
     )
-
-
-def nudged(rollout: Rollout, towards: float) -> Rollout:
-    """`rollout` with every observation one ulp towards `towards` (±inf)."""
-    obs = np.nextafter(rollout.obs, np.float32(towards)).astype(np.float32)
-    return dataclasses.replace(rollout, obs=obs)
 
 
 def worst(a: Trainer, b: Trainer) -> tuple[float, str]:

@@ -9,6 +9,7 @@ directory on `sys.path` before it imports them.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import socket
@@ -103,6 +104,12 @@ def random_rollout(
         aux_targets=rng.standard_normal((T, N, K)).astype(np.float32) if extras else None,
         policy_version=policy_version,
     )
+
+
+def nudged(rollout: Rollout, towards: float) -> Rollout:
+    """`rollout` with every observation one ulp towards `towards` (±inf): a rounding-sized
+    difference in what a trainer sees."""
+    return dataclasses.replace(rollout, obs=np.nextafter(rollout.obs, np.float32(towards)))
 
 
 def random_steps(trainer: Trainer, seed: int, count: int) -> list[StepResult]:

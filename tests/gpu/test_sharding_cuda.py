@@ -11,28 +11,31 @@ from conftest import free_port, random_steps, small_config
 from service.backend.rendezvous import Topology
 from service.trainer.trainer import Trainer
 
-from .test_trainer_cuda import GPU_SIZES, relative_error
+from .test_trainer_cuda import GPU_SIZES, weight_tolerance, worst_weight_error
 
 SHARDS = ("train.data_shards=2", "replay.capacity=2048")
 
 
 def compare(got: Trainer, want: Trainer, seed: int, steps: int, tolerance: float) -> None:
+    """`steps` Steps of both at `seed` give the same updates, losses within 1e-3 and weights
+    within `tolerance`."""
     got_results, want_results = random_steps(got, seed, steps), random_steps(want, seed, steps)
     assert all("q" in r.losses for r in want_results[-3:])
     for a, b in zip(got_results, want_results, strict=True):
         assert a.updates_applied == b.updates_applied
         for head, loss in b.losses.items():
             assert a.losses[head] == pytest.approx(loss, rel=1e-3, abs=1e-5), head
-    got_state, want_state = got.state_dict(), want.state_dict()
-    worst = max(relative_error(got_state[name], want_state[name])
-                for name in want_state if name.startswith(("params/", "target/")))  # fmt: skip
+    worst = worst_weight_error(got, want)
     assert worst < tolerance, worst
 
 
+def sharded(backend: str) -> Trainer:
+    return Trainer(small_config(*GPU_SIZES, *SHARDS, f"train.backend={backend}"))
+
+
 def test_two_shards_on_cuda_match_numpy(seed: int) -> None:
-    cuda = Trainer(small_config(*GPU_SIZES, *SHARDS, "train.backend=cuda"))
-    cpu = Trainer(small_config(*GPU_SIZES, *SHARDS, "train.backend=numpy"))
-    compare(cuda, cpu, seed, 10, 1e-4)
+    cuda, cpu = sharded("cuda"), sharded("numpy")
+    compare(cuda, cpu, seed, 10, weight_tolerance(lambda: sharded("numpy"), seed, 10))
     assert len(cuda.state.replay) == len(cpu.state.replay)
 
 

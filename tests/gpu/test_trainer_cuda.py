@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
-from conftest import random_rollout, random_steps, small_config
+from conftest import nudged, random_rollout, random_steps, small_config
 
 from service.trainer.trainer import Trainer
 from service.types import ActMode
@@ -35,6 +37,42 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
     return float(diff / scale) if scale else float(diff)
 
 
+def worst_weight_error(got: Trainer, want: Trainer) -> float:
+    """The largest `relative_error` over the parameter and target tensors."""
+    got_state, want_state = got.state_dict(), want.state_dict()
+    return max(relative_error(got_state[name], want_state[name])
+               for name in want_state if name.startswith(("params/", "target/")))  # fmt: skip
+
+
+# A float32 trainer against another of the same math ends 1e-6 apart after its Steps at most
+# seeds, but where a ReLU unit or a clip sits at its kink, a rounding-sized difference flips it
+# and Adam turns that into a 1e-4 to 4e-3 difference: NumPy against itself with observations one
+# ulp apart does the same at the same seeds (bench/shard_tolerance.py, 43 seeds on the H200: the
+# CUDA pairs' error over this floor had a median of 0.8 and a largest of 8, that one where both
+# stayed below 1e-5). So a CUDA weight error passes below the larger of these two.
+WEIGHT_TOLERANCE = 1e-4
+FLOOR_FACTOR = 4.0
+
+
+def rounding_floor(make_numpy: Callable[[], Trainer], seed: int, steps: int) -> float:
+    """How far `make_numpy()` trainers drift from each other over `steps` of `random_steps`'
+    Steps at `seed` when one sees every observation one ulp up, or down (the larger)."""
+    floor = 0.0
+    for towards in (np.inf, -np.inf):
+        moved, exact = make_numpy(), make_numpy()
+        rng = np.random.default_rng(seed)
+        for _ in range(steps):
+            rollout = random_rollout(rng)
+            moved.step(nudged(rollout, towards))
+            exact.step(rollout)
+        floor = max(floor, worst_weight_error(moved, exact))
+    return floor
+
+
+def weight_tolerance(make_numpy: Callable[[], Trainer], seed: int, steps: int) -> float:
+    return max(WEIGHT_TOLERANCE, FLOOR_FACTOR * rounding_floor(make_numpy, seed, steps))
+
+
 def test_twenty_steps_match_numpy(seed: int) -> None:
     cuda, cpu = trainer("cuda"), trainer("numpy")
     assert cuda.backend.name == "cuda" and cpu.backend.name == "numpy"
@@ -54,7 +92,7 @@ def test_twenty_steps_match_numpy(seed: int) -> None:
         elif not name.startswith("optim/exp"):
             assert np.array_equal(got, want), name  # counters, replay, seed: exact
     print({k: f"{v:.1e}" for k, v in sorted(worst.items(), key=lambda kv: -kv[1])[:5]})
-    assert max(worst.values()) < 1e-4, worst
+    assert max(worst.values()) < weight_tolerance(lambda: trainer("numpy"), seed, 20), worst
 
 
 def test_two_fresh_runs_give_identical_bytes(seed: int) -> None:
