@@ -55,7 +55,7 @@ from service.actor import GROUP_SEED_STRIDE, StreamActor, group_sizes
 from service.backend import resolve_name
 from service.client.client import TridentClient
 from service.client.resilient import ResilientLink
-from service.config import load_config, sized_for
+from service.config import job_sized, load_config
 from service.envs import HOST_NUM_ENVS, GymnasiumVectorEnv, LobSimVectorEnv, make_gymnasium_env
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
 from service.types import ActMode
@@ -210,11 +210,11 @@ def served_lobsim_run(
     the job's own evaluation."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"served{seed}-", dir=workdir))
     base = load_config(env={}, overrides=[f"train.seed={seed}", "train.backend=numpy", *sets])
-    job = sized_for(base, resolve_name(base.train.backend))
+    job = job_sized(base, resolve_name(base.train.backend))
     D = observation_dim(job.lobsim)
     server_sets = [f"model.obs_dim={D}", f"model.num_actions={NUM_ACTIONS}",
                    f"model.aux_dim={LABEL_DIM}", f"train.seed={seed}", "train.backend=numpy",
-                   *sets]  # fmt: skip
+                   f"train.steps={job.train.steps}", *sets]  # fmt: skip
     checkpoints = run_dir / "checkpoints"
     steps, T = job.train.steps, job.train.rollout_len
     started = time.perf_counter()

@@ -16,7 +16,8 @@ with Discrete actions and Box observations (flattened); start the server with th
 (`trident serve --env ...` sizes its model and fits its settings to the env). The actor reads
 the server's status first and stops with a message where the model does not fit its env. What
 it sends is the server's run unless flags say otherwise (RunShape): Steps of train.num_envs x
-train.rollout_len env steps, until the server's global step reaches train.steps.
+train.rollout_len env steps, until the server's global step reaches train.steps (a server
+without train.steps has no end: the actor goes on until it is stopped).
 
 Its calls go through `ResilientLink` (service/client/resilient.py): when the server goes away
 (killed, draining, upgraded) the environments wait where they are, the actor reconnects with
@@ -275,12 +276,12 @@ class StreamActor:
 
 @dataclass(frozen=True)
 class RunShape:
-    """What an actor sends: `steps` rollouts of `rollout_len` x `num_envs` env steps, and the
-    server's global step at which it stops sooner (None: it does not)."""
+    """What an actor sends: `steps` rollouts of `rollout_len` x `num_envs` env steps (None: until
+    it is stopped), and the server's global step at which it stops sooner (None: it does not)."""
 
     num_envs: int
     rollout_len: int
-    steps: int
+    steps: int | None
     until_step: int | None
 
     @classmethod
@@ -293,10 +294,11 @@ class RunShape:
     ) -> RunShape:
         """The flags given, the rest from the server's run: train.num_envs and rollout_len
         (the Steps `trident train` makes), and Steps until its global step reaches
-        train.steps (the end of its learning-rate schedule), however many actors share it."""
+        train.steps (the end of its learning-rate schedule), however many actors share it;
+        a server without train.steps runs with no end, and so does the actor."""
         train = json.loads(status.config_json)["train"]
         until = None
-        if steps is None:
+        if steps is None and train["steps"]:
             until = train["steps"]
             steps = until - status.global_step
             if steps < 1:
@@ -364,10 +366,12 @@ def run_actor(
             for group, size in enumerate(sizes)
         ]
         until = "" if shape.until_step is None else f" (until global step {shape.until_step})"
+        total = "" if steps is None else f"/{steps}"
         print(
             f"trident actor: env={env} obs_dim={dims.obs_dim} actions={dims.num_actions} "
             f"rollout={rollout_len}x{shape.num_envs} groups={'+'.join(map(str, sizes))} "
-            f"steps={steps}{until} seed={seed} id={link.actor_id}",
+            f"steps={'until stopped' if steps is None else steps}{until} seed={seed} "
+            f"id={link.actor_id}",
             flush=True,
         )
         started = time.perf_counter()
@@ -387,7 +391,7 @@ def run_actor(
             losses = " ".join(f"{k} {reply.losses[k]:.3f}" for k in loss_columns(reply.losses))
             skipped = f" | skipped: {reply.skip_reason}" if reply.skipped else ""
             print(
-                f"step {progress.outcomes:>5}/{steps} | global step {reply.global_step} | "
+                f"step {progress.outcomes:>5}{total} | global step {reply.global_step} | "
                 f"{progress.env_steps / (time.perf_counter() - started):7.0f} env steps/s | "
                 f"episode return {episodes} | {losses}{skipped}",
                 flush=True,
@@ -395,7 +399,7 @@ def run_actor(
 
         with stop_signals() as stopping:
             actor = StreamActor(link, envs, rollout_len, dims.obs_dim, report, synchronous)
-            while actor.progress.rollouts < steps and not stopping:
+            while (steps is None or actor.progress.rollouts < steps) and not stopping:
                 if shape.until_step is not None and server_step[0] >= shape.until_step:
                     break  # other actors' Steps have run the server's schedule to its end
                 late = duration_s is not None and time.perf_counter() - started >= duration_s
@@ -439,9 +443,9 @@ def loss_columns(losses: dict[str, float]) -> list[str]:
 def durability(counts: LinkCounts, status: pb.GetStatusResponse) -> str:
     """What of the applied Steps a checkpoint holds, plainly when the server saves none."""
     answered = counts.answered
-    if periodic_checkpoints(status) == 0 and counts.durable == 0:
+    if not periodic_checkpoints(status) and counts.durable == 0:
         return (f"durable: none of {answered} answered (the server saves no periodic "
-                "checkpoints, checkpoint.every_steps = 0: a restart loses them; "
+                "checkpoints, checkpoint.every_steps and .every_s are 0: a restart loses them; "
                 "--wait-checkpoint asks it for one)")  # fmt: skip
     lost = f", {counts.lost} lost with a state the server went back from" if counts.lost else ""
     return (f"durable: {counts.durable} of {answered} answered in a checkpoint, "

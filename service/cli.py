@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume",
         action="store_true",
         help="restore the newest checkpoint of the checkpoint dir at start, if there is one "
-        "(a restarted server carries on where its last checkpoint left off)",
+        "(a restarted server carries on where its last checkpoint left off): checkpoint.resume",
     )
     serve.add_argument(
         "--inference-only",
@@ -286,7 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "the server's train.num_envs, the Steps `trident train` makes)")
     actor.add_argument("--steps", type=int, help="Steps to send, then exit (default: until the "
                        "server's global step reaches its train.steps, the end of its "
-                       "learning-rate schedule, whatever other actors send)")
+                       "learning-rate schedule, whatever other actors send; a server without "
+                       "train.steps has no end: until stopped)")
     actor.add_argument(
         "--duration",
         type=float,
@@ -503,16 +504,22 @@ def run_serve(args: argparse.Namespace) -> int:
                               "without --world-size and --backend")  # fmt: skip
         flags["--gpus"] = ("server.world_size", str(args.gpus))
     backend = ["train.backend=cuda"] if args.gpus is not None else []  # after the user's --set
+    if args.resume:
+        flags["--resume"] = ("checkpoint.resume", "true")
     config = load_config(args.config, overrides=[*args.overrides, *backend], flags=flags)
     if args.env is not None:
         config = fit_to_env(config, args.env)
+    # checkpoint.resume set elsewhere (the image's environment) yields to an explicit --restore
+    # or --inference-only; the --resume flag with either is refused
+    explicit = args.restore is not None or args.inference_only
+    resume = args.resume or (config.checkpoint.resume and not explicit)
     # Ranks on several hosts: each process is told its place by TRIDENT_RANK & co.
     topology = Topology.from_env(os.environ) if ENV_RANK in os.environ else None
     return serve(
         config,
         inference_only=args.inference_only,
         restore=args.restore,
-        resume=args.resume,
+        resume=resume,
         topology=topology,
     )
 

@@ -131,11 +131,13 @@ class TrainConfig(_Section):
     # (BACKEND_DEFAULTS: a few hundred on NumPy, thousands on CUDA)
     num_envs: int = _f(0, ge=0)
     rollout_len: int = _f(32, ge=1)  # env steps per environment per rollout
-    # Steps of a run: `trident train`'s, or a server's (the learning-rate schedule's horizon;
-    # `trident actor` stops there by default); 0: BACKEND_DEFAULTS
+    # Steps of a run: `trident train`'s (0: JOB_STEPS, the backend's), or a server's horizon
+    # (its learning-rate schedule's; `trident actor` stops there by default). A server's 0 is a
+    # run with no end, a service: the rate stays optim.lr and actors go on until stopped
     steps: int = _f(0, ge=0)
-    # the learning rate over a run, the train job's or a server's: 'constant' (optim.lr), or
-    # 'linear', optim.lr x (1 - done / train.steps) before each Step (CleanRL's anneal_lr)
+    # the learning rate over a run with train.steps: 'linear', optim.lr x (1 - done /
+    # train.steps) before each Step (CleanRL's anneal_lr), or 'constant' (optim.lr); a run with
+    # no end has no schedule to follow and trains at optim.lr
     lr_schedule: str = _f("linear", choices=("constant", "linear"))
     log_every: int = _f(20, ge=1)  # training steps between log lines
 
@@ -203,6 +205,13 @@ class CheckpointConfig(_Section):
     dir: str = ""
     keep_last: int = _f(5, ge=1)  # newest checkpoints kept on disk
     every_steps: int = _f(0, ge=0)  # training steps between checkpoints; 0 disables
+    # a training server's seconds between periodic checkpoints (saved after the Step that ends
+    # the period), so a killed server loses at most this much training; 0 disables
+    every_s: float = _f(300.0, ge=0)
+    # a training server restores the newest committed checkpoint of its dir at start, if there
+    # is one (`trident serve --resume`; the container image sets it): a restarted server
+    # carries on. An explicit --restore NAME wins
+    resume: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -576,11 +585,12 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
 # little time; each backend's learning rate is the best of its recorded sweep (bench/README.md,
 # "learning.py", has the sweeps these come from).
 BACKEND_DEFAULTS: dict[str, dict[str, float]] = {
-    "numpy": {"train.num_envs": 256, "train.steps": 100, "model.hidden_dim": 128,
-              "optim.lr": 3e-3},
-    "cuda": {"train.num_envs": 8192, "train.steps": 200, "model.hidden_dim": 256,
-             "optim.lr": 2e-3},
-}  # fmt: skip
+    "numpy": {"train.num_envs": 256, "model.hidden_dim": 128, "optim.lr": 3e-3},
+    "cuda": {"train.num_envs": 8192, "model.hidden_dim": 256, "optim.lr": 2e-3},
+}
+# An in-process job's Steps where train.steps is 0 (job_sized). Not a trainer's setting: a
+# server left without train.steps runs with no end.
+JOB_STEPS: dict[str, int] = {"numpy": 100, "cuda": 200}
 
 
 def left_to_backend(cfg: Config) -> list[str]:
@@ -593,6 +603,13 @@ def sized_for(cfg: Config, backend: str) -> Config:
     """`cfg` with each BACKEND_DEFAULTS setting still at 0 set to `backend`'s value."""
     picks = [f"{key}={BACKEND_DEFAULTS[backend][key]!r}" for key in left_to_backend(cfg)]
     return with_overrides(cfg, picks) if picks else cfg
+
+
+def job_sized(cfg: Config, backend: str) -> Config:
+    """`sized_for`, and an in-process job's train.steps left at 0 set to JOB_STEPS: a job
+    always ends."""
+    cfg = sized_for(cfg, backend)
+    return cfg if cfg.train.steps else with_overrides(cfg, [f"train.steps={JOB_STEPS[backend]}"])
 
 
 def with_overrides(cfg: Config, overrides: Sequence[str]) -> Config:

@@ -104,7 +104,7 @@ def test_an_actor_started_before_its_server_waits_for_it(tmp_path: Path) -> None
 def test_actor_trains_the_server_on_lobsim(tmp_path: Path) -> None:
     D = observation_dim(LobsimConfig())
     dims = (f"model.obs_dim={D}", "model.num_actions=9", "model.aux_dim=3")
-    with running_server(tmp_path, *dims, ONE_ROLLOUT_A_STEP) as server:
+    with running_server(tmp_path, *dims, ONE_ROLLOUT_A_STEP, "checkpoint.every_s=0") as server:
         code, lines, stderr = actor(
             server, "lobsim", "--steps", "2", "--set", "lobsim.horizon=4", "--seed", "3",
             "--env-groups", "2",
@@ -125,7 +125,8 @@ def test_actor_trains_the_server_on_lobsim(tmp_path: Path) -> None:
     assert " | Step p50 " in lines[-1] and " | Act p50 " in lines[-1]
     # The server saves no periodic checkpoints: the line says so, plainly.
     assert lines[-1].endswith("| durable: none of 2 answered (the server saves no periodic "
-                              "checkpoints, checkpoint.every_steps = 0: a restart loses them; "
+                              "checkpoints, checkpoint.every_steps and .every_s are 0: a restart "
+                              "loses them; "
                               "--wait-checkpoint asks it for one)")  # fmt: skip
 
 

@@ -9,9 +9,11 @@ import pytest
 
 from service.config import (
     BACKEND_DEFAULTS,
+    JOB_STEPS,
     Config,
     ConfigError,
     ModelConfig,
+    job_sized,
     left_to_backend,
     load_config,
     sized_for,
@@ -44,7 +46,7 @@ def test_defaults() -> None:
     assert cfg.model.obs_dim == 40 and cfg.model.hidden_dim == 0 and cfg.model.depth == 2
     assert cfg.model.num_actions == 9 and cfg.model.aux_dim == 3 and cfg.model.dtype == "float32"
     assert cfg.train.backend == "auto" and cfg.train.gamma == 0.99
-    assert cfg.train.steps == 0 and cfg.train.num_envs == 0  # the backend's BACKEND_DEFAULTS
+    assert cfg.train.steps == 0 and cfg.train.num_envs == 0  # JOB_STEPS, BACKEND_DEFAULTS
     assert cfg.train.lr_schedule == "linear"
     assert cfg.ppo.norm_adv is True and cfg.ppo.clip_value_loss is False
     assert cfg.c51.num_atoms == 51 and (cfg.c51.v_min, cfg.c51.v_max) == (-10.0, 10.0)
@@ -394,9 +396,11 @@ def test_backend_defaults_fill_only_what_was_left_to_the_backend(
         for key, value in picks.items():
             section, name = key.split(".")
             assert getattr(getattr(auto, section), name) == value, key
-        mine = sized_for(load_config(env={}, overrides=[f"train.num_envs={envs}"]), backend)
-        assert (mine.train.num_envs, mine.train.steps) == (envs, picks["train.steps"])
-        mine = sized_for(load_config(env={}, overrides=[f"train.steps={steps}"]), backend)
+        assert auto.train.steps == 0  # a trainer's (a server's) run has no end unless set
+        assert job_sized(load_config(env={}), backend).train.steps == JOB_STEPS[backend]
+        mine = job_sized(load_config(env={}, overrides=[f"train.num_envs={envs}"]), backend)
+        assert (mine.train.num_envs, mine.train.steps) == (envs, JOB_STEPS[backend])
+        mine = job_sized(load_config(env={}, overrides=[f"train.steps={steps}"]), backend)
         assert (mine.train.num_envs, mine.train.steps) == (picks["train.num_envs"], steps)
         mine_sets = [f"model.hidden_dim={hidden}", "optim.lr=0.0125"]
         mine = sized_for(load_config(env={}, overrides=mine_sets), backend)

@@ -1,6 +1,7 @@
 """The learning rate over a run (service/trainer/schedule.py): the linear schedule against its
-formula, and a served trainer annealing over its train.steps as the in-process jobs do, its
-base rate set by UpdateHyperparams, the end of the schedule told in the Step reply."""
+formula, a served trainer annealing over its train.steps as the in-process jobs do, its base
+rate set by UpdateHyperparams, the end of the schedule told in the Step reply; a server without
+train.steps training at a constant rate; status and metrics saying where the schedule stands."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import random_rollout, running_server, small_config
+from serverproc import scrape, value
 
 from service.client.client import TridentClient
 from service.config import load_config
-from service.trainer.schedule import COOLDOWN, ended, learning_rate, schedule_next_step
+from service.trainer.schedule import COOLDOWN, ended, learning_rate, schedule_next_step, where
 from service.trainer.trainer import Trainer
 
 
@@ -40,6 +42,42 @@ def test_the_end_is_told_on_the_first_step_past_it_then_every_cooldown() -> None
     assert "train.steps = 10" in message
     constant = load_config(env={}, overrides=["train.steps=10", "train.lr_schedule=constant"])
     assert ended(constant.train, 11) is None
+
+
+def test_a_run_without_steps_trains_at_its_base_rate(rng: np.random.Generator) -> None:
+    train = load_config(env={}, overrides=["train.lr_schedule=linear"]).train
+    assert train.steps == 0
+    base = float(rng.uniform(1e-4, 1e-2))
+    for done in rng.integers(0, 10**9, 20):
+        assert learning_rate(train, base, int(done)) == base
+        assert ended(train, int(done)) is None
+    assert where(train, 7) == "constant: no train.steps, a run with no end"
+    scheduled = load_config(env={}, overrides=["train.steps=20"]).train
+    assert where(scheduled, 7) == "linear over 20 Steps: 7 done, 13 to go"
+    assert where(scheduled, 20) == "linear over 20 Steps: ended, at its last rate"
+
+
+@pytest.mark.parametrize("steps", [0, 4])
+def test_status_and_metrics_show_the_rate_and_the_schedule(
+    tmp_path: Path, rng: np.random.Generator, steps: int
+) -> None:
+    """Three Steps on a server with train.steps = 4 or none: after each, `trident status` and
+    the metrics give the rate the next Step trains at and where the schedule stands."""
+    base = float(rng.uniform(1e-4, 1e-2))
+    settings = (f"train.steps={steps}", f"optim.lr={base!r}", "train.lr_schedule=linear")
+    with running_server(tmp_path, *settings) as server, TridentClient(server.target) as client:
+        for done in range(1, 4):
+            client.step(random_rollout(rng))
+            status = client.status()
+            metrics = scrape(server)
+            if steps:
+                assert status.learning_rate == pytest.approx(base * (steps - done) / steps)
+                assert status.lr_schedule == f"linear over 4 Steps: {done} done, {4 - done} to go"
+            else:
+                assert status.learning_rate == base
+                assert status.lr_schedule == "constant: no train.steps, a run with no end"
+            assert value(metrics, "trident_learning_rate") == pytest.approx(status.learning_rate)
+            assert value(metrics, "trident_lr_schedule_steps") == steps
 
 
 @pytest.mark.slow

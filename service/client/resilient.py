@@ -272,7 +272,7 @@ class ResilientLink:
                 except grpc.RpcError as error:
                     if error.code() not in (Code.PERMISSION_DENIED, Code.UNAUTHENTICATED):
                         raise
-                if periodic_checkpoints(status) == 0:
+                if not periodic_checkpoints(status):
                     return False
             if time.monotonic() >= deadline:
                 return False
@@ -280,6 +280,7 @@ class ResilientLink:
         return True
 
 
-def periodic_checkpoints(status: pb.GetStatusResponse) -> int:
-    """The server's checkpoint.every_steps (0: it saves none on its own)."""
-    return int(json.loads(status.config_json)["checkpoint"]["every_steps"])
+def periodic_checkpoints(status: pb.GetStatusResponse) -> bool:
+    """Whether the server saves checkpoints on its own (checkpoint.every_steps or .every_s)."""
+    checkpoint = json.loads(status.config_json)["checkpoint"]
+    return bool(checkpoint["every_steps"] or checkpoint.get("every_s"))

@@ -31,7 +31,7 @@ def greedy_accuracy(trainer: Trainer, env: ContextualBandit, mode: ActMode) -> f
 def run_train_bandit(config: Config, run_dir: Path, write_checkpoint: bool = True) -> int:
     """`trident train --env bandit`: the contextual bandit, greedy accuracy per log line, its
     config and checkpoints in the run folder `run_dir`."""
-    config, backend = sized_backend(config)
+    config, backend = sized_backend(config, job=True)
     folder = RunFolder(run_dir)
     config = folder.prepare(config)
     with single_blas_thread(backend.name):

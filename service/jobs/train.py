@@ -87,7 +87,7 @@ def start_run(config: Config, run_dir: Path, resume: str | None) -> tuple[Traine
                                                                           str | None]:  # fmt: skip
     """A training job's trainer on its backend, its run folder prepared, and the checkpoint
     `resume` means ("latest" or a name), checked before anything is written."""
-    config, backend = sized_backend(config)
+    config, backend = sized_backend(config, job=True)
     folder = RunFolder(run_dir)
     name = None if resume is None else checkpoint_to_resume(folder.checkpoint_dir(config), resume)
     config = folder.prepare(config)

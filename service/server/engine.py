@@ -99,6 +99,8 @@ class Status:
     auth_token_set: bool
     checkpoint_step: int
     state_epoch: int
+    learning_rate: float
+    lr_schedule: str
 
 
 class Engine:
@@ -129,6 +131,9 @@ class Engine:
         self._keys_lock = threading.RLock()  # the ledger and _queued; taken inside _lock
         self._queued: dict[StepKey, _Queued] = {}
         self._checkpoint_step = 0  # global step of the newest checkpoint saved or restored
+        # checkpoint.every_s: the clock at the newest checkpoint saved or restored, or the start
+        self._checkpoint_every_s = trainer.config.checkpoint.every_s
+        self._checkpoint_at = clock()
         # optim.lr as set (the config's, or UpdateHyperparams'): train.lr_schedule scales it
         # before each Step; a Restore's settings bring the rate of their Step, not this
         self._base_lr = trainer.config.optim.lr
@@ -287,8 +292,11 @@ class Engine:
                         self.ledger.record(work.key, reply, digest)
                     outcomes[index] = reply
                     replies.append(reply)
-            if every and result.updates_applied and result.global_step % every == 0:
+            by_steps = every and result.global_step % every == 0
+            by_time = 0 < self._checkpoint_every_s <= self.clock() - self._checkpoint_at
+            if result.updates_applied and (by_steps or by_time):
                 self._periodic_checkpoint()
+            self._observe_rate()
             for reply in replies:
                 reply.checkpoint_step, reply.state_epoch = self._checkpoint_step, self._state_epoch
         samples = rollout.horizon * rollout.num_envs
@@ -335,11 +343,13 @@ class Engine:
             )
 
     def _periodic_checkpoint(self) -> None:
-        """checkpoint.every_steps: a failed save is logged and counted; the Step stands."""
+        """checkpoint.every_steps or .every_s: a failed save is logged and counted, and tried
+        again a period later; the Step stands."""
         name = self._default_name()
         try:
             self._save(name)
         except Exception as error:
+            self._checkpoint_at = self.clock()
             self.metrics.checkpoint_failures.inc()
             logs.event(logging.ERROR, "periodic checkpoint failed", name=name, error=str(error))
 
@@ -372,7 +382,7 @@ class Engine:
         (the state takes a copy of their counter)."""
         with self._keys_lock:
             info = save_checkpoint(self.trainer, self.root, name, ledger=self.ledger)
-        self._checkpoint_step = info.global_step
+        self._checkpoint_step, self._checkpoint_at = info.global_step, self.clock()
         self.metrics.observe_checkpoint(info)
         logs.event(
             logging.INFO,
@@ -401,9 +411,10 @@ class Engine:
             with self._act_lock, self._keys_lock:
                 info = restore_checkpoint(self.trainer, self.root, name, ledger=self.ledger)
                 self._policy.publish()
-            self._checkpoint_step = info.global_step
+            self._checkpoint_step, self._checkpoint_at = info.global_step, self.clock()
             self._state_epoch = secrets.randbits(62)
             digest = self.trainer.param_digest()
+            self._observe_rate()
         logs.event(logging.INFO, "restore", name=info.name, step=info.global_step)
         return info, digest
 
@@ -421,6 +432,7 @@ class Engine:
             trainer.update_hyperparams(scaled)
             if base is not None:
                 self._base_lr = base
+            self._observe_rate()
             return json.dumps(trainer.config.public_dict())
 
     def status(self) -> Status:
@@ -443,7 +455,19 @@ class Engine:
                 ),
                 checkpoint_step=self._checkpoint_step,
                 state_epoch=self._state_epoch,
+                learning_rate=self._next_rate(),
+                lr_schedule=schedule.where(trainer.config.train, trainer.global_step),
             )
+
+    def _next_rate(self) -> float:
+        """The rate the next Step trains at; the caller holds _lock."""
+        train = self.trainer.config.train
+        return schedule.learning_rate(train, self._base_lr, self.trainer.global_step)
+
+    def _observe_rate(self) -> None:
+        """The schedule's metrics; the caller holds _lock."""
+        self.metrics.learning_rate.set(self._next_rate())
+        self.metrics.lr_schedule_steps.set(self.trainer.config.train.steps)
 
     # ------------------------------------------------------------------------ lifecycle
     def start(self, restore: str | None, resume: bool = False) -> None:
@@ -461,6 +485,8 @@ class Engine:
             restore = None if newest is None else newest.name
         if restore is not None:
             self.restore(restore)
+        with self._lock:
+            self._observe_rate()
 
     def drain(self, grace_s: float = float("inf")) -> CheckpointInfo | None:
         """Finish queued Steps (those that start within `grace_s`) and Acts, then commit a

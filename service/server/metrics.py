@@ -128,6 +128,15 @@ class Metrics:
             "c51_support_clip_ratio", "Share of C51 target mass clipped at the support ends.", **ns
         )
         self.global_step = Gauge("global_step", "Applied Steps (the policy version).", **ns)
+        self.learning_rate = Gauge(
+            "learning_rate", "The rate the next Step trains at (train.lr_schedule).", **ns
+        )
+        self.lr_schedule_steps = Gauge(
+            "lr_schedule_steps",
+            "The learning-rate schedule's horizon, train.steps (0: a run with no end, a "
+            "constant rate); with global_step, where the schedule stands.",
+            **ns,
+        )
         self.step_queue_depth = Gauge(
             "step_queue_depth", "Rollouts and Step requests waiting for the learner.", **ns
         )

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 from service.backend import Backend, resolve_name, select_backend
-from service.config import Config, sized_for
+from service.config import Config, job_sized, sized_for
 from service.trainer import model
 
 
-def sized_backend(config: Config) -> tuple[Config, Backend]:
-    """`config` sized for its backend, and that backend (its kernels built for the sizes)."""
+def sized_backend(config: Config, job: bool = False) -> tuple[Config, Backend]:
+    """`config` sized for its backend (`job`: an in-process job's, train.steps too), and that
+    backend (its kernels built for the sizes)."""
     name = resolve_name(config.train.backend)
-    config = sized_for(config, name)
+    config = job_sized(config, name) if job else sized_for(config, name)
     return config, select_backend(name, model.dims(config), config.train.precision)
