@@ -187,9 +187,11 @@ def serving(port: int) -> bool:
 
 
 def tracked_files(root: Path) -> Iterator[Path]:
-    """What a fresh clone of this tree holds: the files git tracks or would add."""
+    """What a clone of this tree holds: the files git tracks, as they are in the working tree.
+    Untracked files stay out, ignored or not: what a user's own runs left in the checkout
+    (obs.npy, runs/, a scratch script) is not part of the tree the README is tested on."""
     listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        ["git", "ls-files", "-z", "--cached"],
         cwd=root, capture_output=True, check=True,
     ).stdout  # fmt: skip
     for name in listed.decode().split("\0"):
