@@ -34,7 +34,7 @@ import json
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 import numpy as np
@@ -114,8 +114,10 @@ class OutageLines:
     became of those; `settle` also tells of rollouts sent again with no outage (a reply from
     a state the server went back to by Restore)."""
 
-    def __init__(self, target: str, reconnect_s: float) -> None:
-        self.target, self.reconnect_s = target, reconnect_s
+    def __init__(
+        self, target: str, reconnect_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.target, self.reconnect_s, self.clock = target, reconnect_s, clock
         self.starting = True  # no status yet: the actor's first call
         self.link: ResilientLink | None = None
         self.actor: StreamActor | None = None
@@ -146,7 +148,7 @@ class OutageLines:
     def attempt(self, number: int, pause_s: float, backoff_s: float, waited_s: float) -> None:
         capped = ""
         if backoff_s >= MAX_WAIT_S:  # the backoff stopped growing: one line each ATTEMPT_LINE_S
-            now = time.monotonic()
+            now = self.clock()
             if now - self._capped_said < ATTEMPT_LINE_S:
                 return
             if self._capped_said == float("-inf"):
@@ -172,12 +174,12 @@ class OutageLines:
             return
         again = self.link.counts.again
         sent = again.since(self._said)
-        self._said = Resends(**vars(again))
+        self._said = replace(again)
         if self._back:
             say(f"{self._back}: {resent(sent)}")
             self._back = ""
         elif sent.total:
-            say(f"a reply came from another state of the server (a Restore): {resent(sent)}")
+            say(f"the server's state changed under a reply (a Restore): {resent(sent)}")
 
 
 def resent(sent: Resends) -> str:

@@ -17,7 +17,9 @@ import pytest
 from conftest import free_port, running_server, wait_until
 from serverproc import ServerProcess, clean_env, trident_cli
 
+from service.actor import OutageLines
 from service.client.client import TridentClient
+from service.client.resilient import MAX_WAIT_S
 from service.config import LobsimConfig
 from service.envs import GymnasiumVectorEnv, check_env_name, make_gymnasium_env
 from service.errors import InvalidInput
@@ -205,6 +207,26 @@ def test_an_actor_says_when_its_server_goes_away_and_when_it_is_back(tmp_path: P
     assert int(done["resent"]) == resent and int(done["reconnects"]) == 1, lines[-1]
     assert int(done["behind"]) + int(done["ahead"]) >= int(came["dropped"]), lines
     assert int(done["replayed"]) >= int(came["replayed"]), lines
+
+
+def test_attempt_lines_thin_out_once_the_backoff_stops_growing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A long outage: a line per attempt while the backoff grows, then one each
+    ATTEMPT_LINE_S (a clock stands in for the waits)."""
+    now = [0.0]
+    lines = OutageLines("trainer:50051", reconnect_s=300, clock=lambda: now[0])
+    lines.starting = False
+    backoff, number = 0.1, 0
+    while now[0] < 300:
+        number += 1
+        lines.attempt(number, backoff / 2, backoff, now[0])
+        now[0] += backoff / 2
+        backoff = min(MAX_WAIT_S, 2 * backoff)
+    said = [int(ATTEMPT.match(line)[1]) for line in capsys.readouterr().out.splitlines()]  # type: ignore[index]
+    assert said[:6] == [1, 2, 3, 4, 5, 6]  # backoffs 0.1 to 1.6 s, then the first at 2 s
+    capped = said[5:]  # attempts 1 s apart, the first 1.55 s in: one line each 10 s
+    assert len(capped) == 30 and number > 250, (capped, number)
 
 
 def test_actor_trains_the_server_on_lobsim(tmp_path: Path) -> None:
