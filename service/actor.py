@@ -23,7 +23,10 @@ Its calls go through `ResilientLink` (service/client/resilient.py): when the ser
 (killed, draining, upgraded) the environments wait where they are, the actor reconnects with
 backoff (`--reconnect-timeout`), reads the model shape again, and goes on; every Step carries
 an idempotency key, and Steps the server lost with its state are sent again (or dropped and
-counted when they are more than train.max_policy_lag versions old).
+counted when they are more than train.max_policy_lag versions old). `OutageLines` tells the
+operator as it happens: a line when the server goes away (what the actor keeps and how long
+it waits), one per reconnect attempt (then one each ATTEMPT_LINE_S once the backoff stops
+growing), and one when the server is back, with what was sent again and what became of it.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import json
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 import numpy as np
@@ -43,7 +46,9 @@ from service.client.client import StepReply, TridentClient
 from service.client.interact import InteractOutcome, InteractReply, InteractStream
 from service.client.resilient import (
     GONE,
+    MAX_WAIT_S,
     LinkCounts,
+    Resends,
     ResilientLink,
     periodic_checkpoints,
     stale,
@@ -91,23 +96,119 @@ def latency_ms(name: str, seconds: list[float]) -> str:
     return f"{name} p50 {p50:.2f} ms p99 {p99:.2f} ms"
 
 
-def first_status(
-    client: TridentClient, link: ResilientLink, reconnect_s: float
-) -> pb.GetStatusResponse:
+def say(line: str) -> None:
+    """One of the actor's lines, on stdout with its progress lines, at once."""
+    print(f"trident actor: {line}", flush=True)
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+ATTEMPT_LINE_S = 10.0  # once the backoff is at MAX_WAIT_S: at most one attempt line this often
+
+
+class OutageLines:
+    """The actor's lines about its server's outages (a LinkWatcher of its ResilientLink):
+    gone, each reconnect attempt, back. The back line waits for `settle`, which the actor
+    calls once it has sent again what the outage left unanswered, so that it can say what
+    became of those; `settle` also tells of rollouts sent again with no outage (a reply from
+    a state the server went back to by Restore)."""
+
+    def __init__(
+        self, target: str, reconnect_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.target, self.reconnect_s, self.clock = target, reconnect_s, clock
+        self.starting = True  # no status yet: the actor's first call
+        self.link: ResilientLink | None = None
+        self.actor: StreamActor | None = None
+        self._said = Resends()  # counts.again when the last line told of resends
+        self._back = ""  # the back line's first half, until settle() tells what was resent
+        self._capped_said = float("-inf")  # when an attempt line at MAX_WAIT_S was said
+
+    def away(self, error: grpc.RpcError) -> None:
+        self.settle()  # a back line still open: an outage while sending again
+        code, details = error.code().name, " ".join((error.details() or "").split())
+        if len(details) > 160:
+            details = details[:157] + "..."
+        backoff = f"with backoff up to {MAX_WAIT_S:g} s"
+        limit = f"for up to {self.reconnect_s:g} s (--reconnect-timeout)"
+        if self.starting:
+            say(f"no server at {self.target} yet ({code}); waiting up to {self.reconnect_s:g} "
+                f"s for it (--reconnect-timeout), retrying {backoff}")  # fmt: skip
+            return
+        unanswered = self.actor.unanswered if self.actor is not None else 0
+        unconfirmed = self.link.unconfirmed if self.link is not None else 0
+        partial = self.actor.partial_env_steps if self.actor is not None else 0
+        left = f", leaving the partial rollout's {partial} env steps" if partial else ""
+        say(f"server at {self.target} unavailable ({code}: {details}): keeping "
+            f"{plural(unanswered + unconfirmed, 'rollout')} to send again ({unanswered} "
+            f"unanswered, {unconfirmed} answered but in no checkpoint yet){left}; the "
+            f"environments wait, reconnecting {backoff} {limit}")  # fmt: skip
+
+    def attempt(self, number: int, pause_s: float, backoff_s: float, waited_s: float) -> None:
+        capped = ""
+        if backoff_s >= MAX_WAIT_S:  # the backoff stopped growing: one line each ATTEMPT_LINE_S
+            now = self.clock()
+            if now - self._capped_said < ATTEMPT_LINE_S:
+                return
+            if self._capped_said == float("-inf"):
+                capped = f"; from here one line each {ATTEMPT_LINE_S:g} s"
+            self._capped_said = now
+        say(f"reconnect attempt {number} in {pause_s:.2f} s (backoff up to {backoff_s:.2g} s; "
+            f"{waited_s:.1f} s of {self.reconnect_s:g} s waited{capped})")  # fmt: skip
+
+    def back(self, status: pb.GetStatusResponse, attempts: int, waited_s: float,
+             new_state: bool) -> None:  # fmt: skip
+        self._capped_said = float("-inf")
+        after = f"after {waited_s:.1f} s ({plural(attempts, 'attempt')})"
+        if self.starting:
+            say(f"server at {self.target} answered {after}")
+            return
+        state = "a restarted state" if new_state else "the same state"
+        self._back = (f"server at {self.target} back {after}, {state} at global step "
+                      f"{status.global_step}")  # fmt: skip
+
+    def settle(self) -> None:
+        """Say the open back line, or rollouts sent again since the last line said so."""
+        if self.link is None:
+            return
+        again = self.link.counts.again
+        sent = again.since(self._said)
+        self._said = replace(again)
+        if self._back:
+            say(f"{self._back}: {resent(sent)}")
+            self._back = ""
+        elif sent.total:
+            say(f"the server's state changed under a reply (a Restore): {resent(sent)}")
+
+
+def resent(sent: Resends) -> str:
+    """`resent N rollouts: T trained, R replayed (already applied), D dropped (...)`."""
+    dropped = sent.dropped_behind + sent.dropped_ahead
+    why = []
+    if sent.dropped_behind:
+        why.append(f"{sent.dropped_behind} behind the policy lag, train.max_policy_lag")
+    if sent.dropped_ahead:
+        why.append(f"{sent.dropped_ahead} ahead of the server's state, which went back to an "
+                   "older checkpoint")  # fmt: skip
+    because = f" ({'; '.join(why)})" if why else ""
+    return (f"resent {plural(sent.total, 'rollout')}: {sent.trained} trained, {sent.replayed} "
+            f"replayed (already applied), {dropped} dropped{because}")  # fmt: skip
+
+
+def first_status(link: ResilientLink, lines: OutageLines) -> pb.GetStatusResponse:
     """The server's status at the actor's start. An actor may start while its server starts
     or restarts (a fleet and its server deployed together): then it says so on one line and
-    waits as through any outage, up to `reconnect_s`."""
+    waits as through any outage, up to --reconnect-timeout, a line per attempt."""
     try:
-        return client.status()
+        status = link.client.status()
     except grpc.RpcError as error:
         if error.code() not in GONE:
             raise
-        print(
-            f"trident actor: no server at {client.target} yet ({error.code().name}); waiting up "
-            f"to {reconnect_s:g} s for it (--reconnect-timeout)",
-            flush=True,
-        )
-    return link.status()
+        status = link.wait_for_server(error)
+    lines.starting = False
+    return status
 
 
 GROUP_SEED_STRIDE = 2**20  # group g's environments are seeded from seed + g * this
@@ -163,9 +264,11 @@ class StreamActor:
         obs_dim: int,
         report: Callable[[InteractOutcome, Progress], None],
         synchronous: bool = False,
+        settle: Callable[[], None] = lambda: None,
     ) -> None:
         self.link, self.envs, self.T, self.D = link, envs, rollout_len, obs_dim
         self.synchronous = synchronous
+        self.settle = settle  # after rollouts were sent again: say what became of them
         self.sizes = [env.num_envs for env in envs]
         self.report = report
         self.progress = Progress()
@@ -201,6 +304,16 @@ class StreamActor:
         self._stream.send(group, obs, outcome)
 
     @property
+    def unanswered(self) -> int:
+        """Rollouts sent whole whose outcome has not come yet."""
+        return len(self._waiting)
+
+    @property
+    def partial_env_steps(self) -> int:
+        """Env steps of rollouts not yet sent whole (a broken stream leaves them)."""
+        return self._unroller.env_steps_pending
+
+    @property
     def between_rollouts(self) -> bool:
         """No environment has a step in a rollout not yet sent whole."""
         return self._unroller.env_steps_pending == 0
@@ -213,7 +326,7 @@ class StreamActor:
         except grpc.RpcError as error:
             if error.code() not in GONE:
                 raise
-            self._reconnect()
+            self._reconnect(error)
             return
         if reply is None:
             raise ActorError("the server closed the Interact stream without being asked")
@@ -235,7 +348,9 @@ class StreamActor:
         except grpc.RpcError as error:
             if error.code() not in GONE:
                 raise
+            self.link.reconnect(error)
             self._resend_waiting()
+            self.settle()
         self.progress.abandoned_env_steps += self._unroller.env_steps_pending
 
     def _take(self, reply: InteractReply) -> None:
@@ -251,15 +366,18 @@ class StreamActor:
             else:
                 code = outcome.code.name if outcome.code else "UNKNOWN"
                 raise ActorError(f"the server refused rollout {key}: {code} {outcome.message}")
+            self.settle()  # a reply from a state the server went back to: resent its losses
             self.report(outcome, self.progress)
 
-    def _reconnect(self) -> None:
-        """Wait for the server, send the rollouts it never answered as keyed Steps (applied
-        once whatever became of them), and open a new stream where the environments are."""
-        self.progress.abandoned_env_steps += self._unroller.env_steps_pending
+    def _reconnect(self, error: grpc.RpcError) -> None:
+        """Wait for the server (`error`: what broke the stream), send the rollouts it never
+        answered as keyed Steps (applied once whatever became of them), say what became of
+        them, and open a new stream where the environments are."""
         self._stream.cancel()
-        self.link.status()  # waits through the outage, re-checks the model shape
+        self.link.reconnect(error)  # waits through the outage, re-checks the model shape
+        self.progress.abandoned_env_steps += self._unroller.env_steps_pending
         self._resend_waiting()
+        self.settle()
         self._open()
 
     def _resend_waiting(self) -> None:
@@ -349,10 +467,11 @@ def run_actor(
     if not reconnect_s > 0:
         raise ActorError(f"--reconnect-timeout: expected a positive number, got {reconnect_s}")
     dims = env_dims(env, lobsim)
-    link = ResilientLink(
-        client, lambda status: check_dims(status, dims, env), reconnect_s=reconnect_s
-    )
-    status = first_status(client, link, reconnect_s)
+    lines = OutageLines(client.target, reconnect_s)
+    link = ResilientLink(client, lambda status: check_dims(status, dims, env),
+                         reconnect_s=reconnect_s, watcher=lines)  # fmt: skip
+    lines.link = link
+    status = first_status(link, lines)
     check_dims(status, dims, env)
     shape = RunShape.of(status, num_envs, rollout_len, steps)
     if env_groups > shape.num_envs:
@@ -398,7 +517,9 @@ def run_actor(
             )
 
         with stop_signals() as stopping:
-            actor = StreamActor(link, envs, rollout_len, dims.obs_dim, report, synchronous)
+            actor = StreamActor(link, envs, rollout_len, dims.obs_dim, report, synchronous,
+                                lines.settle)  # fmt: skip
+            lines.actor = actor
             while (steps is None or actor.progress.rollouts < steps) and not stopping:
                 if shape.until_step is not None and server_step[0] >= shape.until_step:
                     break  # other actors' Steps have run the server's schedule to its end
@@ -409,6 +530,7 @@ def run_actor(
             actor.close()
             if wait_checkpoint and not stopping:
                 link.wait_durable(reconnect_s)
+                lines.settle()
             progress, counts = actor.progress, link.counts
             print(
                 f"done: {progress.outcomes} rollouts ({progress.applied} trained in "

@@ -7,16 +7,19 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import gymnasium
 import numpy as np
 import pytest
-from conftest import free_port, running_server
+from conftest import free_port, running_server, wait_until
 from serverproc import ServerProcess, clean_env, trident_cli
 
+from service.actor import OutageLines
 from service.client.client import TridentClient
+from service.client.resilient import MAX_WAIT_S
 from service.config import LobsimConfig
 from service.envs import GymnasiumVectorEnv, check_env_name, make_gymnasium_env
 from service.errors import InvalidInput
@@ -27,6 +30,25 @@ from service.vector_env import collect_rollout
 CARTPOLE = ("model.obs_dim=4", "model.num_actions=2", "model.aux_dim=0")
 ONE_ROLLOUT_A_STEP = "train.num_envs=4"  # the actors' --num-envs: a rollout fills a Step
 SAME_STEP = {"autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP}
+# The actor's lines about an outage: the server gone, back, and the done line's resends.
+AWAY = re.compile(
+    r"trident actor: server at (?P<target>\S+) unavailable \((?P<code>[A-Z_]+): .*\): "
+    r"keeping (?P<kept>\d+) rollouts? to send again \((?P<unanswered>\d+) unanswered, "
+    r"(?P<unconfirmed>\d+) answered but in no checkpoint yet\)"
+)
+BACK = re.compile(
+    r"trident actor: server at (?P<target>\S+) back after [\d.]+ s "
+    r"\((?P<attempts>\d+) attempts?\), a restarted state at global step (?P<step>\d+): "
+    r"resent (?P<resent>\d+) rollouts?: (?P<trained>\d+) trained, (?P<replayed>\d+) "
+    r"replayed \(already applied\), (?P<dropped>\d+) dropped"
+)
+DONE = re.compile(
+    r"done: .*, (?P<behind>\d+) dropped behind the policy lag, (?P<ahead>\d+) dropped ahead "
+    r"of the server's state\), .*\| \d+ rollouts, (?P<resent>\d+) resent, "
+    r"(?P<replayed>\d+) replayed, (?P<reconnects>\d+) reconnects \|"
+)
+ATTEMPT = re.compile(r"trident actor: reconnect attempt (\d+) in [\d.]+ s \(backoff up to "
+                     r"[\d.]+ s; [\d.]+ s of [\d.]+ s waited")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +56,28 @@ def cartpole_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
     with running_server(tmp_path_factory.mktemp("cartpole"), *CARTPOLE,
                         ONE_ROLLOUT_A_STEP) as server:  # fmt: skip
         yield server
+
+
+class Output:
+    """A process's stdout lines as they come (a thread reads them), for a test to wait on."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.process = process
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def finish(self, timeout_s: float) -> str:
+        """Wait for the process to exit and its stdout to be read; its stderr."""
+        assert self.process.stderr is not None
+        self.process.wait(timeout_s)
+        self._reader.join(timeout_s)
+        return self.process.stderr.read()
 
 
 def global_step(server: ServerProcess) -> int:
@@ -75,8 +119,9 @@ def test_a_model_that_does_not_fit_stops_the_actor(cartpole_server: ServerProces
 
 
 def test_an_actor_started_before_its_server_waits_for_it(tmp_path: Path) -> None:
-    """A fleet may start before its server: the actor says so on its first line, waits, and
-    trains once the server listens; one that never comes stops the actor at the timeout."""
+    """A fleet may start before its server: the actor says so on its first line, a line per
+    attempt to reach it, waits, says when it answered and trains once the server listens; one
+    that never comes stops the actor at the timeout (exit 2)."""
     port = free_port()
     command = [sys.executable, "-m", "service.cli", "actor", "--server", f"127.0.0.1:{port}",
                "--env", "gymnasium:CartPole-v1", "--num-envs", "4", "--rollout-len", "8",
@@ -84,21 +129,104 @@ def test_an_actor_started_before_its_server_waits_for_it(tmp_path: Path) -> None
     early = subprocess.Popen(command, env=clean_env(), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        assert early.stdout is not None
-        first = early.stdout.readline()  # printed before the server exists: it is started next
+        out = Output(early)
+        first = wait_until(lambda: out.lines, 60, "the actor's first line")[0]
         assert first.startswith(f"trident actor: no server at 127.0.0.1:{port} yet (UNAVAILABLE)")
-        assert "waiting up to 120 s" in first
+        assert "waiting up to 120 s" in first and "retrying with backoff up to 2 s" in first
         with running_server(tmp_path, *CARTPOLE, ONE_ROLLOUT_A_STEP,
                             extra_args=["--port", str(port)]) as server:  # fmt: skip
-            out, err = early.communicate(timeout=120)
+            err = out.finish(120)
             assert early.returncode == 0 and not err.strip(), err
-            assert out.splitlines()[0].startswith("trident actor: env=gymnasium:CartPole-v1")
             assert global_step(server) == 2
     finally:
         early.kill()
+    lines = out.lines
+    started = next(i for i, line in enumerate(lines) if " env=gymnasium:CartPole-v1 " in line)
+    waited = lines[1 : started - 1]  # the lines between the first and the answer
+    attempts = [int(ATTEMPT.match(line)[1]) for line in waited]  # type: ignore[index]
+    assert attempts[0] == 1 and attempts == sorted(set(attempts)), lines  # each at most once
+    answered = re.fullmatch(rf"trident actor: server at 127\.0\.0\.1:{port} answered after "
+                            r"[\d.]+ s \((\d+) attempts?\)", lines[started - 1])  # fmt: skip
+    assert answered and int(answered[1]) >= attempts[-1], lines
+    assert not any("unavailable" in line for line in lines), lines  # a start, not an outage
     command[command.index("--reconnect-timeout") + 1] = "1"
     gone = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=60)
     assert gone.returncode == 2 and "did not come back within 1 s" in gone.stderr, gone.stderr
+
+
+def test_an_actor_says_when_its_server_goes_away_and_when_it_is_back(tmp_path: Path) -> None:
+    """The server is killed mid-run and started again on its port, from scratch (it saves no
+    checkpoints): the actor says on a line that it went away and what it keeps to send again,
+    a line per reconnect attempt with its backoff, and, once it is back, what it resent and
+    what became of each; its done line counts the same resends."""
+    port = free_port()
+
+    def serve(life: int) -> ServerProcess:
+        return running_server(tmp_path / f"life-{life}", *CARTPOLE, ONE_ROLLOUT_A_STEP,
+                              extra_args=["--port", str(port)])  # fmt: skip
+
+    server = serve(0)
+    actor = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "actor", "--server", server.target, "--env",
+         "gymnasium:CartPole-v1", "--num-envs", "4", "--rollout-len", "8", "--steps", "8",
+         "--log-every", "1", "--reconnect-timeout", "120"],
+        env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        out = Output(actor)
+        wait_until(lambda: global_step(server) >= 3, 60, "three Steps from the actor")
+        server.proc.send_signal(signal.SIGKILL)
+        server.proc.wait(30)
+        wait_until(lambda: any(map(ATTEMPT.match, out.lines)), 60, "a reconnect attempt line")
+        with serve(1) as server:
+            err = out.finish(120)
+    finally:
+        actor.kill()
+    lines = out.lines
+    assert actor.returncode == 0 and not err.strip(), err
+    at = lambda pattern: [i for i, line in enumerate(lines) if pattern.match(line)]  # noqa: E731
+    (away,), (back,), attempts = at(AWAY), at(BACK), at(ATTEMPT)
+    assert away < attempts[0] and attempts[-1] < back, lines
+    gone, came = AWAY.match(lines[away]), BACK.match(lines[back])
+    assert gone and came and gone["target"] == came["target"] == f"127.0.0.1:{port}"
+    assert gone["code"] in ("UNAVAILABLE", "CANCELLED", "DEADLINE_EXCEEDED"), lines[away]
+    kept = int(gone["kept"])
+    assert kept == int(gone["unanswered"]) + int(gone["unconfirmed"]) >= 3, lines[away]
+    numbers = [int(ATTEMPT.match(lines[i])[1]) for i in attempts]  # type: ignore[index]
+    assert numbers[0] == 1 and "(backoff up to 0.1 s;" in lines[attempts[0]], lines
+    assert numbers == sorted(set(numbers)) and int(came["attempts"]) >= numbers[-1], lines
+    # Back from scratch: every rollout kept was sent again, and each was trained, answered
+    # from the ledger or dropped (for its policy version, ahead of a state that went back).
+    resent = int(came["resent"])
+    assert resent == kept, (lines[away], lines[back])
+    outcomes = int(came["trained"]) + int(came["replayed"]) + int(came["dropped"])
+    assert outcomes == resent, lines[back]
+    assert came["step"] == "0"
+    done = DONE.match(lines[-1])
+    assert done, lines[-1]
+    assert int(done["resent"]) == resent and int(done["reconnects"]) == 1, lines[-1]
+    assert int(done["behind"]) + int(done["ahead"]) >= int(came["dropped"]), lines
+    assert int(done["replayed"]) >= int(came["replayed"]), lines
+
+
+def test_attempt_lines_thin_out_once_the_backoff_stops_growing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A long outage: a line per attempt while the backoff grows, then one each
+    ATTEMPT_LINE_S (a clock stands in for the waits)."""
+    now = [0.0]
+    lines = OutageLines("trainer:50051", reconnect_s=300, clock=lambda: now[0])
+    lines.starting = False
+    backoff, number = 0.1, 0
+    while now[0] < 300:
+        number += 1
+        lines.attempt(number, backoff / 2, backoff, now[0])
+        now[0] += backoff / 2
+        backoff = min(MAX_WAIT_S, 2 * backoff)
+    said = [int(ATTEMPT.match(line)[1]) for line in capsys.readouterr().out.splitlines()]  # type: ignore[index]
+    assert said[:6] == [1, 2, 3, 4, 5, 6]  # backoffs 0.1 to 1.6 s, then the first at 2 s
+    capped = said[5:]  # attempts 1 s apart, the first 1.55 s in: one line each 10 s
+    assert len(capped) == 30 and number > 250, (capped, number)
 
 
 def test_actor_trains_the_server_on_lobsim(tmp_path: Path) -> None:
@@ -108,16 +236,19 @@ def test_actor_trains_the_server_on_lobsim(tmp_path: Path) -> None:
         code, lines, stderr = actor(
             server, "lobsim", "--steps", "2", "--set", "lobsim.horizon=4", "--seed", "3",
             "--env-groups", "2",
-        )
+        )  # fmt: skip
         assert code == 0, stderr
         assert global_step(server) == 2
     progress = [line for line in lines if line.startswith("step ")]
     assert [line.split()[1] for line in progress] == ["1/2", "2/2"]
     assert "episode return n/a" not in progress[0]  # 8 steps of a 4-step horizon
     assert "bce " in progress[-1] and "aux " in progress[-1]  # the labels reached the server
-    done = re.match(r"done: 2 rollouts \(2 trained in 2 Steps, 0 dropped behind the policy lag, "
-                    r"0 dropped ahead of the server's state\), \d+ Acts, (\d+) env steps "
-                    r"\(([\d.]+) % trained, (\d+) in unfinished rollouts\) in ", lines[-1])
+    done = re.match(
+        r"done: 2 rollouts \(2 trained in 2 Steps, 0 dropped behind the policy lag, "
+        r"0 dropped ahead of the server's state\), \d+ Acts, (\d+) env steps "
+        r"\(([\d.]+) % trained, (\d+) in unfinished rollouts\) in ",
+        lines[-1],
+    )
     assert done, lines[-1]
     stepped, share, unfinished = int(done[1]), float(done[2]), int(done[3])
     assert stepped - unfinished == 2 * 8 * 4  # two whole rollouts, the rest left over

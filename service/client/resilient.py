@@ -16,6 +16,10 @@ the state goes back first). A rollout refused for its policy version is dropped 
 behind (older than `train.max_policy_lag` allows) or ahead (newer than a server whose state
 went back to an older checkpoint). `wait_durable` waits, at the end, until every answered Step
 is in a checkpoint.
+
+A `LinkWatcher` hears of each outage as it happens: the server going away, each attempt to
+reach it (with its backoff) and its return; `LinkCounts.again` counts what became of the
+rollouts sent again, so a caller can say so each time it has sent them.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import grpc
 import numpy as np
@@ -80,13 +84,34 @@ class _Sent:
 
 
 @dataclass
+class Resends:
+    """What became of the rollouts sent again: those an Interact stream that broke left
+    unanswered, and those answered under a state the server went back from."""
+
+    trained: int = 0  # applied by this send
+    replayed: int = 0  # answered from the server's ledger: applied before
+    dropped_behind: int = 0  # refused: older than train.max_policy_lag allows
+    dropped_ahead: int = 0  # refused: newer than the server's state (it went back)
+
+    @property
+    def total(self) -> int:
+        return self.trained + self.replayed + self.dropped_behind + self.dropped_ahead
+
+    def since(self, before: Resends) -> Resends:
+        """What was resent after `before` (an earlier copy of these counts)."""
+        return Resends(self.trained - before.trained, self.replayed - before.replayed,
+                       self.dropped_behind - before.dropped_behind,
+                       self.dropped_ahead - before.dropped_ahead)  # fmt: skip
+
+
+@dataclass
 class LinkCounts:
     """What happened to this link's rollouts."""
 
     rollouts: int = 0  # new rollouts given to step()
     answered: int = 0  # of those, answered (applied now, or before under the same key)
     replayed: int = 0  # answers that came from the server's ledger
-    resent: int = 0  # rollouts sent again after the server's state changed
+    again: Resends = field(default_factory=Resends)  # rollouts sent again, by outcome
     dropped_behind: int = 0  # refused: older than train.max_policy_lag allows
     dropped_ahead: int = 0  # refused: newer than the server's state (it went back)
     durable: int = 0  # answered, and seen in a checkpoint of the server's state
@@ -95,9 +120,44 @@ class LinkCounts:
     dropped_keys: list[StepKey] = field(default_factory=list)
 
     @property
+    def resent(self) -> int:
+        """Rollouts sent again (after a broken stream, or to a state that went back)."""
+        return self.again.total
+
+    @property
     def not_yet_durable(self) -> int:
         """Answered rollouts no checkpoint is known to hold yet (neither durable nor lost)."""
         return self.answered - self.durable - self.lost
+
+
+class LinkWatcher(Protocol):
+    """Told of each outage as the link waits it out (the actor prints these)."""
+
+    def away(self, error: grpc.RpcError) -> None:
+        """The server went away: `error` is what the call that found out met."""
+
+    def attempt(self, number: int, pause_s: float, backoff_s: float, waited_s: float) -> None:
+        """Attempt `number` to reach the server comes after `pause_s` (drawn from [0,
+        `backoff_s`]), `waited_s` into the outage."""
+
+    def back(self, status: pb.GetStatusResponse, attempts: int, waited_s: float,
+             new_state: bool) -> None:  # fmt: skip
+        """The server answered at attempt `attempts`, `waited_s` after it went away;
+        `new_state`: with another state than the link last saw (it restarted)."""
+
+
+class Unwatched:
+    """A LinkWatcher that says nothing."""
+
+    def away(self, error: grpc.RpcError) -> None:
+        pass
+
+    def attempt(self, number: int, pause_s: float, backoff_s: float, waited_s: float) -> None:
+        pass
+
+    def back(self, status: pb.GetStatusResponse, attempts: int, waited_s: float,
+             new_state: bool) -> None:  # fmt: skip
+        pass
 
 
 class ResilientLink:
@@ -108,10 +168,12 @@ class ResilientLink:
         reconnect_s: float = 300.0,
         keep: int = 256,
         actor_id: str | None = None,
+        watcher: LinkWatcher | None = None,
     ) -> None:
         self.client = client
         self.on_reconnect = on_reconnect
         self.reconnect_s = reconnect_s
+        self.watcher: LinkWatcher = watcher or Unwatched()
         self.actor_id = actor_id or new_actor_id()
         self.counts = LinkCounts()
         self._sequence = 0
@@ -130,7 +192,10 @@ class ResilientLink:
 
     def step(self, rollout: Rollout) -> StepReply | None:
         """Send a new rollout; its reply, or None when it was dropped as too stale."""
-        return self.send_lost(self.new_key(), rollout)
+        reply = self._send(self.new_key(), rollout)
+        if reply is not None:
+            self.counts.answered += 1
+        return reply
 
     def new_key(self) -> StepKey:
         """The key of this link's next new rollout (a Step, or one an Interact stream made)."""
@@ -144,10 +209,16 @@ class ResilientLink:
         """The sequence `new_key` gives next."""
         return self._sequence
 
+    @property
+    def unconfirmed(self) -> int:
+        """Answered rollouts kept to send again should the server come back from an older
+        state (no checkpoint is known to hold them yet)."""
+        return len(self._unconfirmed)
+
     def send_lost(self, key: StepKey, rollout: Rollout) -> StepReply | None:
-        """Send rollout `key` as a keyed Step: a new one, or one whose Interact stream broke
-        before its outcome came; its reply, or None when it was dropped as too stale."""
-        reply = self._send(key, rollout)
+        """Send again, as a keyed Step, rollout `key` whose Interact stream broke before its
+        outcome came; its reply, or None when it was dropped as too stale."""
+        reply = self._send(key, rollout, again=True)
         if reply is not None:
             self.counts.answered += 1
         return reply
@@ -165,20 +236,38 @@ class ResilientLink:
             self.counts.dropped_behind += 1
         self.counts.dropped_keys.append(key)
 
-    def _send(self, key: StepKey, rollout: Rollout) -> StepReply | None:
+    def _send(self, key: StepKey, rollout: Rollout, again: bool = False) -> StepReply | None:
+        """Send rollout `key` (`again`: not for the first time, counted in counts.again)."""
         try:
             reply = self._through_outages(lambda: self.client.step(rollout, key=key))
         except grpc.RpcError as error:
             if error.code() != Code.FAILED_PRECONDITION or not stale(error.details()):
                 raise
             self.dropped(key, error.details() or "")
+            if again and ahead(error.details()):
+                self.counts.again.dropped_ahead += 1
+            elif again:
+                self.counts.again.dropped_behind += 1
             return None
+        if again and reply.replayed:
+            self.counts.again.replayed += 1
+        elif again:
+            self.counts.again.trained += 1
         self._record(key, rollout, reply)
         return reply
 
     def _record(self, key: StepKey, rollout: Rollout, reply: StepReply) -> None:
         self.counts.replayed += reply.replayed
         self._kept(key, rollout, reply)
+
+    def reconnect(self, error: grpc.RpcError) -> pb.GetStatusResponse:
+        """After `error` (one of GONE) broke a call or a stream: wait for the server as any
+        call does, then send again, oldest first, the answered rollouts a state it went back
+        from lost. The server's status."""
+        self.counts.reconnects += 1
+        status = self.wait_for_server(error)
+        self._catch_up(status)
+        return status
 
     def _through_outages(self, call: Callable[[], Answer]) -> Answer:
         """`call()`, waiting for the server while it is gone or busy."""
@@ -191,24 +280,37 @@ class ResilientLink:
                     continue
                 if error.code() not in GONE:
                     raise
-            self._wait_for_server()
+                gone = error
+            self.counts.reconnects += 1
+            self.wait_for_server(gone)
 
-    def _wait_for_server(self) -> None:
-        self.counts.reconnects += 1
-        deadline, delay = time.monotonic() + self.reconnect_s, 0.1
+    def wait_for_server(self, error: grpc.RpcError) -> pb.GetStatusResponse:
+        """Poll GetStatus until the server answers, with exponential backoff (full jitter, up
+        to MAX_WAIT_S) for up to `reconnect_s` (then ServerGone), telling the watcher of the
+        outage (`error`: what found it gone), each attempt and the return; hand the status
+        to `on_reconnect` and return it."""
+        self.watcher.away(error)
+        started = time.monotonic()
+        delay, attempt = 0.1, 0
         while True:
+            attempt += 1
+            pause = random.uniform(0, delay)
+            self.watcher.attempt(attempt, pause, delay, time.monotonic() - started)
+            time.sleep(pause)
             try:
                 status = self.client.status()
                 break
             except grpc.RpcError as error:
-                if error.code() not in GONE or time.monotonic() > deadline:
+                if error.code() not in GONE or time.monotonic() - started > self.reconnect_s:
                     raise ServerGone(
                         f"{self.client.target}: the server did not come back within "
                         f"{self.reconnect_s:g} s (last: {error.code().name} {error.details()})"
                     ) from None
-            time.sleep(random.uniform(0, delay))
             delay = min(MAX_WAIT_S, 2 * delay)
+        new_state = self._epoch is not None and status.state_epoch != self._epoch
+        self.watcher.back(status, attempt, time.monotonic() - started, new_state)
         self.on_reconnect(status)
+        return status
 
     # ------------------------------------------------------------------------ durability
     def _kept(self, key: StepKey, rollout: Rollout, reply: StepReply) -> None:
@@ -245,8 +347,16 @@ class ResilientLink:
         self.counts.lost += len(self._released) - len(released)
         self._released = released
         for sent in older:  # each answer is kept under the new epoch by _send
-            self.counts.resent += 1
-            self._send(sent.key, sent.rollout)
+            self._send(sent.key, sent.rollout, again=True)
+
+    def _catch_up(self, status: pb.GetStatusResponse) -> None:
+        """Take the server's `status`: a new state epoch (it restarted, or restored) means
+        sending again what the old state had not checkpointed; then count what its
+        checkpoint holds."""
+        if status.state_epoch != self._epoch:
+            self._epoch = status.state_epoch
+            self._resend_lost()
+        self._confirm(status.state_epoch, status.checkpoint_step)
 
     def wait_durable(self, timeout_s: float, poll_s: float = 0.5) -> bool:
         """Wait until a checkpoint of the server's state holds every answered rollout: asks
@@ -258,8 +368,7 @@ class ResilientLink:
         while self._unconfirmed or self._released:
             status = self.status()
             if status.state_epoch != self._epoch:
-                self._epoch = status.state_epoch
-                self._resend_lost()
+                self._catch_up(status)
                 continue
             self._confirm(status.state_epoch, status.checkpoint_step)
             if not (self._unconfirmed or self._released):

@@ -35,23 +35,29 @@ TEST_ENV = {
 }
 
 
+def without_pythonpath() -> dict[str, str]:
+    """This environment less PYTHONPATH: one naming the checkout (as a worktree's runs set it)
+    shows pip the checkout's trident as installed, and imports it instead of the wheel's."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def install_wheel(tmp_path: Path) -> Path:
     """The project's wheel in a fresh virtualenv; dependencies come from this Python's."""
     wheels, venv = tmp_path / "wheels", tmp_path / "venv"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
          "-w", str(wheels), str(REPO)],
-        check=True, capture_output=True, timeout=300,
+        check=True, capture_output=True, timeout=300, env=without_pythonpath(),
     )  # fmt: skip
     subprocess.run(
         [sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
-        check=True, capture_output=True, timeout=120,
+        check=True, capture_output=True, timeout=120, env=without_pythonpath(),
     )  # fmt: skip
     (wheel,) = wheels.glob("trident-*.whl")
     subprocess.run(
         [venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", "--no-index",
          str(wheel)],
-        check=True, capture_output=True, timeout=300,
+        check=True, capture_output=True, timeout=300, env=without_pythonpath(),
     )  # fmt: skip
     return venv
 
@@ -77,7 +83,7 @@ def test_installed_wheel_runs_as_the_image_runs_it(tmp_path: Path) -> None:
     image_env.pop("PATH")  # /opt/venv/bin first: here, this test's venv
     home = tmp_path / "home"
     home.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIDENT_")}
+    env = {k: v for k, v in without_pythonpath().items() if not k.startswith("TRIDENT_")}
     env.update(image_env)
     env.update(TEST_ENV)
     env.update(

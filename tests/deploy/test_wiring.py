@@ -330,7 +330,7 @@ def test_actors_reach_the_service_and_fit_the_model() -> None:
     assert service["command"][:2] == ["--server", f"trident:{SERVER.port}"]
     assert service["healthcheck"] == {"disable": True}
     assert service["profiles"] == ["actors"]
-    assert service["restart"] == "on-failure"  # until the server answers
+    assert service["restart"] == "on-failure"  # a server away past --reconnect-timeout
     assert service["image"] == "trident:cpu" and service["build"]["args"]["VARIANT"] == "cpu"
 
 

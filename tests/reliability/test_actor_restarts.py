@@ -5,7 +5,9 @@ a Step. The actors finish their rollout budget with exit 0, and every rollout th
 either in the final state exactly once or counted as dropped for policy lag: the final
 checkpoint's ledger holds, per actor, its rollouts less its drops; each of the final line's
 Steps is made of ledger keys; and the replay holds exactly one rollout's transitions per key (a
-rollout applied twice would hold two)."""
+rollout applied twice would hold two). Each actor says so at every outage: a line when the
+server goes away, a line per reconnect attempt, and one when it is back whose resends add up to
+the final line's."""
 
 from __future__ import annotations
 
@@ -37,9 +39,38 @@ DONE = re.compile(r"^done: .*\| (?P<rollouts>\d+) rollouts, (?P<resent>\d+) rese
                   r"(?P<replayed>\d+) replayed, (?P<reconnects>\d+) reconnects \| durable: "
                   r"(?P<durable>\d+) of (?P<answered>\d+) answered in a checkpoint, "
                   r"(?P<not_yet>\d+) not yet")  # fmt: skip
-STALE = re.compile(r"\((?P<applied>\d+) trained in \d+ Steps, (?P<dropped>\d+) dropped behind "
-                   r"the policy lag, (?P<ahead>\d+) dropped ahead of the server's state\)")
+STALE = re.compile(
+    r"\((?P<applied>\d+) trained in \d+ Steps, (?P<dropped>\d+) dropped behind "
+    r"the policy lag, (?P<ahead>\d+) dropped ahead of the server's state\)"
+)
 
+# The actor's lines about an outage: gone (A), each reconnect attempt (T), back (B); an actor
+# that starts while the server is away says it waits (S) and when the server answered (N).
+OUTAGE = {
+    "S": re.compile(r"trident actor: no server at \S+ yet \("),
+    "N": re.compile(r"trident actor: server at \S+ answered after [\d.]+ s \(\d+ attempts?\)$"),
+    "A": re.compile(r"trident actor: server at \S+ unavailable \("),
+    "T": re.compile(r"trident actor: reconnect attempt \d+ in [\d.]+ s \(backoff up to "),
+    "B": re.compile(r"trident actor: server at \S+ back after [\d.]+ s \(\d+ attempts?\), "),
+}
+RESENT = re.compile(
+    r": resent (?P<resent>\d+) rollouts?: (?P<trained>\d+) trained, (?P<replayed>\d+) "
+    r"replayed \(already applied\), (?P<dropped>\d+) dropped"
+)
+
+
+def check_outage_lines(lines: list[str], reconnects: int, resent: int) -> None:
+    """Each of the `reconnects` outages the final line counts was said: gone, one attempt or
+    more, back (before them, the actor may have waited for the server to answer first); the
+    resends the lines tell of (each trained, replayed or dropped) add up to
+    the final line's `resent`."""
+    said = "".join(kind for line in lines for kind, said in OUTAGE.items() if said.match(line))
+    assert re.fullmatch(r"(ST+N)?(AT+B)*", said) and said.count("A") == reconnects, (said, lines)
+    told = [found for line in lines if (found := RESENT.search(line))]
+    assert sum(int(found["resent"]) for found in told) == resent, lines
+    for found in told:
+        outcomes = int(found["trained"]) + int(found["replayed"]) + int(found["dropped"])
+        assert outcomes == int(found["resent"]), found[0]
 
 
 def serve(tmp_path: Path, life: int, port: int) -> ServerProcess:
@@ -56,15 +87,13 @@ def global_step(server: ServerProcess) -> int:
 def test_four_actors_ride_through_three_server_stops(tmp_path: Path) -> None:
     port = free_port()
     server = serve(tmp_path, 0, port)
+    command = [sys.executable, "-m", "service.cli", "actor", "--server", server.target,
+               "--env", "gymnasium:CartPole-v1", "--num-envs", str(NUM_ENVS), "--rollout-len",
+               str(T), "--steps", str(STEPS), "--log-every", "1000",
+               "--reconnect-timeout", "120"]  # fmt: skip
+    pipes = {"env": clean_env(), "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
     actors = [
-        subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "actor", "--server", server.target,
-             "--env", "gymnasium:CartPole-v1", "--num-envs", str(NUM_ENVS), "--rollout-len",
-             str(T),
-             "--steps", str(STEPS), "--seed", str(seed), "--log-every", "1000",
-             "--reconnect-timeout", "120"],
-            env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
+        subprocess.Popen([*command, "--seed", str(seed)], text=True, **pipes)
         for seed in range(ACTORS)
     ]
     try:
@@ -90,6 +119,8 @@ def test_four_actors_ride_through_three_server_stops(tmp_path: Path) -> None:
         done = out.strip().splitlines()[-1]
         figures = {**DONE.match(done).groupdict(), **STALE.search(done).groupdict()}  # type: ignore[union-attr]
         counts[actor_id] = {key: int(value) for key, value in figures.items()}
+        check_outage_lines(out.splitlines(), counts[actor_id]["reconnects"],
+                           counts[actor_id]["resent"])  # fmt: skip
 
     final = latest_checkpoint(tmp_path / "checkpoints")
     assert final is not None and final.name.startswith("final-")
@@ -110,7 +141,7 @@ def test_four_actors_ride_through_three_server_stops(tmp_path: Path) -> None:
           f"{sum(f['dropped'] + f['ahead'] for f in counts.values())} dropped for lag, "
           f"{sum(f['resent'] for f in counts.values())} resent, "
           f"{sum(f['replayed'] for f in counts.values())} answered from the ledger, "
-          f"{sum(f['reconnects'] for f in counts.values())} reconnects")
+          f"{sum(f['reconnects'] for f in counts.values())} reconnects")  # fmt: skip
     assert sum(f["reconnects"] for f in counts.values()) >= len(KILL_AT)
 
 
@@ -124,7 +155,7 @@ def test_an_actor_stops_when_the_server_comes_back_with_another_model(tmp_path: 
          "--env", "gymnasium:CartPole-v1", "--num-envs", "2", "--rollout-len", "4",
          "--steps", "100000", "--reconnect-timeout", "120"],
         env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+    )  # fmt: skip
     try:
         wait_until(lambda: global_step(server) >= 2, 120, "two Steps from the actor")
         server.proc.send_signal(signal.SIGKILL)
