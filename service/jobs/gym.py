@@ -29,7 +29,7 @@ from service.checkpoint import CheckpointInfo, restore_checkpoint, save_checkpoi
 from service.config import Config
 from service.envs import GymnasiumVectorEnv, fit_to_env, make_gymnasium_env
 from service.jobs.evaluate import Interval, interval, paired_difference
-from service.jobs.progress import Progress
+from service.jobs.progress import Episodes, Progress
 from service.jobs.run_folder import RunFolder
 from service.jobs.scalars import ScalarLog, Value
 from service.jobs.train import CSV_COLUMNS, HELD_OUT, LOSSES, smoothed, start_run
@@ -89,6 +89,7 @@ def _train_gym(
     first, every = trainer.global_step, config.checkpoint.every_steps
     started = time.perf_counter()
     warned = logs.FirstOfKind()
+    ended_since = Episodes()  # since the last log line: the line reports all of them
 
     def checkpoint_now() -> CheckpointInfo:
         """A checkpoint of the state as it is: the last one saved, when it holds this Step."""
@@ -121,17 +122,19 @@ def _train_gym(
                     "lr": trainer.config.optim.lr, "skipped": int(result.skipped),
                 }  # fmt: skip
                 log.write(row)
+                ended_since.add(len(ended), float(np.sum(ended)))
                 if every and step % every == 0:
                     checkpoint_now()
                 for warning in warned.new(result.warnings):
                     progress.log(f"warning (shown once): {warning}")
-                mean = f"{np.mean(ended):.2f} ({len(ended)})" if ended else "n/a"
                 status = (f"{(step - first) * samples_per_step / max(elapsed, 1e-9):.0f} env "
-                          f"steps/s | episode return {mean}")  # fmt: skip
+                          f"steps/s | {ended_since.text()}")  # fmt: skip
                 progress.step(status)
                 if step % train.log_every == 0 or step == train.steps:
                     detail = " ".join(f"{k} {v:.3f}" for k, v in losses.items())
-                    progress.log(f"step {step}/{train.steps} | {status} | {detail}")
+                    since = "" if ended_since.count else " since the last line"
+                    progress.log(f"step {step}/{train.steps} | {status}{since} | {detail}")
+                    ended_since.take()
             if stopping:
                 info = checkpoint_now()
                 print(f"trident train: stopped by {stopping[0]} at step {trainer.global_step}/"
