@@ -144,8 +144,11 @@ def _train_gym(
     finally:
         env.close()
     seconds = time.perf_counter() - started
-    print(f"trained {trainer.global_step - first} steps in {seconds:.1f} s; log "
-          f"{folder.log_csv}; evaluating on {EVAL_EPISODES} fresh episodes", flush=True)
+    print(
+        f"trained {trainer.global_step - first} steps in {seconds:.1f} s; log "
+        f"{folder.log_csv}; evaluating on {EVAL_EPISODES} fresh episodes",
+        flush=True,
+    )
     report = evaluate_policies(trainer, env_id, train.seed + HELD_OUT)
     report.write(folder.root)
     print(report.text())
@@ -221,9 +224,7 @@ def evaluate_policies(trainer: Trainer, env_id: str, seed: int) -> GymReport:
     return GymReport(f"gymnasium:{env_id}", seed, episodes)
 
 
-def first_episodes(
-    env: GymnasiumVectorEnv, act: Callable[[np.ndarray], np.ndarray]
-) -> list[float]:
+def first_episodes(env: GymnasiumVectorEnv, act: Callable[[np.ndarray], np.ndarray]) -> list[float]:
     """The return of each env's first episode (env i's, in order), under `act`; an episode
     still running after EVAL_STEP_LIMIT steps counts what it gathered."""
     N = env.num_envs
