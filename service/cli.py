@@ -443,7 +443,7 @@ def run_eval(args: argparse.Namespace) -> int:
     report = evaluate.compare(
         lambda env: agent, config.lobsim, seed, train_seed, markets=args.episodes,
         out_dir=out_dir, grid=evaluate.ASGrid(markets_per_pair=args.tune_markets),
-        title=args.checkpoint,
+        title=args.checkpoint, progress=sys.stdout,
     )  # fmt: skip
     print(report.text())
     names = (evaluate.JSON_NAME, evaluate.TEXT_NAME, evaluate.PNG_NAME)

@@ -1,7 +1,8 @@
 """A job's progress: on a terminal a tqdm bar (units done, units/s, elapsed time and ETA, the
 latest numbers beside it) with log lines printed above it; anywhere else (a file, a pipe, CI)
 the log lines alone, so a log holds no carriage returns. Training counts Steps; an evaluation
-counts the episodes its policies play (`Progress(total, unit="episode")`).
+counts the episodes its policies play (`Phases`: a line as each policy finishes, with the
+time so far and an estimate of the time left, so a log shows it moving too).
 
 `Episodes` tallies the episodes that ended between two log lines, so a line reports all of
 them, not only the last Step's."""
@@ -9,6 +10,7 @@ them, not only the last Step's."""
 from __future__ import annotations
 
 import sys
+import time
 from typing import TextIO
 
 from tqdm import tqdm
@@ -86,3 +88,44 @@ class Episodes:
         taken = self.count, self.total
         self.count, self.total = 0, 0.0
         return taken
+
+
+class Phases:
+    """Progress over `total` units done in `phases` named parts (an evaluation: `total`
+    episodes, one part per policy): the bar moves with `advance`; `end` prints a line per part,
+    on a terminal or not: "LABEL k/phases: WHAT (n/total units, s s, about s s left)". The
+    estimate assumes the units left take as long each as those done."""
+
+    def __init__(self, label: str, total: int, phases: int, unit: str = "episode",
+                 stream: TextIO | None = None) -> None:  # fmt: skip
+        self.label, self.total, self.phases, self.unit = label, total, phases, unit
+        self.progress = Progress(total, stream=stream, unit=unit)
+        self.done, self.ended = 0, 0
+        self.started = time.perf_counter()
+
+    def advance(self, count: int) -> None:
+        """`count` more units done."""
+        if count:
+            self.done += count
+            self.progress.step(f"{self.ended}/{self.phases} done", count)
+
+    def end(self, what: str, units: int | None = None) -> None:
+        """A part ended: `what` it did; `units`: the total done by now where the part did
+        fewer than it was counted for (the bar catches up)."""
+        if units is not None:
+            self.advance(units - self.done)
+        self.ended += 1
+        spent = time.perf_counter() - self.started
+        left = spent / self.done * (self.total - self.done) if self.done else 0.0
+        self.progress.log(f"{self.label} {self.ended}/{self.phases}: {what} ({self.done}/"
+                          f"{self.total} {self.unit}s, {spent:.1f} s, about {left:.0f} s "
+                          "left)")  # fmt: skip
+
+    def close(self) -> None:
+        self.progress.close()
+
+    def __enter__(self) -> Phases:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

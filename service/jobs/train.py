@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import itertools
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -304,8 +305,9 @@ def compare_with_baselines(trainer: Trainer, config: Config, out_dir: Path) -> e
     )
     act = lambda obs, mask: trainer.act(obs, ActMode.GREEDY_PI).actions  # noqa: E731
     report = evaluate.compare(
-        lambda env: act, config.lobsim, seed, train_seed, out_dir=out_dir, title="trident train"
-    )
+        lambda env: act, config.lobsim, seed, train_seed, out_dir=out_dir, title="trident train",
+        progress=sys.stdout,
+    )  # fmt: skip
     print(report.text())
     names = (evaluate.JSON_NAME, evaluate.TEXT_NAME, evaluate.PNG_NAME)
     print(f"evaluation -> {', '.join(str(out_dir / name) for name in names)}", flush=True)
