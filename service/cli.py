@@ -2,7 +2,8 @@
 
 `trident train` runs the main job in-process; `trident serve` runs the gRPC trainer service;
 `status`, `act`, `checkpoint` and `health` talk to a running server; `trident actor` runs
-environments that a running server trains on (service/actor.py).
+environments that a running server trains on (service/actor.py); `trident config` prints every
+setting with its default and doc.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from service.actor import run_actor
 from service.api.messages import to_plain
 from service.client.client import DEFAULT_PORT, TridentClient, answered, channel_credentials
 from service.client.observations import load_observations
-from service.config import Config, ConfigError, load_config
+from service.config import Config, ConfigError, documented_toml, load_config
 from service.envs import GYMNASIUM, check_env_name, fit_to_env
 from service.errors import TridentError
 from service.jobs import evaluate
@@ -33,7 +34,8 @@ from service.types import ActMode
 
 DESCRIPTION = """\
 Trident: a reinforcement-learning trainer (C51, PPO and value heads on one encoder) and the
-gRPC service around it. `trident COMMAND --help` describes a command's options."""
+gRPC service around it. `trident COMMAND --help` describes a command's options; `trident
+config` lists every setting (--set section.key=value) with its default."""
 
 UNAVAILABLE, DEADLINE_EXCEEDED = grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED
 
@@ -83,6 +85,22 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
 
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        kwargs.setdefault("parser_class", _CommandParser)
+        return super().add_subparsers(**kwargs)
+
+
+class _CommandParser(_Parser):
+    """A subcommand's parser: an argument it does not know is refused with its own usage.
+    (argparse hands a subcommand's leftovers up to the top-level parser, whose usage says
+    nothing of the subcommand's options.)"""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
 
 def _setting_help(text: str, setting: str) -> str:
     """`text`, the setting an option stands for and the setting's default."""
@@ -99,7 +117,8 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="SECTION.KEY=VALUE",
-        help="override one setting (repeatable); beats the file and TRIDENT_* variables",
+        help="override one setting (repeatable); beats the file and TRIDENT_* variables. "
+        "`trident config` lists every setting with its default",
     )
 
 
@@ -196,6 +215,16 @@ def build_parser() -> argparse.ArgumentParser:
         default="eval",
         help="directory for eval.json (every number), eval.txt (what is printed) and eval.png",
     )
+
+    config_cmd = commands.add_parser(
+        "config",
+        help="print every setting with its default and what it does (TOML, as --config reads)",
+        description="Print every setting of the typed config (service/config.py) as TOML: "
+        "each under its doc, its type and the values it allows. With --config and --set (and "
+        "TRIDENT_<SECTION>__<KEY> variables), the values they make, the default beside each "
+        "that differs. server.auth_token is never printed.",
+    )
+    _add_config_flags(config_cmd)
 
     serve = commands.add_parser("serve", help="run the gRPC trainer service")
     _add_config_flags(serve)
@@ -415,7 +444,7 @@ def run_eval(args: argparse.Namespace) -> int:
     report = evaluate.compare(
         lambda env: agent, config.lobsim, seed, train_seed, markets=args.episodes,
         out_dir=out_dir, grid=evaluate.ASGrid(markets_per_pair=args.tune_markets),
-        title=args.checkpoint,
+        title=args.checkpoint, progress=sys.stdout,
     )  # fmt: skip
     print(report.text())
     names = (evaluate.JSON_NAME, evaluate.TEXT_NAME, evaluate.PNG_NAME)
@@ -658,6 +687,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_serve(args)
         if args.command == "actor":
             return run_remote(args, run_actor_command)
+        if args.command == "config":
+            print(documented_toml(load_config(args.config, overrides=args.overrides)), end="")
+            return 0
         if args.command == "export":
             return run_export(args)
         if args.command == "token":

@@ -6,6 +6,7 @@ Each field declares its constraint once, next to it (``_f(default, ge=..., choic
 every section validates itself on construction, so invalid configs cannot exist.
 """
 
+import difflib
 import json
 import math
 import os
@@ -25,8 +26,11 @@ __all__ = [
     "PPOConfig",
     "ReplayConfig",
     "ServerConfig",
+    "SettingDoc",
     "TrainConfig",
+    "documented_toml",
     "load_config",
+    "setting_docs",
     "sized_for",
     "with_checkpoint_dir",
     "with_overrides",
@@ -446,8 +450,10 @@ _FIELDS: dict[str, dict[str, Field]] = {
 def _section_fields(section: str) -> dict[str, Field]:
     """The fields of ``section``, or ConfigError listing the valid sections."""
     if section not in _FIELDS:
-        raise ConfigError(f"unknown config section {section!r}; "
-                          f"valid sections: {', '.join(_FIELDS)}")
+        raise ConfigError(
+            f"unknown config section {section!r}{_did_you_mean(section, _FIELDS)}; "
+            f"valid sections: {', '.join(_FIELDS)}"
+        )
     return _FIELDS[section]
 
 
@@ -455,9 +461,28 @@ def _lookup(section: str, key: str) -> Field:
     """The field for ``section.key``, or ConfigError listing what is valid."""
     known = _section_fields(section)
     if key not in known:
-        raise ConfigError(f"unknown config key '{section}.{key}'; valid keys of "
-                          f"[{section}]: {', '.join(known)}")
+        raise ConfigError(
+            f"unknown config key '{section}.{key}'{_closest_key(section, key)}; "
+            f"valid keys of [{section}]: {', '.join(known)}"
+        )
     return known[key]
+
+
+def _did_you_mean(name: str, known: Sequence[str]) -> str:
+    """The hint " (did you mean 'x'?)" for the known name closest to a misspelt `name`, else
+    ""."""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _closest_key(section: str, key: str) -> str:
+    """The hint " (did you mean 'section.key'?)": the closest key of `section`, else `key`
+    where another section has it (``train.lr`` -> ``optim.lr``), else ""."""
+    close = difflib.get_close_matches(key, list(_FIELDS[section]), n=1, cutoff=0.6)
+    if close:
+        return f" (did you mean '{section}.{close[0]}'?)"
+    elsewhere = [name for name, keys in _FIELDS.items() if key in keys]
+    return f" (did you mean '{elsewhere[0]}.{key}'?)" if elsewhere else ""
 
 
 def _check_value(key: str, f: Field, value: Any) -> Any:
@@ -522,10 +547,25 @@ def _merge_env(raw: dict[str, dict[str, Any]], env: Mapping[str, str]) -> None:
     """Merge ``TRIDENT_<SECTION>__<KEY>`` variables; other TRIDENT_ variables are ignored."""
     for name in sorted(env):
         rest = name[len(ENV_PREFIX):]
+        if name.startswith(ENV_PREFIX) and "__" not in rest:
+            _check_one_underscore(name)
         if name.startswith(ENV_PREFIX) and "__" in rest:
             section, _, key = rest.partition("__")
             with _origin(f"environment variable {name}"):
                 _put(raw, section.lower(), key.lower(), env[name], text=True)
+
+
+def _check_one_underscore(name: str) -> None:
+    """ConfigError for ``TRIDENT_<SECTION>_<KEY>`` (one underscore) where KEY is, or nearly
+    is, a key of SECTION: a setting meant, that would otherwise be ignored. Other TRIDENT_
+    variables (TRIDENT_TOKEN, TRIDENT_RANK, a test's own) pass."""
+    section, _, key = name.removeprefix(ENV_PREFIX).lower().partition("_")
+    close = difflib.get_close_matches(key, list(_FIELDS.get(section, ())), n=1, cutoff=0.8)
+    if close:
+        meant = f"{ENV_PREFIX}{section.upper()}__{close[0].upper()}"
+        raise ConfigError(f"environment variable {name}: settings are read from "
+                          f"TRIDENT_<SECTION>__<KEY>, two underscores between section and key "
+                          f"(did you mean {meant}?)")  # fmt: skip
 
 
 def _merge_overrides(raw: dict[str, dict[str, Any]], overrides: Sequence[str]) -> None:
@@ -617,3 +657,96 @@ def with_overrides(cfg: Config, overrides: Sequence[str]) -> Config:
     raw = cfg.to_dict()
     _merge_overrides(raw, overrides)
     return _build(raw)
+
+
+# ------------------------------------------------------------------ every setting, documented
+@dataclass(frozen=True)
+class SettingDoc:
+    """One setting as `trident config` lists it: its default, what it allows and its doc (the
+    comment beside the field, or the comment lines just above it)."""
+
+    section: str
+    key: str
+    type: str
+    default: Any
+    allowed: str  # "" where any value of the type is
+    help: str
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """Each field of `cls` -> its comment in the source: the one on its line, else the block
+    of comment lines directly above it; {} where the source cannot be read (a frozen app)."""
+    import ast
+    import inspect
+    import io
+    import textwrap
+    import tokenize
+
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    comments: dict[int, tuple[str, bool]] = {}  # line -> (text, whole line)
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            text = token.string.lstrip("#").strip().removesuffix("fmt: skip").strip()
+            comments[token.start[0]] = (text, token.line[: token.start[1]].strip() == "")
+    lines = source.splitlines()
+    docs = {}
+    for node in ast.parse(source).body[0].body:  # type: ignore[attr-defined]
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        line = node.lineno
+        text, whole = comments.get(node.end_lineno or line, ("", True))
+        if not text or whole:
+            above = []
+            while line - 1 in comments and comments[line - 1][1] and lines[line - 2].strip():
+                line -= 1
+                above.insert(0, comments[line][0])
+            text = " ".join(above)
+        docs[node.target.id] = text
+    return docs
+
+
+def setting_docs() -> list[SettingDoc]:
+    """Every setting of every section, in the order the config declares them."""
+    docs = []
+    for section, cls in _SECTIONS.items():
+        comments = _field_comments(cls)
+        for f in fields(cls):
+            rule: _Rule | None = f.metadata.get("rule")
+            allowed = rule.describe() if rule is not None else ""
+            typ = f.type if isinstance(f.type, str) else f.type.__name__
+            docs.append(SettingDoc(section, f.name, typ, f.default, allowed,
+                                   comments.get(f.name, "")))  # fmt: skip
+    return docs
+
+
+def documented_toml(cfg: Config | None = None, width: int = 100) -> str:
+    """Every setting as TOML, each under its doc and what it allows, wrapped to `width`: the
+    defaults, or `cfg`'s values with the default beside each that differs. server.auth_token
+    is never shown (a secret): set, it stays commented out."""
+    import textwrap
+
+    current = (cfg or Config()).to_dict()
+    lines = [
+        "# Every Trident setting with its doc, in TOML as --config FILE reads it. Layered:",
+        "# defaults < --config FILE < TRIDENT_<SECTION>__<KEY> < --set section.key=value.",
+    ]
+    section = ""
+    for doc in setting_docs():
+        if doc.section != section:
+            section = doc.section
+            what = (_SECTIONS[section].__doc__ or "").strip().splitlines()[0]
+            lines += ["", f"[{section}]  # {what}"]
+        about = doc.help + (f" ({doc.type}, {doc.allowed})" if doc.allowed else f" ({doc.type})")
+        lines += textwrap.wrap(about, width, initial_indent="# ", subsequent_indent="# ")
+        value = current[section][doc.key]
+        if section == "server" and doc.key == "auth_token" and value:
+            lines.append("# auth_token = (set; not shown)")
+            continue
+        entry = f"{doc.key} = {_toml_value(value)}"
+        if value != doc.default:
+            entry += f"  # default: {_toml_value(doc.default)}"
+        lines.append(entry)
+    return "\n".join(lines) + "\n"

@@ -160,3 +160,43 @@ def test_backend_cuda_without_a_gpu_says_how_to_install(tmp_path: Path) -> None:
     (line,) = done.stderr.splitlines()
     assert line.startswith("trident: error: train.backend: 'cuda' needs CuPy")
     assert "pip install '.[cuda]'" in line  # as README says
+
+
+@pytest.mark.parametrize(
+    "command", [("train",), ("serve",), ("eval", "CKPT"), ("checkpoint", "save"), ("config",)]
+)
+def test_an_unknown_flag_is_answered_with_the_subcommands_usage(
+    capsys: pytest.CaptureFixture[str], command: tuple[str, ...]
+) -> None:
+    """argparse on its own hands a subcommand's leftovers to the top-level parser, whose usage
+    (`trident [-h] [--version] COMMAND ...`) says nothing of the subcommand's options."""
+    with pytest.raises(SystemExit) as done:
+        main([*command, "--bogus"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    name = " ".join(c for c in command if c != "CKPT")
+    assert err.startswith(f"usage: trident {name} [-h]"), err
+    assert f"trident {name}: error: unrecognized arguments: --bogus" in err
+
+
+def test_config_lists_every_setting_with_its_default_and_doc(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`trident config` is TOML that reads back to the defaults, every setting under its doc;
+    with --set, the value set and the default beside it; never the auth token."""
+    from service.config import Config, load_config, setting_docs
+
+    assert main(["config"]) == 0
+    printed = capsys.readouterr().out
+    (tmp_path / "all.toml").write_text(printed)
+    assert load_config(tmp_path / "all.toml", env={}) == Config()
+    docs = setting_docs()
+    assert len(docs) == sum(len(table) for table in Config().to_dict().values())
+    assert [d.key for d in docs if not d.help] == []  # every field has its comment
+    lines = printed.splitlines()
+    at = lines.index("log_every = 20")
+    assert lines[at - 1] == "# training steps between log lines (int, >= 1)"
+    assert main(["config", "--set", "train.log_every=7", "--set", "server.auth_token=s3cr3t"]) == 0
+    printed = capsys.readouterr().out
+    assert "log_every = 7  # default: 20" in printed.splitlines()
+    assert "s3cr3t" not in printed and "# auth_token = (set; not shown)" in printed

@@ -264,6 +264,27 @@ def test_unknown_key(tmp_path: Path) -> None:
     assert "replay.size" in msg and "capacity, batch_size, min_size" in msg
 
 
+def test_a_misspelt_key_is_told_the_key_it_is_closest_to(tmp_path: Path) -> None:
+    """--set, TRIDENT_<SECTION>__<KEY>, a config file: the closest key of the section (or the
+    same key in the section that has it, or the closest section) is named."""
+    assert "(did you mean 'train.steps'?)" in error_of(overrides=["train.stepz=5"])
+    msg = error_of(env={"TRIDENT_TRAIN__STEPZ": "5"})
+    assert "(did you mean 'train.steps'?)" in msg and "TRIDENT_TRAIN__STEPZ" in msg
+    msg = error_of(path=write_toml(tmp_path, "[train]\nlog_evry = 3\n"))
+    assert "(did you mean 'train.log_every'?)" in msg and "trident.toml" in msg
+    assert "(did you mean 'optim.lr'?)" in error_of(overrides=["train.lr=0.1"])
+    assert "(did you mean 'train'?)" in error_of(overrides=["trian.steps=5"])
+    assert "did you mean" not in error_of(overrides=["train.xyzzy=1"])  # nothing close
+
+
+def test_a_variable_with_one_underscore_for_a_setting_is_refused() -> None:
+    """TRIDENT_TRAIN_STEPS would be ignored silently; other TRIDENT_ variables pass."""
+    msg = error_of(env={"TRIDENT_TRAIN_STEPZ": "5"})
+    assert "TRIDENT_TRAIN_STEPZ" in msg and "(did you mean TRIDENT_TRAIN__STEPS?)" in msg
+    unrelated = {"TRIDENT_TOKEN": "x", "TRIDENT_RANK": "0", "TRIDENT_LOBSIM_STEPS": "9"}
+    assert load_config(env=unrelated) == Config()
+
+
 @pytest.mark.parametrize(
     ("toml", "key", "shown", "expected"),
     [

@@ -11,7 +11,7 @@ from service.backend.blas import single_blas_thread
 from service.checkpoint import CheckpointInfo, save_checkpoint
 from service.config import Config
 from service.jobs.loop import LoopProgress, train
-from service.jobs.progress import Progress
+from service.jobs.progress import Episodes, Progress
 from service.jobs.run_folder import RunFolder
 from service.signals import stop_signals
 from service.synthetic import ContextualBandit
@@ -55,6 +55,7 @@ def _train_bandit(trainer: Trainer, folder: RunFolder, write_checkpoint: bool) -
     )
     started = time.perf_counter()
     saved: list[CheckpointInfo] = []  # the last checkpoint saved
+    ended = Episodes()  # since the last log line; each env step is a one-step episode
 
     def checkpoint_now() -> CheckpointInfo:
         """A checkpoint of the state as it is: the last one saved, when it holds this Step."""
@@ -67,15 +68,17 @@ def _train_bandit(trainer: Trainer, folder: RunFolder, write_checkpoint: bool) -
         if every and step % every == 0:
             checkpoint_now()
         elapsed = time.perf_counter() - started
-        status = (f"{step * samples_per_step / elapsed:.0f} samples/s | reward "
-                  f"{done.mean_reward:.3f}")  # fmt: skip
-        bar.step(status)
+        ended.add(samples_per_step, done.mean_reward * samples_per_step)
+        rate = f"{step * samples_per_step / elapsed:.0f} samples/s"
+        bar.step(f"{rate} | reward {done.mean_reward:.3f}")
         if step % train_cfg.log_every and step != train_cfg.steps:
             return
         losses = " ".join(f"{k} {v:.3f}" for k, v in result.losses.items())
         skipped = f" | skipped: {result.skip_reason}" if result.skipped else ""
+        episodes, total = ended.take()
         bar.log(
-            f"step {step}/{train_cfg.steps} | {status} | {losses}"
+            f"step {step}/{train_cfg.steps} | {rate} | reward {total / episodes:.3f} over the "
+            f"{episodes} one-step episodes since the last line | {losses}"
             f" | greedy-π {greedy_accuracy(trainer, env, ActMode.GREEDY_PI):.1%}"
             f" greedy-Q {greedy_accuracy(trainer, env, ActMode.GREEDY_Q):.1%}{skipped}"
         )

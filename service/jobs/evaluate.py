@@ -19,10 +19,12 @@ import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
 from service.config import LobsimConfig
+from service.jobs.progress import Phases
 from service.lobsim.book import ASK, BID
 from service.lobsim.env import NUM_ACTIONS, QUOTES, LobSim
 
@@ -169,14 +171,19 @@ def ratio_of_means(numerator: np.ndarray, denominator: np.ndarray) -> Interval:
 
 
 # ------------------------------------------------------------------------------ episodes
-def play_episode(env: LobSim, policy: Policy) -> Trace:
-    """One whole episode of `env`'s markets (all at their first step) under `policy`."""
+def play_episode(env: LobSim, policy: Policy, phases: Phases | None = None) -> Trace:
+    """One whole episode of `env`'s markets (all at their first step) under `policy`;
+    `phases` moves by the markets' episodes as they go (N·t / horizon of them after step t:
+    every market ends its episode at the last step together)."""
     if (env.t != 0).any():
         raise ValueError("play_episode: every market must be at the start of an episode")
     obs = env.reset()
     steps = []
-    for _ in range(env.cfg.horizon):
+    N, horizon = env.num_envs, env.cfg.horizon
+    for t in range(horizon):
         out = env.step(policy(obs, env.action_mask()))
+        if phases is not None:
+            phases.advance(N * (t + 1) // horizon - N * t // horizon)
         info = out.info
         steps.append(
             (info["pnl"], info["inventory"], info["agent_taken"], info["agent_passive"], out.reward)
@@ -189,13 +196,20 @@ def play_episode(env: LobSim, policy: Policy) -> Trace:
 
 
 def play_all(
-    policies: Mapping[str, PolicyFactory], cfg: LobsimConfig, seed: int, num_envs: int
+    policies: Mapping[str, PolicyFactory],
+    cfg: LobsimConfig,
+    seed: int,
+    num_envs: int,
+    phases: Phases | None = None,
 ) -> dict[str, Trace]:
-    """One episode of the same `num_envs` fresh markets (seed `seed`) per policy."""
+    """One episode of the same `num_envs` fresh markets (seed `seed`) per policy; `phases`
+    moves with them and ends a part per policy."""
     traces = {}
     for name, make in policies.items():
         env = LobSim(num_envs, cfg, seed)
-        traces[name] = play_episode(env, make(env))
+        traces[name] = play_episode(env, make(env), phases)
+        if phases is not None:
+            phases.end(f"{name} played {num_envs} markets")
     return traces
 
 
@@ -355,7 +369,9 @@ class ASTuning:
         }
 
 
-def tune_avellaneda_stoikov(cfg: LobsimConfig, seed: int, grid: ASGrid | None = None) -> ASTuning:
+def tune_avellaneda_stoikov(
+    cfg: LobsimConfig, seed: int, grid: ASGrid | None = None, phases: Phases | None = None
+) -> ASTuning:
     """Grid search of Avellaneda–Stoikov's (γ, k) by episode return on training seed `seed`:
     one LobSim of len(grid.pairs) · markets_per_pair markets, pair p playing markets
     [p·m, (p + 1)·m). Markets are independent, so each pair's markets play exactly as they
@@ -366,13 +382,13 @@ def tune_avellaneda_stoikov(cfg: LobsimConfig, seed: int, grid: ASGrid | None = 
     biased upwards most where a pair's returns are most dispersed (the winner's curse); the
     lower bound discounts that. On the default markets the highest mean (γ 0.3, k 3: 10.4 ±
     5.4 on 32 training markets) returned 4.8 ± 3.1 on 128 held-out ones, the highest lower
-    bound (γ 1, k 10: 7.2 ± 2.1) 6.4 ± 1.5."""
+    bound (γ 1, k 10: 7.2 ± 2.1) 6.4 ± 1.5. `phases` moves with the markets' episodes."""
     grid = grid or ASGrid()
     pairs, m = grid.pairs, grid.markets_per_pair
     gamma = np.repeat([g for g, _ in pairs], m)
     k = np.repeat([k for _, k in pairs], m)
     env = LobSim(len(pairs) * m, cfg, seed)
-    returns = play_episode(env, AvellanedaStoikov(env, gamma, k)).episode_return
+    returns = play_episode(env, AvellanedaStoikov(env, gamma, k), phases).episode_return
     scores = tuple(interval(r) for r in returns.reshape(len(pairs), m))
     best = int(np.argmax([s.low for s in scores]))
     return ASTuning(pairs[best][0], pairs[best][1], scores[best], seed, grid, scores)
@@ -625,21 +641,36 @@ def compare(
     out_dir: Path | None = None,
     grid: ASGrid | None = None,
     title: str = "LobSim",
+    progress: TextIO | None = None,
 ) -> Report:
     """The evaluation: tune Avellaneda–Stoikov on training seed `train_seed`, then play the
     trained policy `agent` (None: baselines only) and every baseline for one episode on the
     same `markets` held-out markets of seed `seed`; with `out_dir`, write JSON_NAME, TEXT_NAME
-    and PNG_NAME there."""
+    and PNG_NAME there. With a `progress` stream, the episodes played show there as they go
+    (progress.Phases: a bar on a terminal; a line as the tuning and each policy finish)."""
     if isinstance(markets, bool) or not isinstance(markets, int) or markets < 2:
         raise ValueError(f"markets: expected an integer >= 2 (an interval needs two markets), "
                          f"got {markets!r}")  # fmt: skip
     if seed == train_seed:
         raise ValueError(f"seed: the held-out seed must differ from train_seed, the training "
                          f"seed Avellaneda–Stoikov is tuned on; both are {seed}")  # fmt: skip
-    tuning = tune_avellaneda_stoikov(cfg, train_seed, grid)
-    policies = {} if agent is None else {TRAINED: agent}
-    policies.update(baselines(seed, tuning.gamma, tuning.k))
-    traces = play_all(policies, cfg, seed, markets)
+    grid = grid or ASGrid()
+    tune_markets = len(grid.pairs) * grid.markets_per_pair
+    played = (agent is not None) + len(baselines(seed))  # policies
+    phases = None
+    if progress is not None:
+        total = tune_markets + markets * played
+        phases = Phases("evaluation", total, 1 + played, stream=progress)
+    try:
+        tuning = tune_avellaneda_stoikov(cfg, train_seed, grid, phases)
+        if phases is not None:
+            phases.end(f"Avellaneda-Stoikov tuned on {tune_markets} training markets")
+        policies = {} if agent is None else {TRAINED: agent}
+        policies.update(baselines(seed, tuning.gamma, tuning.k))
+        traces = play_all(policies, cfg, seed, markets, phases)
+    finally:
+        if phases is not None:
+            phases.close()
     results = {name: metrics(trace) for name, trace in traces.items()}
     comparisons = {}
     if agent is not None:

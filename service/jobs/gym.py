@@ -16,10 +16,12 @@ trainer; the envs start afresh (a Gymnasium env's state is not part of a checkpo
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
@@ -29,7 +31,7 @@ from service.checkpoint import CheckpointInfo, restore_checkpoint, save_checkpoi
 from service.config import Config
 from service.envs import GymnasiumVectorEnv, fit_to_env, make_gymnasium_env
 from service.jobs.evaluate import Interval, interval, paired_difference
-from service.jobs.progress import Progress
+from service.jobs.progress import Episodes, Phases, Progress
 from service.jobs.run_folder import RunFolder
 from service.jobs.scalars import ScalarLog, Value
 from service.jobs.train import CSV_COLUMNS, HELD_OUT, LOSSES, smoothed, start_run
@@ -89,6 +91,7 @@ def _train_gym(
     first, every = trainer.global_step, config.checkpoint.every_steps
     started = time.perf_counter()
     warned = logs.FirstOfKind()
+    ended_since = Episodes()  # since the last log line: the line reports all of them
 
     def checkpoint_now() -> CheckpointInfo:
         """A checkpoint of the state as it is: the last one saved, when it holds this Step."""
@@ -121,17 +124,19 @@ def _train_gym(
                     "lr": trainer.config.optim.lr, "skipped": int(result.skipped),
                 }  # fmt: skip
                 log.write(row)
+                ended_since.add(len(ended), float(np.sum(ended)))
                 if every and step % every == 0:
                     checkpoint_now()
                 for warning in warned.new(result.warnings):
                     progress.log(f"warning (shown once): {warning}")
-                mean = f"{np.mean(ended):.2f} ({len(ended)})" if ended else "n/a"
                 status = (f"{(step - first) * samples_per_step / max(elapsed, 1e-9):.0f} env "
-                          f"steps/s | episode return {mean}")  # fmt: skip
+                          f"steps/s | {ended_since.text()}")  # fmt: skip
                 progress.step(status)
                 if step % train.log_every == 0 or step == train.steps:
                     detail = " ".join(f"{k} {v:.3f}" for k, v in losses.items())
-                    progress.log(f"step {step}/{train.steps} | {status} | {detail}")
+                    since = "" if ended_since.count else " since the last line"
+                    progress.log(f"step {step}/{train.steps} | {status}{since} | {detail}")
+                    ended_since.take()
             if stopping:
                 info = checkpoint_now()
                 print(f"trident train: stopped by {stopping[0]} at step {trainer.global_step}/"
@@ -141,9 +146,12 @@ def _train_gym(
     finally:
         env.close()
     seconds = time.perf_counter() - started
-    print(f"trained {trainer.global_step - first} steps in {seconds:.1f} s; log "
-          f"{folder.log_csv}; evaluating on {EVAL_EPISODES} fresh episodes", flush=True)
-    report = evaluate_policies(trainer, env_id, train.seed + HELD_OUT)
+    print(
+        f"trained {trainer.global_step - first} steps in {seconds:.1f} s; log "
+        f"{folder.log_csv}; evaluating on {EVAL_EPISODES} fresh episodes",
+        flush=True,
+    )
+    report = evaluate_policies(trainer, env_id, train.seed + HELD_OUT, progress=sys.stdout)
     report.write(folder.root)
     print(report.text())
     plot_returns(folder.log_csv, folder.curve_png, env_name, report.returns)
@@ -198,8 +206,12 @@ class GymReport:
         (folder / "eval.txt").write_text(self.text() + "\n")
 
 
-def evaluate_policies(trainer: Trainer, env_id: str, seed: int) -> GymReport:
-    """Each policy plays episode i from seed `seed` + i, for i < EVAL_EPISODES."""
+def evaluate_policies(
+    trainer: Trainer, env_id: str, seed: int, progress: TextIO | None = None
+) -> GymReport:
+    """Each policy plays episode i from seed `seed` + i, for i < EVAL_EPISODES; with a
+    `progress` stream, the episodes show there as they end (a bar on a terminal; a line as
+    each policy finishes)."""
     rng = np.random.default_rng(seed)
     num_actions = trainer.config.model.num_actions
     choose: dict[str, Callable[[np.ndarray], np.ndarray]] = {
@@ -209,26 +221,42 @@ def evaluate_policies(trainer: Trainer, env_id: str, seed: int) -> GymReport:
         "random": lambda obs: rng.integers(0, num_actions, obs.shape[0]),
     }
     episodes = {}
-    for name in POLICIES:
-        env = make_gymnasium_env(env_id, EVAL_EPISODES, seed)
-        try:
-            episodes[name] = first_episodes(env, choose[name])
-        finally:
-            env.close()
+    phases = None
+    if progress is not None:
+        phases = Phases("evaluation", EVAL_EPISODES * len(POLICIES), len(POLICIES),
+                        stream=progress)  # fmt: skip
+    try:
+        for at, name in enumerate(POLICIES, 1):
+            env = make_gymnasium_env(env_id, EVAL_EPISODES, seed)
+            try:
+                episodes[name] = first_episodes(env, choose[name], phases)
+            finally:
+                env.close()
+            if phases is not None:
+                phases.end(f"{name} played {EVAL_EPISODES} episodes", EVAL_EPISODES * at)
+    finally:
+        if phases is not None:
+            phases.close()
     return GymReport(f"gymnasium:{env_id}", seed, episodes)
 
 
 def first_episodes(
-    env: GymnasiumVectorEnv, act: Callable[[np.ndarray], np.ndarray]
+    env: GymnasiumVectorEnv,
+    act: Callable[[np.ndarray], np.ndarray],
+    phases: Phases | None = None,
 ) -> list[float]:
     """The return of each env's first episode (env i's, in order), under `act`; an episode
-    still running after EVAL_STEP_LIMIT steps counts what it gathered."""
+    still running after EVAL_STEP_LIMIT steps counts what it gathered. `phases` moves as
+    episodes end."""
     N = env.num_envs
     returns, finished = np.zeros(N), np.zeros(N, bool)
     for _ in range(EVAL_STEP_LIMIT):
         moved = env.step(np.asarray(act(env.obs), np.int64))
         returns += np.where(finished, 0.0, moved.rewards)
+        was = int(finished.sum())
         finished |= moved.terminated | moved.truncated
+        if phases is not None:
+            phases.advance(int(finished.sum()) - was)
         if finished.all():
             break
     return returns.tolist()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import itertools
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -38,7 +39,7 @@ from service.envs import LobSimVectorEnv
 from service.errors import InvalidInput
 from service.jobs import evaluate
 from service.jobs.device_loop import DeviceLoop, LoopStep
-from service.jobs.progress import Progress
+from service.jobs.progress import Episodes, Progress
 from service.jobs.run_folder import RunFolder
 from service.jobs.scalars import ScalarLog, Value
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, LobSim, observation_dim
@@ -151,9 +152,10 @@ def _train_lobsim(
     )
     started = time.perf_counter() - elapsed_before  # elapsed_s goes on from the checkpoint's
     first = trainer.global_step
+    ran_s = 0.0  # this process's time to its latest Step: its rates count its own Steps only
     every = config.checkpoint.every_steps
     episode_steps = lob.horizon / train_cfg.rollout_len
-    ended = [0, 0.0]  # episodes ended since the last log line, and their return sum
+    ended = Episodes()  # since the last log line
     warned = logs.FirstOfKind()
     resumed_at = first if resume is not None else None
 
@@ -178,8 +180,8 @@ def _train_lobsim(
             loop = next_step()  # before reading global_step: the Step advances it
             step, result, losses = trainer.global_step, loop.result, loop.result.losses
             elapsed = time.perf_counter() - started
-            ended[0] += loop.episodes
-            ended[1] += loop.return_sum
+            ran_s = elapsed - elapsed_before
+            ended.add(loop.episodes, loop.return_sum)
             row: dict[str, Value] = {
                 "step": step, "elapsed_s": elapsed, "env_steps": step * samples_per_step,
                 "reward_per_step": loop.mean_reward, "episodes": loop.episodes,
@@ -193,20 +195,20 @@ def _train_lobsim(
                 saved = save(elapsed)
             for warning in warned.new(result.warnings):
                 progress.log(f"warning (shown once): {warning}")
-            rate = (step - first) * samples_per_step / max(elapsed, 1e-9)
+            rate = (step - first) * samples_per_step / max(ran_s, 1e-9)
             status = (f"{rate:.0f} env steps/s | reward/step {loop.mean_reward:.3f} | loss "
                       f"{losses.get('total', float('nan')):.3f}")  # fmt: skip
             progress.step(status)
             if step % train_cfg.log_every == 0 or step == train_cfg.steps:
                 episode = (
-                    f"episode return {ended[1] / ended[0]:.2f} ({ended[0]} ended)"
-                    if ended[0]
+                    ended.text()
+                    if ended.count
                     else f"no episode ended since the last line (one is {lob.horizon} env "
                     f"steps, {episode_steps:g} Steps)"
                 )
                 detail = " ".join(f"{k} {v:.3f}" for k, v in losses.items() if k != "total")
                 progress.log(f"step {step}/{train_cfg.steps} | {status} | {episode} | {detail}")
-                ended[:] = [0, 0.0]
+                ended.take()
         if stopping:
             name = checkpoint_now(time.perf_counter() - started).name
             print(f"trident train: stopped by {stopping[0]} at step {trainer.global_step}/"
@@ -215,7 +217,7 @@ def _train_lobsim(
             return 130
     elapsed = time.perf_counter() - started
     print(
-        f"trained {trainer.global_step - first} steps in {elapsed:.1f} s; log {folder.log_csv}; "
+        f"trained {trainer.global_step - first} steps in {ran_s:.1f} s; log {folder.log_csv}; "
         "evaluating on held-out markets",
         flush=True,
     )
@@ -303,8 +305,9 @@ def compare_with_baselines(trainer: Trainer, config: Config, out_dir: Path) -> e
     )
     act = lambda obs, mask: trainer.act(obs, ActMode.GREEDY_PI).actions  # noqa: E731
     report = evaluate.compare(
-        lambda env: act, config.lobsim, seed, train_seed, out_dir=out_dir, title="trident train"
-    )
+        lambda env: act, config.lobsim, seed, train_seed, out_dir=out_dir, title="trident train",
+        progress=sys.stdout,
+    )  # fmt: skip
     print(report.text())
     names = (evaluate.JSON_NAME, evaluate.TEXT_NAME, evaluate.PNG_NAME)
     print(f"evaluation -> {', '.join(str(out_dir / name) for name in names)}", flush=True)
@@ -366,8 +369,12 @@ def plot_learning_curve(
               for name, (color, dash, _) in zip(
                   [n for n in levels if n != evaluate.TRAINED],
                   itertools.cycle(evaluate.STYLES), strict=False)}  # fmt: skip
-    styles[evaluate.TRAINED] = {"color": "black", "linestyle": (0, (1, 1)), "linewidth": 1.6,
-                                "zorder": 5}  # over a baseline at the same level
+    styles[evaluate.TRAINED] = {
+        "color": "black",
+        "linestyle": (0, (1, 1)),
+        "linewidth": 1.6,
+        "zorder": 5,
+    }  # over a baseline at the same level
     for name, level in sorted(levels.items(), key=lambda item: item[0] == evaluate.TRAINED):
         where = "held out" if low <= level <= high else "held out; off the scale"
         top.axhline(level, label=f"{name}: {level:.2f} ({where})", **styles[name])

@@ -332,7 +332,16 @@ def test_eval_cli_prints_the_tables_and_writes_json_and_png(tmp_path: Path) -> N
     lines = done.stdout.splitlines()
     assert lines[0].startswith(f"trident eval: checkpoint ckpt/{saved.name}, 8 held-out markets")
     assert "seed 1000003" in lines[0]
-    assert lines[1].startswith("Avellaneda-Stoikov: gamma ") and "training seed 0" in lines[1]
+    # a line as each part of the evaluation ends (no bar: stdout is a pipe), 40 + 6 x 8 episodes
+    progress = [line.rsplit(" (", 1)[0] for line in lines[1:8]]
+    assert progress == ["evaluation 1/7: Avellaneda-Stoikov tuned on 40 training markets"] + [
+        f"evaluation {k}/7: {name} played 8 markets" for k, name in enumerate(POLICIES, 2)
+    ]
+    assert [line.rsplit(" (", 1)[1].split(",")[0] for line in lines[1:8]] == [
+        f"{40 + 8 * k}/88 episodes" for k in range(7)
+    ]
+    assert "\r" not in done.stdout
+    assert lines[8].startswith("Avellaneda-Stoikov: gamma ") and "training seed 0" in lines[8]
     rows = metric_rows(lines)
     assert set(rows) == set(POLICIES)
     assert all(row.count("±") + row.count("n/a") == len(evaluate.METRICS) for row in rows.values())
