@@ -18,7 +18,6 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, start_http_server
 
 from service import logs
@@ -38,6 +37,7 @@ from service.server.auth import BearerTokenInterceptor, TokenTable
 from service.server.engine import Engine
 from service.server.metrics import Metrics
 from service.server.ranks import RankedTrainer, Ranks, serve_host_rank, start_ranks
+from service.server.reflection import enable_reflection
 from service.server.servicer import TrainerServicer, method_handlers
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TrainerService"].full_name
@@ -212,9 +212,7 @@ def start(
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    enable_reflection((SERVICE_NAME, health.SERVICE_NAME), server)
     port = _bind(server, server_cfg.host, server_cfg.port, credentials)
     if server_cfg.unix_socket:
         _bind_unix(server, server_cfg.unix_socket, credentials)
