@@ -27,8 +27,8 @@ from service.types import StepResult
 ACTOR_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}")
 ACTOR_ID_RULE = "1-128 characters from [A-Za-z0-9._:@/-], starting with a letter or digit"
 MAX_SEQUENCE = 2**63 - 1
-# In a refusal of a rollout for its policy version: newer than the server's state (which went
-# back to an older checkpoint), not older than train.max_policy_lag allows.
+# In a refusal of a rollout for its policy version: newer than the server's state (a Restore
+# took it back, or the rollout is another server's), not older than train.max_policy_lag allows.
 AHEAD = "ahead of the server's state"
 
 

@@ -131,6 +131,9 @@ class Engine:
         self._keys_lock = threading.RLock()  # the ledger and _queued; taken inside _lock
         self._queued: dict[StepKey, _Queued] = {}
         self._checkpoint_step = 0  # global step of the newest checkpoint saved or restored
+        # The furthest step a Restore took this state back from (0: none did): a rollout ahead
+        # of the state is said to come from before a rollback only when one is known.
+        self._went_back_from = 0
         # checkpoint.every_s: the clock at the newest checkpoint saved or restored, or the start
         self._checkpoint_every_s = trainer.config.checkpoint.every_s
         self._checkpoint_at = clock()
@@ -329,14 +332,21 @@ class Engine:
         )
 
     def _check_lag(self, version: int | None) -> None:
-        """FAILED_PRECONDITION for a rollout too many versions old (or from a version this
-        trainer has not reached, e.g. after a Restore to an earlier checkpoint)."""
+        """FAILED_PRECONDITION for a rollout too many versions old, or from a version this
+        state has not reached: acted on before a Restore took the state back, or by a policy
+        this server never held (another server's, or a state lost in a restart)."""
         if version is None:
             return
         current, limit = self.trainer.global_step, self.trainer.config.train.max_policy_lag
         if not current - limit <= version <= current:
-            why = (f"{AHEAD} (at step {current}: it went back to an earlier checkpoint)"
-                   if version > current else "older than the lag allows")  # fmt: skip
+            if version <= current:
+                why = "older than the lag allows"
+            elif version <= self._went_back_from:
+                why = (f"{AHEAD} (at step {current}): a Restore took it back from step "
+                       f"{self._went_back_from} to an earlier checkpoint")  # fmt: skip
+            else:
+                why = (f"{AHEAD} (at step {current}): newer than any step this state reached, "
+                       "so from another server or from a state it went back from")  # fmt: skip
             raise StalePolicy(
                 f"policy_version: expected a version in [{max(current - limit, 0)}, {current}] "
                 f"(train.max_policy_lag = {limit}), got {version}: {why}"
@@ -408,9 +418,12 @@ class Engine:
     def restore(self, name: str) -> tuple[CheckpointInfo, str]:
         self.require_training("Restore")
         with self._lock:
+            before = self.trainer.global_step
             with self._act_lock, self._keys_lock:
                 info = restore_checkpoint(self.trainer, self.root, name, ledger=self.ledger)
                 self._policy.publish()
+            if info.global_step < before:
+                self._went_back_from = max(self._went_back_from, before)
             self._checkpoint_step, self._checkpoint_at = info.global_step, self.clock()
             self._state_epoch = secrets.randbits(62)
             digest = self.trainer.param_digest()
