@@ -88,13 +88,25 @@ class TrainerServiceServicer:
 
     def Step(self, request, context):
         """Step applies one rollout: GAE, PPO epochs x minibatches, C51 on replay, AdamW.
+        INVALID_ARGUMENT: a tensor of the wrong shape or dtype, a non-finite value, an action out
+        of range, a malformed idempotency_key.
+        RESOURCE_EXHAUSTED: the Step queue is full (server.step_queue_size); send it again later.
+        FAILED_PRECONDITION: policy_version more than train.max_policy_lag behind the server's
+        global step ("older than the lag allows"), or ahead of it ("ahead of the server's state":
+        a Restore took the state back, or the version is another server's); an
+        idempotency_key older than the server remembers (server.step_key_window); an
+        inference-only server.
+        ALREADY_EXISTS: the idempotency_key names a Step of other content (see StepKey).
+        UNAVAILABLE: also a Step still queued when a drain's grace (server.shutdown_grace_s) ran
+        out; a keyed Step may be sent again to the restarted server.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def StreamStep(self, request_iterator, context):
-        """StreamStep applies each rollout of the stream in order, answering each in turn.
+        """StreamStep applies each rollout of the stream in order, answering each in turn; the first
+        refusal ends the stream with Step's status for it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -102,6 +114,8 @@ class TrainerServiceServicer:
 
     def Act(self, request, context):
         """Act returns actions for a batch of observations; concurrent calls are batched together.
+        INVALID_ARGUMENT: obs not [N, model.obs_dim] float32 with N >= 1, or non-finite; an
+        unknown mode; epsilon outside [0, 1].
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -116,6 +130,40 @@ class TrainerServiceServicer:
         own Step (train.num_envs environment columns at least): the keys of one Step are applied
         together or not at all, and each rollout's outcome, on a later response, names the Step
         (global_step) that applied it. Requests are answered in order.
+
+        The stream's first request carries `start` and is group 0's; no later one carries it.
+        Each group's first request sends observations alone; each later one also the outcome
+        (rewards, terminated, truncated, ...) of the actions the group was last sent. A group
+        runs at most one rollout ahead of the slowest group. A full Step queue is waited out,
+        never refused. When the actor half-closes, the server waits for the Steps of the
+        rollouts completed so far and sends a closing response (group -1) with their outcomes;
+        the unfinished rollout is not trained on.
+
+        A refused rollout is not the stream's error: its outcome carries the code Step would
+        answer (FAILED_PRECONDITION for its policy version, ALREADY_EXISTS for a reused key,
+        UNAVAILABLE when a drain ran out of grace). The stream itself ends with
+        INVALID_ARGUMENT (no or a second `start`, a first request not group 0's, a group out of
+        range, a tensor that does not fit), FAILED_PRECONDITION (an inference-only server) or
+        UNAVAILABLE (draining), besides the codes every method may answer.
+
+        After a broken stream, the actor sends each completed rollout whose outcome it did not see
+        again as a unary Step with its key (actor_id, first_sequence + k): the server answers a
+        key it applied with the original reply (replayed), joins one still queued, applies one it
+        never received. That Step is the same Step only if it is the rollout the server built, to
+        the value (Step's content digest compares values, not the dtypes that carried them):
+        obs          [T+1, N, D]: row t is each group's t-th observation of the rollout, row T the
+        observation that closed it (which is also row 0 of the next rollout);
+        columns are the groups' environments in start.group_envs order.
+        actions, behavior_log_probs  [T, N]: the responses' actions and log_probs, as sent.
+        rewards, terminated, truncated  [T, N]: row t is the outcome the group sent with its
+        (t+1)-th observation.
+        final_obs, final_obs_index  each request's final observations in the order the requests
+        arrived (all groups interleaved), within a request in the order sent; the
+        index is t * N + (the group's first column) + (the index within the group).
+        bce_labels, aux_targets  like rewards, where the stream sends them.
+        policy_version  the oldest policy_version of the responses whose actions are in it.
+        The actor then opens a new stream from its environments' current observations, with a
+        first_sequence above every sequence it has used; the unfinished rollout is lost.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -123,13 +171,18 @@ class TrainerServiceServicer:
 
     def Checkpoint(self, request, context):
         """Checkpoint commits the whole trainer state under a name.
+        INVALID_ARGUMENT: a name that is not a name (a path, blank) or that a checkpoint already
+        has (checkpoints are immutable). FAILED_PRECONDITION: an inference-only server.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Restore(self, request, context):
-        """Restore replaces the trainer state with a committed checkpoint.
+        """Restore replaces the trainer state with a committed checkpoint; the state epoch changes.
+        INVALID_ARGUMENT: a name that is not a name. NOT_FOUND: no committed checkpoint has it.
+        DATA_LOSS: its files do not match its manifest. FAILED_PRECONDITION: it was written for
+        another model shape or format, or the server is inference-only.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -151,6 +204,8 @@ class TrainerServiceServicer:
 
     def UpdateHyperparams(self, request, context):
         """UpdateHyperparams changes settings that may change between Steps (learning rate, gamma, ...).
+        INVALID_ARGUMENT: a key that is not a hot setting, or a value it does not allow.
+        FAILED_PRECONDITION: an inference-only server.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
