@@ -56,3 +56,27 @@ def test_service_has_every_method_of_the_contract() -> None:
     }
     stream = service.methods_by_name["StreamStep"]
     assert stream.client_streaming and stream.server_streaming
+
+
+# The contract as released: no release tag yet, so the main commit this check was added on
+# (2026-12, after CheckpointInfo's field 5 was reserved). Move it to the first release tag.
+BASELINE = "d927e5ce37b22e9f5077251df19d4829a625dcab"
+
+
+def test_proto_is_backward_compatible_with_the_baseline(tmp_path: Path) -> None:
+    buf = _buf()
+    if buf is None:
+        if os.environ.get("CI"):
+            pytest.fail("buf is missing in CI: .ci/run installs it from npm (@bufbuild/buf)")
+        pytest.skip("buf not installed (npm install --prefix .ci/node @bufbuild/buf)")
+    # git archive rather than buf's `.git#ref=` input: it reads worktrees and partial clones.
+    archive = subprocess.run(["git", "archive", BASELINE, "protos"], cwd=ROOT, capture_output=True)
+    if archive.returncode != 0:
+        message = f"baseline {BASELINE} is not in this clone (fetch it, or clone deeper)"
+        if os.environ.get("CI"):
+            pytest.fail(message + ": " + archive.stderr.decode())
+        pytest.skip(message)
+    subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=archive.stdout, check=True)
+    done = subprocess.run([buf, "breaking", "--against", str(tmp_path / "protos")],
+                          cwd=ROOT / "protos", capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
