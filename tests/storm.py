@@ -15,6 +15,7 @@ closing anything.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -64,7 +65,8 @@ async def client(target: str, i: int, held: list[grpc.aio.Channel]) -> None:
         except (TimeoutError, grpc.RpcError, asyncio.InvalidStateError):
             pass  # refused (server.max_streams) or ended: what the server said is its metrics'
     else:
-        await asyncio.wait_for(call.wait_for_connection(), 10)
+        with contextlib.suppress(TimeoutError, grpc.RpcError):  # refused: as above
+            await asyncio.wait_for(call.wait_for_connection(), 10)
     if kind == "vanish":
         await channel.close(grace=None)
     else:
