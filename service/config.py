@@ -260,7 +260,34 @@ class ServerConfig(_Section):
     tls_cert: str = ""  # server certificate PEM path; empty disables TLS
     tls_key: str = ""  # server private key PEM path
     tls_client_ca: str = ""  # CA PEM path for client certs (mTLS); empty disables mTLS
-    max_concurrent_rpcs: int = _f(64, ge=2)  # RPCs in flight before new ones get RESOURCE_EXHAUSTED
+    # Admission (service/server/admission.py): each kind of call has its own bound, so data
+    # traffic never crowds out health checks or an operator's calls; a call past its bound is
+    # answered RESOURCE_EXHAUSTED naming the setting. The handler pool has a thread for each
+    # bound's calls plus 4 for health checks (unbounded: they return at once).
+
+    # Step and Act calls in flight
+    max_concurrent_rpcs: int = _f(64, ge=2)
+    # Interact and StreamStep streams open (each holds a handler thread for its life)
+    max_streams: int = _f(64, ge=1)
+    # control calls in flight: GetStatus, Checkpoint, ListCheckpoints, Restore,
+    # UpdateHyperparams, health Watch streams and reflection streams
+    max_control_rpcs: int = _f(16, ge=1)
+    # a stream waiting this long on its client (for its next request, or for it to read a
+    # reply) is ended (s): an actor sends every env step, so 30 s of silence is a client gone
+    # quiet or never reading, whose thread and seat at the Step queue go back
+    stream_idle_s: float = _f(30.0, gt=0)
+    # HTTP/2 keepalive: the server pings each connection this often (s), and closes it when a
+    # ping is unanswered for keepalive_timeout_s, ending its calls: a peer that vanished
+    # without closing (a half-open TCP connection) is dropped within their sum (30 s)
+    keepalive_s: float = _f(20.0, gt=0)
+    keepalive_timeout_s: float = _f(10.0, gt=0)
+    # a connection with no call for this long is closed (GOAWAY; a client reconnects on its
+    # next call transparently) (s)
+    connection_idle_s: float = _f(300.0, gt=0)
+    # the largest rollout an Interact stream may declare (MiB: envs x rollout_len x the
+    # rollout's per-step bytes), checked before anything is allocated; the default is
+    # max_message_mb's, the size of the unary Step an actor re-sends it as when a stream breaks
+    max_rollout_mb: int = _f(64, ge=1)
     shutdown_grace_s: float = _f(30.0, ge=0)  # SIGTERM: seconds in-flight RPCs get to finish
     log_level: str = _f("INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))  # log threshold
 

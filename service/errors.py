@@ -37,6 +37,11 @@ class QueueFull(TridentError):
     """The Step queue is full; the caller should back off and retry."""
 
 
+class OverLimit(TridentError):
+    """A request asks for more than a configured server limit allows (the message names the
+    setting); nothing was allocated or changed."""
+
+
 class StalePolicy(TridentError):
     """A rollout was collected too many policy versions ago to train on."""
 

@@ -98,6 +98,14 @@ class _Buffer:
         )
 
 
+def rollout_bytes(T: int, N: int, D: int, K: int) -> int:
+    """The bytes of one rollout buffer [T, N] of D features, labelled (BCE and K aux targets):
+    what a stream declaring it allocates per rollout (`_Buffer`), in Python ints (no overflow).
+    obs [T + 1, N, D] f32; actions, log-probs, rewards [T, N] 4 bytes each; terminated,
+    truncated, BCE labels [T, N] 1 byte each; aux targets [T, N, K] f32."""
+    return 4 * (T + 1) * N * D + T * N * (3 * 4 + 3 * 1 + 4 * K)
+
+
 class Unroller:
     """One Interact stream's rollouts [T, N] from its groups' requests.
 

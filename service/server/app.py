@@ -33,6 +33,7 @@ from service.config import (
     ServerConfig,
     with_checkpoint_dir,
 )
+from service.server.admission import AdmissionInterceptor, handler_threads
 from service.server.auth import BearerTokenInterceptor, TokenTable
 from service.server.engine import Engine
 from service.server.metrics import Metrics
@@ -41,7 +42,6 @@ from service.server.reflection import enable_reflection
 from service.server.servicer import TrainerServicer, method_handlers
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TrainerService"].full_name
-SPARE_HANDLER_THREADS = 4  # the handler pool's threads beyond server.max_concurrent_rpcs
 SIGNAL_POLL_S = 0.5  # how often the main thread looks for a SIGTERM / SIGINT to drain on
 
 
@@ -154,6 +154,21 @@ def _bind_unix(
                           "writable folder")  # fmt: skip
 
 
+def connection_options(server: ServerConfig) -> list[tuple[str, int]]:
+    """gRPC core's connection limits: keepalive pings end a connection whose peer vanished
+    within server.keepalive_s + server.keepalive_timeout_s, and one with no call for
+    server.connection_idle_s is closed."""
+    return [
+        ("grpc.keepalive_time_ms", round(server.keepalive_s * 1000)),
+        ("grpc.keepalive_timeout_ms", round(server.keepalive_timeout_s * 1000)),
+        # pings go on while a stream sends nothing (core's default stops after 2): a silent
+        # stream's dead peer is what they are for
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.max_connection_idle_ms", round(server.connection_idle_s * 1000)),
+    ]
+
+
 @dataclass
 class Running:
     """A started server: its ports and the pieces shutdown needs."""
@@ -190,17 +205,19 @@ def start(
     interceptors = []
     if tokens is not None:
         interceptors.append(BearerTokenInterceptor(tokens, metrics.rpc_error))
+    # Admission is Trident's (service/server/admission.py), per kind of call: gRPC's own
+    # maximum_concurrent_rpcs would count health checks and idle streams alike.
+    interceptors.append(AdmissionInterceptor(server_cfg, metrics.refused, metrics.ended_idle))
     limit = server_cfg.max_message_mb * 1024 * 1024
-    handlers = server_cfg.max_concurrent_rpcs + SPARE_HANDLER_THREADS
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=handlers),
+        futures.ThreadPoolExecutor(max_workers=handler_threads(server_cfg)),
         interceptors=interceptors,
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
             ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared listener
+            *connection_options(server_cfg),
         ],
-        maximum_concurrent_rpcs=server_cfg.max_concurrent_rpcs,
     )
     servicer = TrainerServicer(metrics)
     handlers = method_handlers(servicer)

@@ -61,6 +61,15 @@ class Metrics:
         self.interact_streams = Gauge(
             "interact_streams", "Interact streams open (actors acting through the server).", **ns
         )
+        self.rpcs_limited = Counter(
+            "rpcs_limited",
+            "Calls refused RESOURCE_EXHAUSTED by an admission bound, and streams ended for "
+            "waiting on their client too long, by method and limit (the setting: "
+            "server.max_streams, server.max_concurrent_rpcs, server.max_control_rpcs, "
+            "server.stream_idle_s).",
+            ["method", "limit"],
+            **ns,
+        )
         self.grad_norm = Gauge("grad_norm", "Global gradient norm before clipping.", **ns)
         self.skipped_updates = Counter(
             "skipped_updates", "Updates left unapplied by the non-finite guard.", **ns
@@ -174,6 +183,15 @@ class Metrics:
             self.checkpoint_duration.observe(info.save_ms / 1000)
         self.checkpoint_bytes.set(info.size_bytes)
         self.checkpoint_timestamp.set(time.time())
+
+    def refused(self, method: str, limit: str) -> None:
+        """A call refused RESOURCE_EXHAUSTED by the admission bound `limit`."""
+        self.rpcs_limited.labels(method=method, limit=limit).inc()
+        self.rpc_error(method, grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+    def ended_idle(self, method: str, limit: str) -> None:
+        """A stream ended by `limit` (server.stream_idle_s)."""
+        self.rpcs_limited.labels(method=method, limit=limit).inc()
 
     def rpc_error(self, method: str, code: grpc.StatusCode) -> None:
         self.rpc_errors.labels(method=method, code=code.name).inc()

@@ -242,7 +242,7 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         engine = self.engine
         engine.require_training("Interact")
         config = engine.trainer.config
-        actor, first_sequence, T, groups, synchronous = interact_start(request)
+        actor, first_sequence, T, groups, synchronous = interact_start(request, config)
         unroller = Unroller(T, groups, config.model.obs_dim, recycling=True,
                             empty=engine.trainer.backend.host_empty)  # fmt: skip
         steps = InteractSteps(engine, actor, first_sequence, unroller.N, context.is_active,

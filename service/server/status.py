@@ -18,6 +18,7 @@ STATUS_OF: dict[type[Exception], grpc.StatusCode] = {
     errors.KeyReused: grpc.StatusCode.ALREADY_EXISTS,
     errors.InferenceOnly: grpc.StatusCode.FAILED_PRECONDITION,
     errors.QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.OverLimit: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
     errors.Abandoned: grpc.StatusCode.CANCELLED,
 }

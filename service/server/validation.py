@@ -7,11 +7,11 @@ import numpy as np
 from service.api.tensors import decode
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.config import Config
-from service.errors import InvalidInput
+from service.errors import InvalidInput, OverLimit
 from service.step_ledger import StepKey
 from service.trainer.rollout import validate_rollout
 from service.types import ActMode, Rollout
-from service.unroll import GroupStep
+from service.unroll import GroupStep, rollout_bytes
 
 FLOAT = (pb.D_TYPE_FLOAT32,)
 INDEX = (pb.D_TYPE_INT32, pb.D_TYPE_INT64)
@@ -103,9 +103,12 @@ def key_from_request(request: pb.StepRequest) -> StepKey | None:
 MAX_ROLLOUT_LEN = 4096  # InteractStart.rollout_len
 
 
-def interact_start(request: pb.InteractRequest) -> tuple[str, int, int, list[int], bool]:
+def interact_start(
+    request: pb.InteractRequest, config: Config
+) -> tuple[str, int, int, list[int], bool]:
     """The (actor_id, first_sequence, rollout_len, group_envs, synchronous) of a stream's
-    first request."""
+    first request; a rollout larger than `server.max_rollout_mb` is refused before the
+    stream allocates anything."""
     if not request.HasField("start"):
         raise InvalidInput("start", "an InteractStart on the stream's first request", "nothing")
     start = request.start
@@ -116,6 +119,14 @@ def interact_start(request: pb.InteractRequest) -> tuple[str, int, int, list[int
     groups = list(start.group_envs)
     if not groups or any(n < 1 for n in groups):
         raise InvalidInput("start.group_envs", "one or more positive group sizes", groups)
+    N, limit_mb = sum(groups), config.server.max_rollout_mb
+    size = rollout_bytes(start.rollout_len, N, config.model.obs_dim, config.model.aux_dim)
+    if size > limit_mb * 2**20:
+        raise OverLimit(
+            f"start: a rollout of {N} environments x {start.rollout_len} steps is "
+            f"{size / 2**20:,.1f} MiB; server.max_rollout_mb = {limit_mb} MiB is the largest a "
+            "stream may declare (fewer environments per stream, or a shorter rollout_len)"
+        )
     return key.actor, key.sequence, start.rollout_len, groups, start.synchronous
 
 

@@ -16,7 +16,7 @@ from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.client.client import TridentClient, step_request
-from service.server.app import SPARE_HANDLER_THREADS
+from service.server.admission import handler_threads
 from service.trainer.trainer import Trainer
 
 Code = grpc.StatusCode
@@ -131,12 +131,13 @@ def abandon_calls(server: ServerProcess, count: int, rng: np.random.Generator) -
 def test_a_thousand_abandoned_calls_leak_no_threads_or_memory(
     tmp_path: Path, rng: np.random.Generator
 ) -> None:
-    # The handler pool grows one thread per call that finds none idle, up to its bound of
-    # max_concurrent_rpcs + SPARE_HANDLER_THREADS; its last few threads come only from rare
-    # races, so the pool may still grow after any warm-up. A leak is growth past that bound.
-    max_rpcs = 16
-    settings = ("replay.capacity=256", f"server.max_concurrent_rpcs={max_rpcs}")
-    pool_bound = max_rpcs + SPARE_HANDLER_THREADS
+    # The handler pool grows one thread per call that finds none idle, up to handler_threads
+    # (a thread per call each admission bound lets in, and health's); its last few threads come
+    # only from rare races, so the pool may still grow after any warm-up. A leak is growth past
+    # that bound.
+    settings = ("replay.capacity=256", "server.max_concurrent_rpcs=16", "server.max_streams=4",
+                "server.max_control_rpcs=4")  # fmt: skip
+    pool_bound = handler_threads(small_config(*settings).server)
     with running_server(tmp_path, *settings) as server, TridentClient(server.target) as client:
         settle(client)
         python_fresh, _, _ = proc_status(server)  # the pool's first thread ran settle's calls
