@@ -226,19 +226,27 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         context.abort(code, message)
 
     def _client_gone(self, method: str, context: grpc.ServicerContext, request_id: str) -> None:
-        """A stream whose client went away (cancelled, its deadline passed, its connection
-        closed): gRPC's request iterator raises a bare RpcError then. Nothing is left to answer;
-        it is counted as CANCELLED and logged as what it is, not as an internal error."""
+        """A stream that ended under the server (its client cancelled it or closed the
+        connection, its deadline passed, a drain's grace ran out): gRPC's request iterator
+        raises a bare RpcError then. Nothing is left to answer; it is counted as CANCELLED and
+        logged as what it is, not as an internal error."""
         logs.event(
             logging.INFO,
             "cancelled",
             method=method,
             code=grpc.StatusCode.CANCELLED.name,
             request_id=request_id,
-            reason="the client cancelled the call or closed its connection",
+            reason="the call ended before its answer: cancelled, past its deadline or its "
+            "connection closed",
             active=context.is_active(),
         )
         self.metrics.rpc_error(method, grpc.StatusCode.CANCELLED)
+
+    def _closed(self, method: str, context: grpc.ServicerContext, request_id: str) -> None:
+        """A stream's responses closed before their end: gRPC stops reading a call's response
+        iterator once the call has ended, e.g. cancelled while a response was on its way."""
+        if not context.is_active():
+            self._client_gone(method, context, request_id)
 
     @staticmethod
     def _rpc(method: str) -> Callable[[Handler], Handler]:
@@ -274,6 +282,9 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
                 key = key_from_request(request.step)
                 result = self.engine.submit_step(rollout, context.is_active, key).result()
                 yield pb.StreamStepResponse(step=step_response(result))
+        except GeneratorExit:
+            self._closed("StreamStep", context, request_id)
+            raise
         except Exception as error:
             self._fail("StreamStep", error, context, request_id)
 
@@ -285,6 +296,9 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         self.metrics.interact_streams.inc()
         try:
             yield from self._interact(request_iterator, context)
+        except GeneratorExit:
+            self._closed("Interact", context, request_id)
+            raise
         except Exception as error:
             self._fail("Interact", error, context, request_id)
         finally:
