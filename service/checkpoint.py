@@ -23,6 +23,7 @@ line whose saves are newer than those of the line it left.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -45,9 +46,11 @@ from safetensors.numpy import save as save_tensors
 from service.config import Config, ConfigError
 from service.errors import (
     CheckpointCorrupt,
+    CheckpointDiskFull,
     CheckpointIncompatible,
     CheckpointNotFound,
     InvalidInput,
+    NoValidCheckpoint,
 )
 from service.step_ledger import StepLedger
 from service.trainer.trainer import HOT_KEYS, Trainer
@@ -71,6 +74,9 @@ COMPATIBLE_KEYS = (
     "c51.num_atoms", "c51.v_min", "c51.v_max", "c51.n_step", "replay.capacity",
     "ppo.value_norm",  # whether the value head's outputs are in normalised units
 )  # fmt: skip
+
+# The errors of a volume with no room left: no space, no quota.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 PathLike = str | os.PathLike[str]
 
@@ -310,13 +316,13 @@ def save_checkpoint(
         raise InvalidInput(
             "name", "a name no checkpoint has (checkpoints are immutable)", repr(name)
         )
-    root.mkdir(parents=True, exist_ok=True)
+    if ledger is None:
+        ledger = StepLedger(trainer.config.server.step_key_window)
+    state = _state_files(trainer, ledger, job)  # in memory: what the save will write
     temp = root / f"{TEMP_PREFIX}{name}-{os.getpid()}-{secrets.token_hex(4)}"
-    temp.mkdir()
     try:
-        if ledger is None:
-            ledger = StepLedger(trainer.config.server.step_key_window)
-        state = _state_files(trainer, ledger, job)
+        root.mkdir(parents=True, exist_ok=True)
+        temp.mkdir()
         files = {fn: _write_file(temp / fn, data) for fn, data in state.items()}
         manifest = {
             "format_version": FORMAT_VERSION,
@@ -332,11 +338,29 @@ def save_checkpoint(
             manifest["created_unix"] = time.time()
             _write_file(temp / MANIFEST, _seal(manifest))
             _commit(temp, target)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(temp, ignore_errors=True)
+        if isinstance(error, OSError) and error.errno in DISK_FULL:
+            needed = sum(len(data) for data in state.values())
+            raise _disk_full(root, name, needed, error) from error
         raise
     prune(root, keep, protect=name)
     return _info(target, manifest)
+
+
+def _disk_full(root: Path, name: str, needed: int, error: OSError) -> CheckpointDiskFull:
+    """CheckpointDiskFull naming the directory, the bytes the checkpoint needed and those free
+    there (measured after the partial save was removed)."""
+    try:
+        free: int | None = shutil.disk_usage(root).free
+    except OSError:
+        free = None
+    room = "" if free is None else f", {free} bytes free there"
+    return CheckpointDiskFull(
+        f"checkpoint {name!r}: no room in the checkpoint directory {os.fspath(root)} "
+        f"({error.strerror or error}): it needs {needed} bytes (and a manifest){room}; nothing "
+        "was committed (free space on that volume, or lower checkpoint.keep_last)"
+    )
 
 
 @contextlib.contextmanager
@@ -352,31 +376,71 @@ def _commit_lock(root: Path) -> Iterator[None]:
 
 
 # ------------------------------------------------------------------------------ listing
-def list_checkpoints(root: PathLike) -> list[CheckpointInfo]:
-    """Committed checkpoints under `root`, newest first: the one committed last first (by
-    commit sequence; checkpoints that record none come after, by creation time).
+@dataclass(frozen=True)
+class Invalid:
+    """A directory under a checkpoint root that looks like a checkpoint (a checkpoint's name)
+    but does not validate, and why."""
 
-    Temporary directories and anything without a valid manifest are ignored.
-    """
+    name: str
+    reason: str
+
+
+def survey_checkpoints(root: PathLike) -> tuple[list[CheckpointInfo], list[Invalid]]:
+    """The committed checkpoints under `root`, newest first (as `list_checkpoints`), and the
+    directories with a checkpoint's name that are not (no manifest, a manifest that does not
+    validate or that this build does not read), by name. Temporaries are neither."""
     root = Path(root)
     if not root.is_dir():
-        return []
-    found = []
+        return [], []
+    found, invalid = [], []
     for entry in os.scandir(root):
         if not entry.is_dir(follow_symlinks=False) or not _is_name(entry.name):
             continue
         directory = root / entry.name
         try:
             found.append(_info(directory, read_manifest(directory)))
-        except (CheckpointNotFound, CheckpointCorrupt, CheckpointIncompatible, OSError):
-            continue
-    return sorted(found, key=lambda c: (c.commit_sequence, c.created_unix, c.name), reverse=True)
+        except CheckpointNotFound:
+            invalid.append(Invalid(entry.name, f"{directory / MANIFEST}: missing"))
+        except (CheckpointCorrupt, CheckpointIncompatible) as error:
+            invalid.append(Invalid(entry.name, str(error)))
+        except OSError as error:
+            invalid.append(Invalid(entry.name, f"{directory}: unreadable ({error})"))
+    found.sort(key=lambda c: (c.commit_sequence, c.created_unix, c.name), reverse=True)
+    return found, sorted(invalid, key=lambda i: i.name)
+
+
+def list_checkpoints(root: PathLike) -> list[CheckpointInfo]:
+    """Committed checkpoints under `root`, newest first: the one committed last first (by
+    commit sequence; checkpoints that record none come after, by creation time).
+
+    Temporary directories and anything without a valid manifest are ignored.
+    """
+    return survey_checkpoints(root)[0]
 
 
 def latest_checkpoint(root: PathLike) -> CheckpointInfo | None:
     """The newest committed checkpoint, or None."""
     checkpoints = list_checkpoints(root)
     return checkpoints[0] if checkpoints else None
+
+
+def resumable(
+    root: PathLike, fresh_if_invalid: bool = False
+) -> tuple[CheckpointInfo | None, list[Invalid]]:
+    """What a resume restores: the newest checkpoint whose manifest validates (None when
+    `root` holds no checkpoint at all), and the checkpoints it passed over as invalid, for the
+    caller to warn about. When checkpoints exist but none validates, NoValidCheckpoint naming
+    each and why: a fresh start there would abandon their line (and its drain would commit a
+    new one over it); `fresh_if_invalid` starts fresh anyway (None, with the invalid ones)."""
+    found, invalid = survey_checkpoints(root)
+    if found or not invalid or fresh_if_invalid:
+        return (found[0] if found else None), invalid
+    raise NoValidCheckpoint(
+        f"resume: no valid checkpoint in {os.fspath(root)}, and {len(invalid)} that do not "
+        "validate: " + "; ".join(f"{i.name}: {i.reason}" for i in invalid)
+        + ". Expected one to restore; repair or move them aside, restore one by name, or set "
+        "checkpoint.fresh_if_invalid = true to start fresh beside them"
+    )
 
 
 def _remove(root: Path, name: str) -> None:

@@ -214,8 +214,12 @@ class CheckpointConfig(_Section):
     every_s: float = _f(300.0, ge=0)
     # a training server restores the newest committed checkpoint of its dir at start, if there
     # is one (`trident serve --resume`; the container image sets it): a restarted server
-    # carries on. An explicit --restore NAME wins
+    # carries on. An explicit --restore NAME wins. Checkpoints that do not validate are passed
+    # over with a warning naming each; where none validates the server stops (exit 2)
     resume: bool = False
+    # with resume, where checkpoints exist but none validates: start fresh beside them (a
+    # warning names each) instead of stopping; their line is then left behind
+    fresh_if_invalid: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,16 @@ class CheckpointIncompatible(TridentError):
     """A checkpoint was written for a different model shape or format version."""
 
 
+class CheckpointDiskFull(TridentError):
+    """A checkpoint could not be written: its volume has no space (ENOSPC) or quota (EDQUOT)
+    left. Nothing was committed."""
+
+
+class NoValidCheckpoint(TridentError):
+    """A resume found checkpoints, none of which validates: starting fresh would abandon the
+    line they hold."""
+
+
 class QueueFull(TridentError):
     """The Step queue is full; the caller should back off and retry."""
 

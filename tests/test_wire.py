@@ -16,7 +16,8 @@ from google.protobuf.message import DecodeError, Message
 from service.api import wire
 from service.api.tensors import DTYPES
 from service.api.trident.v1 import trainer_pb2 as pb
-from service.server.servicer import SERVICE, method_handlers
+from service.errors import InvalidInput
+from service.server.servicer import SERVICE, Undecodable, decoded, method_handlers
 
 REQUESTS = (pb.StepRequest, pb.ActRequest, pb.InteractRequest, pb.StreamStepRequest)
 
@@ -171,3 +172,20 @@ def test_the_servicer_reads_tensor_requests_in_place_and_the_others_by_protobuf(
     assert isinstance(status, pb.GetStatusRequest)
     assert handlers["Interact"].request_streaming and handlers["Interact"].response_streaming
     assert not handlers["Act"].request_streaming and not handlers["Act"].response_streaming
+
+
+def test_the_servicer_hands_undecodable_bytes_to_the_method_not_to_grpc() -> None:
+    """Bytes that do not parse reach the method as an Undecodable, which `decoded` refuses as
+    INVALID_ARGUMENT; gRPC's own answer to a raising deserializer is INTERNAL."""
+
+    class Servicer:
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args: None
+
+    handlers = method_handlers(Servicer())  # type: ignore[arg-type]
+    for method in SERVICE.methods:
+        got = handlers[method.name].request_deserializer(b"\x0a\x05ab")  # runs past the end
+        assert isinstance(got, Undecodable), method.name
+        assert got.type_name == method.input_type.full_name
+        with pytest.raises(InvalidInput, match="do not parse"):
+            decoded(got)

@@ -11,8 +11,8 @@ the same way, and every other field is decoded as protobuf decodes it (message f
 protobuf itself). The result answers what the servicer asks of a request (attributes,
 `HasField`) as the generated class does.
 
-Malformed bytes raise `DecodeError`, as protobuf's parser does; gRPC then refuses the call as it
-refuses any request it cannot deserialize.
+Malformed bytes raise `DecodeError`, as protobuf's parser does; the server's handlers
+(service/server/servicer.py `method_handlers`) turn that into INVALID_ARGUMENT with a request id.
 """
 
 from __future__ import annotations

@@ -29,9 +29,9 @@ from service import logs
 from service.backend.blas import single_blas_thread
 from service.checkpoint import (
     CheckpointInfo,
-    latest_checkpoint,
     read_job_state,
     restore_checkpoint,
+    resumable,
     save_checkpoint,
 )
 from service.config import Config, LobsimConfig, with_overrides
@@ -97,13 +97,19 @@ def start_run(config: Config, run_dir: Path, resume: str | None) -> tuple[Traine
 
 
 def checkpoint_to_resume(checkpoints: Path, resume: str) -> str:
-    """The name --resume means: the newest checkpoint under `checkpoints` ("latest"), or the
-    one named, which must exist; InvalidInput otherwise."""
+    """The name --resume means: the newest valid checkpoint under `checkpoints` ("latest"), or
+    the one named, which must exist; InvalidInput where there is none, NoValidCheckpoint where
+    there are checkpoints and none validates."""
     if resume != "latest":
         if not (checkpoints / resume / "manifest.json").is_file():
             raise InvalidInput("--resume", f"a checkpoint of {checkpoints}", repr(resume))
         return resume
-    newest = latest_checkpoint(checkpoints)
+    # Checkpoints that do not validate are passed over with a warning (NoValidCheckpoint
+    # where none validates: the run would otherwise start again from nothing).
+    newest, invalid = resumable(checkpoints)
+    for skipped in invalid:
+        print(f"trident: warning: --resume skips checkpoint {skipped.name}: {skipped.reason}",
+              file=sys.stderr, flush=True)  # fmt: skip
     if newest is None:
         raise InvalidInput(
             "--resume", f"a checkpoint in {checkpoints} (--run-dir: the run to continue)", "none"

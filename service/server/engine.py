@@ -37,17 +37,19 @@ from service import logs, trident_version
 from service.checkpoint import (
     CheckpointInfo,
     clean_temporaries,
-    latest_checkpoint,
     list_checkpoints,
     load_policy,
     restore_checkpoint,
+    resumable,
     save_checkpoint,
 )
 from service.config import Config
 from service.errors import (
     Abandoned,
+    CheckpointDiskFull,
     ForgottenStepKey,
     InferenceOnly,
+    InvalidInput,
     KeyReused,
     StalePolicy,
     Unavailable,
@@ -358,9 +360,8 @@ class Engine:
         name = self._default_name()
         try:
             self._save(name)
-        except Exception as error:
+        except Exception as error:  # counted and logged by _save
             self._checkpoint_at = self.clock()
-            self.metrics.checkpoint_failures.inc()
             logs.event(logging.ERROR, "periodic checkpoint failed", name=name, error=str(error))
 
     # ------------------------------------------------------------------------ acting
@@ -390,8 +391,17 @@ class Engine:
     def _save(self, name: str) -> CheckpointInfo:
         """Commit a checkpoint with the ledger; the caller holds _lock. Acts go on meanwhile
         (the state takes a copy of their counter)."""
-        with self._keys_lock:
-            info = save_checkpoint(self.trainer, self.root, name, ledger=self.ledger)
+        try:
+            with self._keys_lock:
+                info = save_checkpoint(self.trainer, self.root, name, ledger=self.ledger)
+        except InvalidInput:  # the caller's name: no failure of the checkpoint volume
+            raise
+        except Exception as error:
+            reason = "disk_full" if isinstance(error, CheckpointDiskFull) else "error"
+            self.metrics.checkpoint_failures.labels(reason=reason).inc()
+            logs.event(logging.ERROR, "checkpoint failed", name=name, reason=reason,
+                       error=str(error))  # fmt: skip
+            raise
         self._checkpoint_step, self._checkpoint_at = info.global_step, self.clock()
         self.metrics.observe_checkpoint(info)
         logs.event(
@@ -485,16 +495,26 @@ class Engine:
     # ------------------------------------------------------------------------ lifecycle
     def start(self, restore: str | None, resume: bool = False) -> None:
         """Clear crashed saves' temporaries, then restore `restore` if named, or with `resume`
-        the newest committed checkpoint if there is one (a restarted server carries on)."""
+        the newest committed checkpoint if there is one (a restarted server carries on).
+        A resume passes over checkpoints that do not validate with a warning naming each, and
+        raises NoValidCheckpoint where some exist and none validates (unless
+        checkpoint.fresh_if_invalid)."""
         if self.inference_only:
             return
         removed = clean_temporaries(self.root) if self.root.exists() else 0
         if removed:
             logs.event(logging.WARNING, "removed uncommitted checkpoints", count=removed)
         if restore is None and resume:
-            newest = latest_checkpoint(self.root) if self.root.exists() else None
+            fresh_if_invalid = self.trainer.config.checkpoint.fresh_if_invalid
+            newest, invalid = resumable(self.root, fresh_if_invalid)
+            for skipped in invalid:  # a fallback to an older checkpoint, or a fresh start
+                logs.event(logging.WARNING, "resume skipped checkpoint", name=skipped.name,
+                           reason=skipped.reason,
+                           instead=None if newest is None else newest.name)  # fmt: skip
             if newest is None:
-                logs.event(logging.INFO, "resume", checkpoint=None, reason="none committed")
+                why = "none valid (checkpoint.fresh_if_invalid)" if invalid else "none committed"
+                logs.event(logging.WARNING if invalid else logging.INFO, "resume",
+                           checkpoint=None, reason=why)  # fmt: skip
             restore = None if newest is None else newest.name
         if restore is not None:
             self.restore(restore)

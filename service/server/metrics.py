@@ -13,6 +13,7 @@ from service.trainer.model import HEADS
 from service.types import StepResult
 
 LOSS_LABELS = (*HEADS, "total")  # `total`: the λ-weighted sum
+CHECKPOINT_FAILURES = ("disk_full", "error")  # trident_checkpoint_failures_total's reasons
 
 
 class Metrics:
@@ -120,7 +121,12 @@ class Metrics:
             **ns,
         )
         self.checkpoint_failures = Counter(
-            "checkpoint_failures", "Periodic checkpoints that could not be written.", **ns
+            "checkpoint_failures",
+            "Checkpoints (periodic, asked for, a drain's final) that could not be written, by "
+            "reason: disk_full (no space or quota left on the checkpoint volume), error "
+            "(anything else).",
+            ["reason"],
+            **ns,
         )
         self.rpc_errors = Counter(
             "rpc_errors", "RPCs answered with an error status.", ["method", "code"], **ns
@@ -153,6 +159,8 @@ class Metrics:
             self.loss.labels(head=head)
         for reason in REASONS:
             self.rollouts_dropped.labels(reason=reason)
+        for reason in CHECKPOINT_FAILURES:
+            self.checkpoint_failures.labels(reason=reason)
         # rpc_errors' (method, code) series appear with their first error: made up front, the
         # 9 methods x 16 codes were most of a scrape's lines, all zeros.
 

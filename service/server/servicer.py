@@ -6,6 +6,7 @@ import functools
 import logging
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -70,6 +71,43 @@ def outcome_message(outcome: Outcome) -> pb.InteractOutcome:
     )
 
 
+@dataclass(frozen=True)
+class Undecodable:
+    """A request whose bytes do not parse, in place of the message. gRPC answers a deserializer
+    that raises with its own INTERNAL "Exception deserializing request!" (no request id, no log
+    line, no count), so the deserializer hands this to the method instead, which refuses it
+    (`decoded`) as it refuses any bad input."""
+
+    type_name: str
+    reason: str
+
+
+def lenient(parse: Callable[[bytes], Any], type_name: str) -> Callable[[bytes], Any]:
+    """`parse`, answering Undecodable where it raises."""
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception as error:  # DecodeError, or whatever a parser raises on such bytes
+            return Undecodable(type_name, str(error) or type(error).__name__)
+
+    return deserialize
+
+
+RequestT = TypeVar("RequestT")
+
+
+def decoded(request: RequestT | Undecodable) -> RequestT:
+    """`request`, or InvalidInput (INVALID_ARGUMENT) when its bytes did not parse."""
+    if isinstance(request, Undecodable):
+        raise InvalidInput(
+            "request",
+            f"a serialized {request.type_name} message",
+            f"bytes that do not parse ({request.reason})",
+        )
+    return request
+
+
 SERVICE = pb.DESCRIPTOR.services_by_name["TrainerService"]
 HANDLER_KINDS = {  # (client streaming, server streaming) -> gRPC's handler constructor
     (False, False): grpc.unary_unary_rpc_method_handler,
@@ -82,16 +120,18 @@ HANDLER_KINDS = {  # (client streaming, server streaming) -> gRPC's handler cons
 def method_handlers(servicer: pb_grpc.TrainerServiceServicer) -> dict[str, grpc.RpcMethodHandler]:
     """TrainerService's methods on `servicer`, as the generated `add_*_to_server` registers
     them, except that a request holding tensors is read in place (`service.api.wire`: the
-    tensors' bytes are not copied) instead of by protobuf's parser."""
+    tensors' bytes are not copied) instead of by protobuf's parser, and that bytes which do
+    not parse reach the method as an Undecodable (answered INVALID_ARGUMENT)."""
     handlers = {}
     for method in SERVICE.methods:
         request, response = method.input_type, method.output_type
+        parse = (wire.deserializer(request) if wire.holds_tensors(request)
+                 else getattr(pb, request.name).FromString)  # fmt: skip
         handlers[method.name] = HANDLER_KINDS[method.client_streaming, method.server_streaming](
             getattr(servicer, method.name),
-            request_deserializer=wire.deserializer(request) if wire.holds_tensors(request)
-            else getattr(pb, request.name).FromString,
+            request_deserializer=lenient(parse, request.full_name),
             response_serializer=getattr(pb, response.name).SerializeToString,
-        )  # fmt: skip
+        )
     return handlers
 
 
@@ -159,6 +199,9 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
     def _fail(
         self, method: str, error: Exception, context: grpc.ServicerContext, request_id: str
     ) -> None:
+        if isinstance(error, grpc.RpcError):
+            self._client_gone(method, context, request_id)
+            return
         code = status_of(error)
         if code is None:
             logs.logger.error(
@@ -182,6 +225,29 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         self.metrics.rpc_error(method, code)
         context.abort(code, message)
 
+    def _client_gone(self, method: str, context: grpc.ServicerContext, request_id: str) -> None:
+        """A stream that ended under the server (its client cancelled it or closed the
+        connection, its deadline passed, a drain's grace ran out): gRPC's request iterator
+        raises a bare RpcError then. Nothing is left to answer; it is counted as CANCELLED and
+        logged as what it is, not as an internal error."""
+        logs.event(
+            logging.INFO,
+            "cancelled",
+            method=method,
+            code=grpc.StatusCode.CANCELLED.name,
+            request_id=request_id,
+            reason="the call ended before its answer: cancelled, past its deadline or its "
+            "connection closed",
+            active=context.is_active(),
+        )
+        self.metrics.rpc_error(method, grpc.StatusCode.CANCELLED)
+
+    def _closed(self, method: str, context: grpc.ServicerContext, request_id: str) -> None:
+        """A stream's responses closed before their end: gRPC stops reading a call's response
+        iterator once the call has ended, e.g. cancelled while a response was on its way."""
+        if not context.is_active():
+            self._client_gone(method, context, request_id)
+
     @staticmethod
     def _rpc(method: str) -> Callable[[Handler], Handler]:
         def wrap(handler: Handler) -> Handler:
@@ -190,7 +256,7 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
                 request_id = request_id_of(context)
                 context.set_trailing_metadata((("x-request-id", request_id),))
                 try:
-                    return handler(self, request, context)
+                    return handler(self, decoded(request), context)
                 except Exception as error:
                     self._fail(method, error, context, request_id)
 
@@ -210,11 +276,15 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         request_id = request_id_of(context)
         context.set_trailing_metadata((("x-request-id", request_id),))
         try:
-            for request in request_iterator:
+            for undecoded in request_iterator:
+                request = decoded(undecoded)
                 rollout = rollout_from_request(request.step, self.engine.trainer.config)
                 key = key_from_request(request.step)
                 result = self.engine.submit_step(rollout, context.is_active, key).result()
                 yield pb.StreamStepResponse(step=step_response(result))
+        except GeneratorExit:
+            self._closed("StreamStep", context, request_id)
+            raise
         except Exception as error:
             self._fail("StreamStep", error, context, request_id)
 
@@ -226,6 +296,9 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         self.metrics.interact_streams.inc()
         try:
             yield from self._interact(request_iterator, context)
+        except GeneratorExit:
+            self._closed("Interact", context, request_id)
+            raise
         except Exception as error:
             self._fail("Interact", error, context, request_id)
         finally:
@@ -239,6 +312,7 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         request = next(requests, None)
         if request is None:
             return
+        request = decoded(request)
         engine = self.engine
         engine.require_training("Interact")
         config = engine.trainer.config
@@ -272,6 +346,7 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
                 latency.observe(clock() - arrived)
                 yield response
                 request = next(requests, None)
+                request = None if request is None else decoded(request)
                 if request is not None and request.HasField("start"):
                     raise InvalidInput("start", "on the stream's first request alone", "again")
             steps.finish()

@@ -13,6 +13,7 @@ STATUS_OF: dict[type[Exception], grpc.StatusCode] = {
     errors.CheckpointNotFound: grpc.StatusCode.NOT_FOUND,
     errors.CheckpointCorrupt: grpc.StatusCode.DATA_LOSS,
     errors.CheckpointIncompatible: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.CheckpointDiskFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.StalePolicy: grpc.StatusCode.FAILED_PRECONDITION,
     errors.ForgottenStepKey: grpc.StatusCode.FAILED_PRECONDITION,
     errors.KeyReused: grpc.StatusCode.ALREADY_EXISTS,
