@@ -63,7 +63,7 @@ SERVE_FLAGS = {
     "--auth-tokens-file": (
         "server.auth_tokens_file", "FILE", "role tokens: '<role> sha256:<hex>' (trident token)"
     ),
-}
+}  # fmt: skip
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -298,18 +298,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(actor)  # the lobsim section, for --env lobsim
     actor.add_argument("--env", required=True, help="lobsim or gymnasium:ID (Discrete actions)")
     actor.add_argument("--num-envs", type=int, help="environments in this process (default: "
-                       "the server's train.num_envs, the Steps `trident train` makes)")
+                       "the server's train.num_envs, the Steps `trident train` makes)")  # fmt: skip
     actor.add_argument("--steps", type=int, help="Steps to send, then exit (default: until the "
                        "server's global step reaches its train.steps, the end of its "
-                       "learning-rate schedule, whatever other actors send)")
+                       "learning-rate schedule, whatever other actors send)")  # fmt: skip
     actor.add_argument(
         "--duration",
         type=float,
         metavar="SECONDS",
         help="also exit after the first Step that ends this long after the start",
     )
-    actor.add_argument("--rollout-len", type=int,
-                       help="env steps per Step (default: the server's train.rollout_len)")
+    actor.add_argument(
+        "--rollout-len",
+        type=int,
+        help="env steps per Step (default: the server's train.rollout_len)",
+    )
     actor.add_argument("--seed", type=int, default=0, help="environment seed")
     actor.add_argument("--log-every", type=int, default=10, help="Steps between progress lines")
     actor.add_argument(

@@ -244,7 +244,7 @@ def evaluate_policies(trainer: Trainer, env_id: str, seed: int) -> GymReport:
 
 def first_episodes(
     env: GymnasiumVectorEnv, act: Callable[[np.ndarray], np.ndarray]
-) -> list[float]:
+) -> list[float]:  # fmt: skip
     """The return of each env's first episode (env i's, in order), under `act`; an episode
     still running after EVAL_STEP_LIMIT steps counts what it gathered."""
     N = env.num_envs

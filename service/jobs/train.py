@@ -396,7 +396,7 @@ def plot_learning_curve(
                   [n for n in levels if n != evaluate.TRAINED],
                   itertools.cycle(evaluate.STYLES), strict=False)}  # fmt: skip
     styles[evaluate.TRAINED] = {"color": "black", "linestyle": (0, (1, 1)), "linewidth": 1.6,
-                                "zorder": 5}  # over a baseline at the same level
+                                "zorder": 5}  # over a baseline at the same level  # fmt: skip
     for name, level in sorted(levels.items(), key=lambda item: item[0] == evaluate.TRAINED):
         where = "held out" if low <= level <= high else "held out; off the scale"
         top.axhline(level, label=f"{name}: {level:.2f} ({where})", **styles[name])
