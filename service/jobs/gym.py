@@ -166,6 +166,7 @@ def _train_gym(
                 print(report.text())
                 plot_returns(folder.log_csv, folder.curve_png, env_name, report.returns)
         except Stopped as stop:
+            folder.drop_evaluation()
             said = f"trident train: stopped by {stop.signal} during the evaluation"
             if final is None:
                 print(f"{said}; no checkpoint (--no-checkpoint): the trained policy is not "

@@ -23,6 +23,7 @@ from service.config import Config, with_checkpoint_dir
 
 RUNS = Path("runs")  # where default run folders go, relative to the working directory
 # What a run writes into its folder, beside checkpoints/ (evaluate.py's names for the eval files)
+# (the first two are the run's own; the others come with its evaluation)
 RUN_FILES = ("config.toml", "train.csv", "train.png", "eval.json", "eval.txt", "eval.png")
 
 
@@ -73,6 +74,12 @@ class RunFolder:
             (self.root / name).unlink(missing_ok=True)
         if self.checkpoints.is_dir():
             shutil.rmtree(self.checkpoints)
+
+    def drop_evaluation(self) -> None:
+        """Delete the evaluation's files and the curve drawn with it: a stopped evaluation
+        leaves none, neither partly written nor of an earlier checkpoint of the run."""
+        for name in RUN_FILES[2:]:
+            (self.root / name).unlink(missing_ok=True)
 
     def checkpoint_dir(self, config: Config) -> Path:
         """Where the run's checkpoints go: checkpoint.dir if set, else `checkpoints`."""

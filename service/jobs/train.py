@@ -240,6 +240,7 @@ def _train_lobsim(
                 plot_learning_curve(folder.log_csv, folder.curve_png, lob.horizon,
                                     train_cfg.rollout_len, levels)  # fmt: skip
         except Stopped as stop:
+            folder.drop_evaluation()
             print(evaluation_stopped(stop.signal, folder.root, final), flush=True)
             return 130
     print(f"learning curve -> {folder.curve_png}", flush=True)

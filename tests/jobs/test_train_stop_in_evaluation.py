@@ -84,6 +84,9 @@ def test_a_stop_during_the_evaluation_keeps_the_checkpoint(
     begun, stops it where it is."""
     seed = fresh_seed(20)
     settings = sets(*SMALL, "train.steps=2", "lobsim.horizon=4000", f"train.seed={seed}")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "eval.json").write_text("{}\n")  # as an earlier evaluation would leave it
     job = Job(tmp_path, "train", "--run-dir", "run", *settings)
     job.signal_at("evaluation: ", signum)
     code, lines, err = job.finish()
@@ -94,12 +97,12 @@ def test_a_stop_during_the_evaluation_keeps_the_checkpoint(
         "or finish the run (its evaluation and learning curve) with: trident train --resume "
         "--run-dir run"
     )
-    run = tmp_path / "run"
     (saved,) = list_checkpoints(run / "checkpoints")
     assert saved.global_step == 2 and saved.name == "step-0000000002"
     assert any(line.startswith(f"checkpoint {saved.name} -> run/checkpoints/{saved.name} (")
                for line in lines), lines  # fmt: skip
-    assert not (run / "eval.json").exists()  # the evaluation did not finish
+    # the evaluation did not finish: no file of it stays, partial or earlier
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.toml", "train.csv"]
 
 
 def test_a_resume_after_a_stopped_evaluation_evaluates_as_an_unstopped_run(
