@@ -12,9 +12,10 @@ the log is cut back to the checkpoint's Step (rows written after it, which the c
 not hold, go; TensorBoard purges them), `elapsed_s` continues, and every later row and the
 final evaluation equal those of the run that never stopped. SIGINT or SIGTERM ends the Step in
 progress, saves a checkpoint there, prints how to resume, and exits with code 130. During the
-evaluation (the checkpoint is committed before it) it stops the evaluation where it is, keeps the
-checkpoint, prints the commands that evaluate it and exits with code 130: `--resume` of a run
-whose training is done redoes the evaluation, the same as the run that never stopped.
+evaluation (the checkpoint is committed before it) it stops the evaluation where it is (none of
+its files stay), keeps the checkpoint, prints the commands that evaluate it and exits with code
+130: `--resume` of a run whose training is done redoes the evaluation, the same as the run that
+never stopped.
 """
 
 from __future__ import annotations

@@ -105,6 +105,22 @@ def test_a_stop_during_the_evaluation_keeps_the_checkpoint(
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.toml", "train.csv"]
 
 
+def test_with_no_checkpoint_a_stop_during_the_evaluation_says_nothing_is_kept(
+    tmp_path: Path,
+) -> None:
+    settings = sets(*SMALL, "train.steps=2", "lobsim.horizon=4000", f"train.seed={fresh_seed(20)}")
+    job = Job(tmp_path, "train", "--run-dir", "run", "--no-checkpoint", *settings)
+    job.signal_at("evaluation: ", signal.SIGINT)
+    code, lines, err = job.finish()
+    assert (code, err) == (130, ""), (code, err)
+    assert lines[-1] == (
+        "trident train: stopped by SIGINT during the evaluation; no checkpoint "
+        "(--no-checkpoint): the trained policy is not kept. A run without --no-checkpoint "
+        "commits one before it evaluates"
+    )
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.toml", "train.csv"]
+
+
 def test_a_resume_after_a_stopped_evaluation_evaluates_as_an_unstopped_run(
     tmp_path: Path,
 ) -> None:
