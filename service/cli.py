@@ -28,6 +28,7 @@ from service.envs import GYMNASIUM, check_env_name, fit_to_env
 from service.errors import TridentError
 from service.jobs import evaluate
 from service.jobs.bandit import run_train_bandit
+from service.jobs.run_folder import RunFolder, new_run_dir
 from service.jobs.train import run_train_lobsim
 from service.trainer.trainer import Trainer
 from service.types import ActMode
@@ -64,7 +65,7 @@ SERVE_FLAGS = {
     "--auth-tokens-file": (
         "server.auth_tokens_file", "FILE", "role tokens: '<role> sha256:<hex>' (trident token)"
     ),
-}
+}  # fmt: skip
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -152,21 +153,34 @@ def build_parser() -> argparse.ArgumentParser:
         "gymnasium:ID (any Gymnasium env with Discrete actions; the model's sizes from its "
         "spaces; pip install '.[gym]')",
     )
-    train_cmd.add_argument("--no-checkpoint", action="store_true", help="skip the final checkpoint")
+    train_cmd.add_argument(
+        "--no-checkpoint",
+        action="store_true",
+        help="write no checkpoint when training ends (a stop during training still saves one "
+        "where it stopped; a stop during the evaluation then keeps nothing)",
+    )
     train_cmd.add_argument(
         "--resume",
         nargs="?",
         const="latest",
         metavar="NAME",
-        help="lobsim: go on with the run of --run-dir (its config.toml unless --config) from "
-        "its newest checkpoint (or NAME), exactly where it stopped, up to train.steps",
+        help="lobsim, gymnasium: go on with the run of --run-dir (its config.toml unless "
+        "--config) from its newest checkpoint (or NAME), exactly where it stopped, up to "
+        "train.steps; a run whose training is done is evaluated",
     )
     train_cmd.add_argument(
         "--run-dir",
         metavar="DIR",
         help="run folder: config.toml, checkpoints/ (unless checkpoint.dir is set) and for "
-        "lobsim train.csv, train.png, eval.json, eval.txt, eval.png (default: runs/<env>-<UTC "
-        "time>, printed at the start)",
+        "lobsim and gymnasium train.csv, train.png, eval.json, eval.txt (lobsim: eval.png) "
+        "(default: runs/<env>-<UTC time>, printed at the start). One run per folder: a folder "
+        "that holds a run takes --resume or --overwrite",
+    )
+    train_cmd.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh in a --run-dir that holds a run: delete its config.toml, train.csv, "
+        "train.png, eval.* and checkpoints/ first",
     )
     train_cmd.add_argument(
         "--tensorboard",
@@ -180,15 +194,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="a LobSim checkpoint's greedy policy against baselines on held-out markets",
         description="Play a LobSim checkpoint's greedy policy and the baselines on the same "
         "held-out markets; print the table and the verdict, write eval.json, eval.txt and "
-        "eval.png.",
+        "eval.png. Given a run folder, the run's newest checkpoint on the run's markets (its "
+        "config.toml unless --config).",
         epilog=evaluate.columns_help(),
     )
     _add_config_flags(eval_cmd)  # the lobsim section: the markets played
     eval_cmd.add_argument(
         "checkpoint",
         metavar="CHECKPOINT",
-        help="a checkpoint's folder, as `trident train` prints it, or its name under "
-        "--checkpoint-dir",
+        help="a run folder of `trident train` (its newest checkpoint), a checkpoint's folder, "
+        "as `trident train` prints it, or its name under --checkpoint-dir",
     )
     eval_cmd.add_argument(
         "--checkpoint-dir",
@@ -312,19 +327,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(actor)  # the lobsim section, for --env lobsim
     actor.add_argument("--env", required=True, help="lobsim or gymnasium:ID (Discrete actions)")
     actor.add_argument("--num-envs", type=int, help="environments in this process (default: "
-                       "the server's train.num_envs, the Steps `trident train` makes)")
+                       "the server's train.num_envs, the Steps `trident train` makes)")  # fmt: skip
     actor.add_argument("--steps", type=int, help="Steps to send, then exit (default: until the "
                        "server's global step reaches its train.steps, the end of its "
                        "learning-rate schedule, whatever other actors send; a server without "
-                       "train.steps has no end: until stopped)")
+                       "train.steps has no end: until stopped)")  # fmt: skip
     actor.add_argument(
         "--duration",
         type=float,
         metavar="SECONDS",
         help="also exit after the first Step that ends this long after the start",
     )
-    actor.add_argument("--rollout-len", type=int,
-                       help="env steps per Step (default: the server's train.rollout_len)")
+    actor.add_argument(
+        "--rollout-len",
+        type=int,
+        help="env steps per Step (default: the server's train.rollout_len)",
+    )
     actor.add_argument("--seed", type=int, default=0, help="environment seed")
     actor.add_argument("--log-every", type=int, default=10, help="Steps between progress lines")
     actor.add_argument(
@@ -373,8 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument(
         "checkpoint",
         metavar="CHECKPOINT",
-        help="a checkpoint's folder, as `trident train` prints it, or its name under "
-        "--checkpoint-dir",
+        help="a run folder of `trident train` (its newest checkpoint), a checkpoint's folder, "
+        "as `trident train` prints it, or its name under --checkpoint-dir",
     )
     export.add_argument(
         "--format", default="onnx", help="model format; onnx only (default: %(default)s)"
@@ -394,9 +412,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def run_folder_of(path: str) -> RunFolder | None:
+    """`path` as a run folder of `trident train`, when it is one (a folder holding a run's
+    traces, and not a checkpoint's folder); None otherwise."""
+    folder = RunFolder(Path(path))
+    if (folder.root / "manifest.json").exists() or not folder.traces():
+        return None
+    return folder
+
+
+def newest_of_run(folder: RunFolder, command: str) -> tuple[Path, str]:
+    """The checkpoint root and name of the run's newest committed checkpoint, said on stdout;
+    InvalidInput where it has none."""
+    from service.checkpoint import latest_checkpoint
+    from service.errors import InvalidInput
+
+    saved = load_config(folder.config) if folder.config.is_file() else Config()
+    root = folder.checkpoint_dir(saved)
+    newest = latest_checkpoint(root)
+    if newest is None:
+        raise InvalidInput("CHECKPOINT", f"a run folder with a committed checkpoint (in {root})",
+                           f"{folder.root}, which holds none")  # fmt: skip
+    print(f"trident {command}: run folder {folder.root}: its newest checkpoint, {newest.name} "
+          f"(step {newest.global_step})", flush=True)  # fmt: skip
+    return root, newest.name
+
+
 def run_eval(args: argparse.Namespace) -> int:
     """Play a LobSim checkpoint's greedy-π policy and the baselines on the same held-out
-    markets (evaluate.compare); print the tables and the verdict, write the JSON and the PNG."""
+    markets (evaluate.compare); print the tables and the verdict, write the JSON and the PNG.
+    A run folder (without --checkpoint-dir) stands for its newest checkpoint, played on the
+    run's markets (its config.toml, unless --config)."""
     from dataclasses import replace
 
     from service.checkpoint import check_compatible, load_policy
@@ -409,8 +455,17 @@ def run_eval(args: argparse.Namespace) -> int:
                            args.episodes)  # fmt: skip
     if args.tune_markets < 2:
         raise InvalidInput("--tune-markets", "an integer >= 2", args.tune_markets)
-    config = load_config(args.config, overrides=args.overrides)
-    checkpoint = Path(args.checkpoint_dir or config.checkpoint.dir or ".", args.checkpoint)
+    run = None if args.checkpoint_dir else run_folder_of(args.checkpoint)
+    config_file = args.config
+    if run is not None and config_file is None and run.config.is_file():
+        config_file = str(run.config)  # the markets the run trained on and evaluated
+    config = load_config(config_file, overrides=args.overrides)
+    if run is not None:
+        root, name = newest_of_run(run, "eval")
+        checkpoint, label = root / name, name
+    else:
+        checkpoint = Path(args.checkpoint_dir or config.checkpoint.dir or ".", args.checkpoint)
+        label = args.checkpoint
     saved, params = load_policy(checkpoint.parent, checkpoint.name)
     markets = lobsim_model(replace(saved, lobsim=config.lobsim))
     sizes = ("obs_dim", "num_actions", "aux_dim")
@@ -425,7 +480,7 @@ def run_eval(args: argparse.Namespace) -> int:
             f"a model of {got}",
         )  # fmt: skip
     # the checkpoint's model must be shaped for the markets of this config
-    check_compatible(saved, markets, args.checkpoint)
+    check_compatible(saved, markets, label)
     train_seed = saved.train.seed
     seed = train_seed + HELD_OUT if args.seed is None else args.seed
     if seed == train_seed:
@@ -444,7 +499,7 @@ def run_eval(args: argparse.Namespace) -> int:
     report = evaluate.compare(
         lambda env: agent, config.lobsim, seed, train_seed, markets=args.episodes,
         out_dir=out_dir, grid=evaluate.ASGrid(markets_per_pair=args.tune_markets),
-        title=args.checkpoint, progress=sys.stdout,
+        title=label, progress=sys.stdout,
     )  # fmt: skip
     print(report.text())
     names = (evaluate.JSON_NAME, evaluate.TEXT_NAME, evaluate.PNG_NAME)
@@ -453,9 +508,10 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    """`trident train`: the main job (LobSim) or the bandit job, into a run folder."""
+    """`trident train`: the main job (LobSim), a Gymnasium job or the bandit job, into a run
+    folder: a new one, or one that holds no run yet, unless `--resume` goes on with its run or
+    `--overwrite` clears it."""
     from service.errors import InvalidInput
-    from service.jobs.run_folder import new_run_dir
 
     config_file = args.config
     if args.resume and args.run_dir and config_file is None:
@@ -471,7 +527,22 @@ def run_train(args: argparse.Namespace) -> int:
         flag = "--resume" if args.resume else "--tensorboard"
         raise InvalidInput(flag, "--env lobsim or gymnasium:ID (the bandit job has no per-Step "
                            "log)", "bandit")  # fmt: skip
+    if args.overwrite and args.resume:
+        raise InvalidInput("--overwrite", "it without --resume (--resume goes on with the run of "
+                           "--run-dir, --overwrite deletes it)", "both")  # fmt: skip
     run_dir = Path(args.run_dir) if args.run_dir else new_run_dir(run_name(args.env))
+    folder = RunFolder(run_dir)
+    traces = folder.traces()
+    if traces and not args.resume:
+        if not args.overwrite:
+            raise ConfigError(
+                f"--run-dir {run_dir} holds a run already ({', '.join(traces)}): one run per "
+                "folder. --resume goes on with it; --overwrite deletes it and starts afresh; or "
+                "name another --run-dir"
+            )
+        folder.clear()
+        print(f"trident train: --overwrite: deleted the run in {run_dir} ({', '.join(traces)})",
+              flush=True)  # fmt: skip
     if args.env == "bandit":
         return run_train_bandit(config, run_dir, write_checkpoint=not args.no_checkpoint)
     tensorboard = Path(args.tensorboard) if args.tensorboard else None
@@ -489,14 +560,21 @@ def run_name(env: str) -> str:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    """Write a checkpoint's policy as a model file (service/export.py: inputs and outputs)."""
+    """Write a checkpoint's policy as a model file (service/export.py: inputs and outputs); a
+    run folder (without --checkpoint-dir) stands for its newest checkpoint."""
     try:
         from service.export import export
     except ImportError as error:  # the export extra is optional
         print(f"trident: error: export needs the {error.name} package: pip install onnx "
               "(the export extra)", file=sys.stderr)  # fmt: skip
         return 2
-    checkpoint = Path(args.checkpoint_dir or load_config().checkpoint.dir or ".", args.checkpoint)
+    run = None if args.checkpoint_dir else run_folder_of(args.checkpoint)
+    if run is not None:
+        root, name = newest_of_run(run, "export")
+        checkpoint = root / name
+    else:
+        checkpoint = Path(args.checkpoint_dir or load_config().checkpoint.dir or ".",
+                          args.checkpoint)  # fmt: skip
     path = export(checkpoint.parent, checkpoint.name, args.format, args.out)
     print(f"trident export: {checkpoint} -> {path}", flush=True)
     return 0

@@ -91,7 +91,10 @@ def _train_bandit(trainer: Trainer, folder: RunFolder, write_checkpoint: bool) -
                   f"{train_cfg.steps}; checkpoint {info.name} (the bandit job starts afresh: "
                   "--resume is for --env lobsim)", flush=True)  # fmt: skip
             return 130
-    elapsed = time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        if write_checkpoint:  # the trained state, before the greedy Acts of the last line
+            info = checkpoint_now()
+            print(f"checkpoint {info.name} -> {info.path} ({info.size_bytes} bytes)", flush=True)
     print(
         f"done: {trainer.global_step} steps, {trainer.global_step * samples_per_step} samples "
         f"in {elapsed:.1f} s | greedy-π {greedy_accuracy(trainer, env, ActMode.GREEDY_PI):.1%} "
@@ -99,7 +102,4 @@ def _train_bandit(trainer: Trainer, folder: RunFolder, write_checkpoint: bool) -
         f"param_digest {trainer.param_digest()[:16]}",
         flush=True,
     )
-    if write_checkpoint:
-        info = checkpoint_now()
-        print(f"checkpoint {info.name} -> {info.path} ({info.size_bytes} bytes)", flush=True)
     return 0

@@ -4,13 +4,16 @@ The model's sizes come from the env's spaces (Box observations of any rank, flat
 targets) and its C51 support from a short probe (envs.fit_to_env). Act -> env step -> Step on
 the configured backend, the envs on the host, into a run folder as the main job's
 (run_folder.py): a CSV row per Step, a progress bar and a line every `train.log_every` Steps,
-periodic and final checkpoints, the learning rate annealed as `train.lr_schedule` says, SIGINT /
-SIGTERM saving a checkpoint and exiting 130. At the end the greedy and the sampled policy head,
-the Q head's greedy choice and a uniformly random policy each play the same EVAL_EPISODES
-episodes on fresh seeds (episode i of each policy starts from seed + HELD_OUT + i): their mean
-returns and the paired differences against random, with 95 % intervals, in eval.json /
-eval.txt, and the learning curve with those levels in train.png. `--resume` restores the
-trainer; the envs start afresh (a Gymnasium env's state is not part of a checkpoint).
+periodic checkpoints, the learning rate annealed as `train.lr_schedule` says, SIGINT / SIGTERM
+saving a checkpoint and exiting 130. When training ends its checkpoint is committed; then the
+greedy and the sampled policy head, the Q head's greedy choice and a uniformly random policy
+each play the same EVAL_EPISODES episodes on fresh seeds (episode i of each policy starts from
+seed + HELD_OUT + i): their mean returns and the paired differences against random, with 95 %
+intervals, in eval.json / eval.txt, and the learning curve with those levels in train.png.
+SIGINT / SIGTERM during the evaluation stops it, keeps the checkpoint and exits 130, printing
+the `--resume` that evaluates it: a resume of a run whose training is done only evaluates, the
+same as the run that never stopped. `--resume` restores the trainer; the envs start afresh (a
+Gymnasium env's state is not part of a checkpoint).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from service.jobs.progress import Episodes, Phases, Progress
 from service.jobs.run_folder import RunFolder
 from service.jobs.scalars import ScalarLog, Value
 from service.jobs.train import CSV_COLUMNS, HELD_OUT, LOSSES, smoothed, start_run
-from service.signals import stop_signals
+from service.signals import Stopped, raise_on_stop, stop_signals
 from service.trainer.schedule import schedule_next_step
 from service.trainer.trainer import Trainer
 from service.types import ActMode
@@ -100,66 +103,86 @@ def _train_gym(
             saved = save_checkpoint(trainer, config.checkpoint.dir)
         return saved
 
-    try:
-        with (
-            ScalarLog(folder.log_csv, CSV_COLUMNS, first if resume else None, tensorboard) as log,
-            Progress(train.steps, first) as progress,
-            stop_signals() as stopping,
-        ):
-            for _ in range(max(0, train.steps - first)):
-                if stopping:
-                    break
-                schedule_next_step(trainer, lr)
-                act = lambda obs: trainer.act(obs, ActMode.SAMPLE)  # noqa: E731
-                rollout = collect_rollout(act, env, train.rollout_len)
-                result = trainer.step(rollout)
-                step, ended, losses = trainer.global_step, env.take_returns(), result.losses
-                elapsed = time.perf_counter() - started
-                row: dict[str, Value] = {
-                    "step": step, "elapsed_s": elapsed, "env_steps": step * samples_per_step,
-                    "reward_per_step": float(rollout.rewards.mean()), "episodes": len(ended),
-                    "episode_return": float(np.mean(ended)) if ended else None,
-                    **{f"loss_{k}": losses.get(k) for k in LOSSES},
-                    "grad_norm": result.grad_norm, "entropy": result.entropy,
-                    "lr": trainer.config.optim.lr, "skipped": int(result.skipped),
-                }  # fmt: skip
-                log.write(row)
-                ended_since.add(len(ended), float(np.sum(ended)))
-                if every and step % every == 0:
-                    checkpoint_now()
-                for warning in warned.new(result.warnings):
-                    progress.log(f"warning (shown once): {warning}")
-                status = (f"{(step - first) * samples_per_step / max(elapsed, 1e-9):.0f} env "
-                          f"steps/s | {ended_since.text()}")  # fmt: skip
-                progress.step(status)
-                if step % train.log_every == 0 or step == train.steps:
-                    detail = " ".join(f"{k} {v:.3f}" for k, v in losses.items())
-                    since = "" if ended_since.count else " since the last line"
-                    progress.log(f"step {step}/{train.steps} | {status}{since} | {detail}")
-                    ended_since.take()
-            if stopping:
-                info = checkpoint_now()
-                print(f"trident train: stopped by {stopping[0]} at step {trainer.global_step}/"
-                      f"{train.steps}; checkpoint {info.name}. Go on with: trident train "
-                      f"--env {env_name} --resume --run-dir {folder.root}", flush=True)  # fmt: skip
-                return 130
-    finally:
-        env.close()
-    seconds = time.perf_counter() - started
-    print(
-        f"trained {trainer.global_step - first} steps in {seconds:.1f} s; log "
-        f"{folder.log_csv}; evaluating on {EVAL_EPISODES} fresh episodes",
-        flush=True,
-    )
-    report = evaluate_policies(trainer, env_id, train.seed + HELD_OUT, progress=sys.stdout)
-    report.write(folder.root)
-    print(report.text())
-    plot_returns(folder.log_csv, folder.curve_png, env_name, report.returns)
+    go_on = f"trident train --env {env_name} --resume --run-dir {folder.root}"
+    with stop_signals() as stopping:
+        try:
+            with (
+                ScalarLog(folder.log_csv, CSV_COLUMNS, first if resume else None,
+                          tensorboard) as log,
+                Progress(train.steps, first) as progress,
+            ):  # fmt: skip
+                for _ in range(max(0, train.steps - first)):
+                    if stopping:
+                        break
+                    schedule_next_step(trainer, lr)
+                    act = lambda obs: trainer.act(obs, ActMode.SAMPLE)  # noqa: E731
+                    rollout = collect_rollout(act, env, train.rollout_len)
+                    result = trainer.step(rollout)
+                    step, ended, losses = trainer.global_step, env.take_returns(), result.losses
+                    elapsed = time.perf_counter() - started
+                    row: dict[str, Value] = {
+                        "step": step, "elapsed_s": elapsed, "env_steps": step * samples_per_step,
+                        "reward_per_step": float(rollout.rewards.mean()), "episodes": len(ended),
+                        "episode_return": float(np.mean(ended)) if ended else None,
+                        **{f"loss_{k}": losses.get(k) for k in LOSSES},
+                        "grad_norm": result.grad_norm, "entropy": result.entropy,
+                        "lr": trainer.config.optim.lr, "skipped": int(result.skipped),
+                    }  # fmt: skip
+                    log.write(row)
+                    ended_since.add(len(ended), float(np.sum(ended)))
+                    if every and step % every == 0:
+                        checkpoint_now()
+                    for warning in warned.new(result.warnings):
+                        progress.log(f"warning (shown once): {warning}")
+                    status = (f"{(step - first) * samples_per_step / max(elapsed, 1e-9):.0f} env "
+                              f"steps/s | {ended_since.text()}")  # fmt: skip
+                    progress.step(status)
+                    if step % train.log_every == 0 or step == train.steps:
+                        detail = " ".join(f"{k} {v:.3f}" for k, v in losses.items())
+                        since = "" if ended_since.count else " since the last line"
+                        progress.log(f"step {step}/{train.steps} | {status}{since} | {detail}")
+                        ended_since.take()
+        finally:
+            env.close()
+        if stopping:
+            info = checkpoint_now()
+            print(f"trident train: stopped by {stopping[0]} at step {trainer.global_step}/"
+                  f"{train.steps}; checkpoint {info.name}. Go on with: {go_on}",
+                  flush=True)  # fmt: skip
+            return 130
+        seconds = time.perf_counter() - started
+        # The trained state is committed before the evaluation, which a stop may cut short: a
+        # resume then finds the training done and only evaluates.
+        final = checkpoint_now() if write_checkpoint else None
+        if final is not None:
+            print(f"checkpoint {final.name} -> {final.path} ({final.size_bytes} bytes)",
+                  flush=True)  # fmt: skip
+        elif saved is not None and saved.global_step == trainer.global_step:
+            final = saved  # --no-checkpoint, but a periodic or restored one holds this Step
+        done = trainer.global_step - first
+        trained = (f"trained {done} steps in {seconds:.1f} s" if done else
+                   f"training done at step {trainer.global_step}/{train.steps}")  # fmt: skip
+        print(f"{trained}; log {folder.log_csv}; evaluating on {EVAL_EPISODES} fresh episodes",
+              flush=True)  # fmt: skip
+        try:
+            with raise_on_stop(stopping):
+                report = evaluate_policies(trainer, env_id, train.seed + HELD_OUT,
+                                           progress=sys.stdout)  # fmt: skip
+                report.write(folder.root)
+                print(report.text())
+                plot_returns(folder.log_csv, folder.curve_png, env_name, report.returns)
+        except Stopped as stop:
+            folder.drop_evaluation()
+            said = f"trident train: stopped by {stop.signal} during the evaluation"
+            if final is None:
+                print(f"{said}; no checkpoint (--no-checkpoint): the trained policy is not "
+                      "kept", flush=True)  # fmt: skip
+            else:
+                print(f"{said}; training is done, checkpoint {final.name} kept. Evaluate it "
+                      f"with: {go_on}", flush=True)  # fmt: skip
+            return 130
     print(f"learning curve -> {folder.curve_png}; evaluation -> {folder.root / 'eval.json'}",
           flush=True)  # fmt: skip
-    if write_checkpoint:
-        info = checkpoint_now()
-        print(f"checkpoint {info.name} -> {info.path} ({info.size_bytes} bytes)", flush=True)
     return 0
 
 

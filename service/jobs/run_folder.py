@@ -6,17 +6,25 @@
         train.png         the learning curve
         eval.json, eval.txt, eval.png   the evaluation against the baselines
         checkpoints/      unless checkpoint.dir is set
+
+One run per folder: a folder that holds a run already (`RunFolder.traces`) is gone on with
+(`--resume`) or cleared first (`--overwrite`, `RunFolder.clear`), never written over, so that its
+log, evaluation and checkpoints always belong to one run.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from service.config import Config, with_checkpoint_dir
 
 RUNS = Path("runs")  # where default run folders go, relative to the working directory
+# What a run writes into its folder, beside checkpoints/ (evaluate.py's names for the eval files)
+# (the first two are the run's own; the others come with its evaluation)
+RUN_FILES = ("config.toml", "train.csv", "train.png", "eval.json", "eval.txt", "eval.png")
 
 
 def new_run_dir(env: str, now: dt.datetime | None = None) -> Path:
@@ -51,6 +59,27 @@ class RunFolder:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    def traces(self) -> list[str]:
+        """What marks the folder as a run's already: its config.toml, train.csv and
+        checkpoints/ where present (checkpoints/ when it holds anything); empty: none."""
+        found = [path.name for path in (self.config, self.log_csv) if path.exists()]
+        if self.checkpoints.is_dir() and any(self.checkpoints.iterdir()):
+            found.append(f"{self.checkpoints.name}/")
+        return found
+
+    def clear(self) -> None:
+        """Delete what a run wrote here (RUN_FILES and checkpoints/); anything else stays."""
+        for name in RUN_FILES:
+            (self.root / name).unlink(missing_ok=True)
+        if self.checkpoints.is_dir():
+            shutil.rmtree(self.checkpoints)
+
+    def drop_evaluation(self) -> None:
+        """Delete the evaluation's files and the curve drawn with it: a stopped evaluation
+        leaves none, neither partly written nor of an earlier checkpoint of the run."""
+        for name in RUN_FILES[2:]:
+            (self.root / name).unlink(missing_ok=True)
 
     def checkpoint_dir(self, config: Config) -> Path:
         """Where the run's checkpoints go: checkpoint.dir if set, else `checkpoints`."""

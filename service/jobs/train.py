@@ -3,15 +3,19 @@
 Act -> LobSim step -> Step on the configured backend, into a run folder (run_folder.py):
 every Step appends a row to its CSV log (and to TensorBoard with `tensorboard`); on a terminal
 a progress bar moves with each Step, and a line is printed every `train.log_every` Steps. At the
-end: one episode of held-out markets for the trained greedy policy and the baselines, the
-learning curve with the baselines' returns beside it, and a checkpoint.
+end: a checkpoint of the trained state, then one episode of held-out markets for the trained
+greedy policy and the baselines, and the learning curve with the baselines' returns beside it.
 
 Checkpoints hold the markets' state and the job's clock beside the trainer's (job.safetensors),
 so `--resume` (the newest checkpoint, or a named one) goes on exactly where the run stopped:
 the log is cut back to the checkpoint's Step (rows written after it, which the checkpoint does
 not hold, go; TensorBoard purges them), `elapsed_s` continues, and every later row and the
 final evaluation equal those of the run that never stopped. SIGINT or SIGTERM ends the Step in
-progress, saves a checkpoint there, prints how to resume, and exits with code 130.
+progress, saves a checkpoint there, prints how to resume, and exits with code 130. During the
+evaluation (the checkpoint is committed before it) it stops the evaluation where it is (none of
+its files stay), keeps the checkpoint, prints the commands that evaluate it and exits with code
+130: `--resume` of a run whose training is done redoes the evaluation, the same as the run that
+never stopped.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from service.jobs.progress import Episodes, Progress
 from service.jobs.run_folder import RunFolder
 from service.jobs.scalars import ScalarLog, Value
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, LobSim, observation_dim
-from service.signals import stop_signals
+from service.signals import Stopped, raise_on_stop, stop_signals
 from service.trainer.schedule import schedule_next_step
 from service.trainer.sizing import sized_backend
 from service.trainer.trainer import Trainer
@@ -175,67 +179,94 @@ def _train_lobsim(
             return saved
         return save(elapsed)
 
-    with (
-        ScalarLog(folder.log_csv, CSV_COLUMNS, resumed_at, tensorboard) as scalars,
-        Progress(train_cfg.steps, first) as progress,
-        stop_signals() as stopping,
-    ):
-        for _ in range(remaining):
-            if stopping:
-                break
-            loop = next_step()  # before reading global_step: the Step advances it
-            step, result, losses = trainer.global_step, loop.result, loop.result.losses
-            elapsed = time.perf_counter() - started
-            ran_s = elapsed - elapsed_before
-            ended.add(loop.episodes, loop.return_sum)
-            row: dict[str, Value] = {
-                "step": step, "elapsed_s": elapsed, "env_steps": step * samples_per_step,
-                "reward_per_step": loop.mean_reward, "episodes": loop.episodes,
-                "episode_return": loop.return_sum / loop.episodes if loop.episodes else None,
-                **{f"loss_{k}": losses.get(k) for k in LOSSES},
-                "grad_norm": result.grad_norm, "entropy": result.entropy,
-                "lr": trainer.config.optim.lr, "skipped": int(result.skipped),
-            }  # fmt: skip
-            scalars.write(row)  # before the checkpoint: a resume cuts back what it lacks
-            if every and step % every == 0:
-                saved = save(elapsed)
-            for warning in warned.new(result.warnings):
-                progress.log(f"warning (shown once): {warning}")
-            rate = (step - first) * samples_per_step / max(ran_s, 1e-9)
-            status = (f"{rate:.0f} env steps/s | reward/step {loop.mean_reward:.3f} | loss "
-                      f"{losses.get('total', float('nan')):.3f}")  # fmt: skip
-            progress.step(status)
-            if step % train_cfg.log_every == 0 or step == train_cfg.steps:
-                episode = (
-                    ended.text()
-                    if ended.count
-                    else f"no episode ended since the last line (one is {lob.horizon} env "
-                    f"steps, {episode_steps:g} Steps)"
-                )
-                detail = " ".join(f"{k} {v:.3f}" for k, v in losses.items() if k != "total")
-                progress.log(f"step {step}/{train_cfg.steps} | {status} | {episode} | {detail}")
-                ended.take()
+    with stop_signals() as stopping:
+        with (
+            ScalarLog(folder.log_csv, CSV_COLUMNS, resumed_at, tensorboard) as scalars,
+            Progress(train_cfg.steps, first) as progress,
+        ):
+            for _ in range(remaining):
+                if stopping:
+                    break
+                loop = next_step()  # before reading global_step: the Step advances it
+                step, result, losses = trainer.global_step, loop.result, loop.result.losses
+                elapsed = time.perf_counter() - started
+                ran_s = elapsed - elapsed_before
+                ended.add(loop.episodes, loop.return_sum)
+                row: dict[str, Value] = {
+                    "step": step, "elapsed_s": elapsed, "env_steps": step * samples_per_step,
+                    "reward_per_step": loop.mean_reward, "episodes": loop.episodes,
+                    "episode_return": loop.return_sum / loop.episodes if loop.episodes else None,
+                    **{f"loss_{k}": losses.get(k) for k in LOSSES},
+                    "grad_norm": result.grad_norm, "entropy": result.entropy,
+                    "lr": trainer.config.optim.lr, "skipped": int(result.skipped),
+                }  # fmt: skip
+                scalars.write(row)  # before the checkpoint: a resume cuts back what it lacks
+                if every and step % every == 0:
+                    saved = save(elapsed)
+                for warning in warned.new(result.warnings):
+                    progress.log(f"warning (shown once): {warning}")
+                rate = (step - first) * samples_per_step / max(ran_s, 1e-9)
+                status = (f"{rate:.0f} env steps/s | reward/step {loop.mean_reward:.3f} | loss "
+                          f"{losses.get('total', float('nan')):.3f}")  # fmt: skip
+                progress.step(status)
+                if step % train_cfg.log_every == 0 or step == train_cfg.steps:
+                    episode = (
+                        ended.text()
+                        if ended.count
+                        else f"no episode ended since the last line (one is {lob.horizon} env "
+                        f"steps, {episode_steps:g} Steps)"
+                    )
+                    detail = " ".join(f"{k} {v:.3f}" for k, v in losses.items() if k != "total")
+                    progress.log(f"step {step}/{train_cfg.steps} | {status} | {episode} | {detail}")
+                    ended.take()
         if stopping:
             name = checkpoint_now(time.perf_counter() - started).name
             print(f"trident train: stopped by {stopping[0]} at step {trainer.global_step}/"
                   f"{train_cfg.steps}; checkpoint {name}. Go on with: trident train --resume "
                   f"--run-dir {folder.root}", flush=True)  # fmt: skip
             return 130
-    elapsed = time.perf_counter() - started
-    print(
-        f"trained {trainer.global_step - first} steps in {ran_s:.1f} s; log {folder.log_csv}; "
-        "evaluating on held-out markets",
-        flush=True,
-    )
-    report = compare_with_baselines(trainer, config, folder.root)
-    levels = {name: row["return"].mean for name, row in report.metrics.items()}
-    plot_learning_curve(folder.log_csv, folder.curve_png, lob.horizon, train_cfg.rollout_len,
-                        levels)  # fmt: skip
+        elapsed = time.perf_counter() - started
+        # The trained state is committed before the evaluation, which a stop may cut short: a
+        # resume of the run then finds its training done and evaluates (`saved` matches the
+        # restored checkpoint there, so nothing is written twice).
+        final = checkpoint_now(elapsed) if write_checkpoint else None
+        if final is not None:
+            print(f"checkpoint {final.name} -> {final.path} ({final.size_bytes} bytes)",
+                  flush=True)  # fmt: skip
+        elif saved is not None and saved.global_step == trainer.global_step:
+            final = saved  # --no-checkpoint, but a periodic or restored one holds this Step
+        done = trainer.global_step - first
+        print(
+            (f"trained {done} steps in {ran_s:.1f} s" if done else
+             f"training done at step {trainer.global_step}/{train_cfg.steps}")
+            + f"; log {folder.log_csv}; evaluating on held-out markets",
+            flush=True,
+        )  # fmt: skip
+        try:
+            with raise_on_stop(stopping):
+                report = compare_with_baselines(trainer, config, folder.root)
+                levels = {name: row["return"].mean for name, row in report.metrics.items()}
+                plot_learning_curve(folder.log_csv, folder.curve_png, lob.horizon,
+                                    train_cfg.rollout_len, levels)  # fmt: skip
+        except Stopped as stop:
+            folder.drop_evaluation()
+            print(evaluation_stopped(stop.signal, folder.root, final), flush=True)
+            return 130
     print(f"learning curve -> {folder.curve_png}", flush=True)
-    if write_checkpoint:
-        info = checkpoint_now(elapsed)
-        print(f"checkpoint {info.name} -> {info.path} ({info.size_bytes} bytes)", flush=True)
     return 0
+
+
+def evaluation_stopped(signal_name: str, run_dir: Path, final: CheckpointInfo | None) -> str:
+    """What `trident train` says when a signal stops the evaluation: the checkpoint it kept
+    and the commands that evaluate it (`trident eval` of the run folder: its newest
+    checkpoint on its own markets; a resume: the run's own evaluation, eval files and curve)."""
+    said = f"trident train: stopped by {signal_name} during the evaluation"
+    if final is None:
+        return (f"{said}; no checkpoint (--no-checkpoint): the trained policy is not kept. "
+                "A run without --no-checkpoint commits one before it evaluates")  # fmt: skip
+    return (f"{said}; training is done, checkpoint {final.name} kept. Evaluate it with: "
+            f"trident eval {run_dir} --out-dir {run_dir}, or finish the run (its evaluation "
+            f"and learning curve) with: trident train --resume --run-dir {run_dir}")  # fmt: skip
 
 
 class MarketSteps:
@@ -375,12 +406,8 @@ def plot_learning_curve(
               for name, (color, dash, _) in zip(
                   [n for n in levels if n != evaluate.TRAINED],
                   itertools.cycle(evaluate.STYLES), strict=False)}  # fmt: skip
-    styles[evaluate.TRAINED] = {
-        "color": "black",
-        "linestyle": (0, (1, 1)),
-        "linewidth": 1.6,
-        "zorder": 5,
-    }  # over a baseline at the same level
+    styles[evaluate.TRAINED] = {"color": "black", "linestyle": (0, (1, 1)), "linewidth": 1.6,
+                                "zorder": 5}  # over a baseline at the same level  # fmt: skip
     for name, level in sorted(levels.items(), key=lambda item: item[0] == evaluate.TRAINED):
         where = "held out" if low <= level <= high else "held out; off the scale"
         top.axhline(level, label=f"{name}: {level:.2f} ({where})", **styles[name])
