@@ -28,19 +28,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from conftest import nudged, random_rollout, small_config
+from gpu.test_sharding_cuda import SHARDS
+from gpu.test_trainer_cuda import GPU_SIZES
 
 from service.trainer.trainer import Trainer
-
-GPU_SIZES = (  # tests/gpu/test_trainer_cuda.py's
-    "model.hidden_dim=64",
-    "optim.lr=2e-3",
-    "replay.capacity=2000",
-    "replay.min_size=48",
-    "replay.batch_size=32",
-    "ppo.num_minibatches=3",
-    "c51.target_update_period=5",
-)
-SHARDS = ("train.data_shards=2", "replay.capacity=2048")
 
 
 def trainer(backend: str, shards: bool) -> Trainer:
