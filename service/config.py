@@ -284,6 +284,7 @@ class ServerConfig(_Section):
     # ping is unanswered for keepalive_timeout_s, ending its calls: a peer that vanished
     # without closing (a half-open TCP connection) is dropped within their sum (30 s)
     keepalive_s: float = _f(20.0, gt=0)
+    # how long a keepalive ping may go unanswered before the connection is closed (s)
     keepalive_timeout_s: float = _f(10.0, gt=0)
     # a connection with no call for this long is closed (GOAWAY; a client reconnects on its
     # next call transparently) (s)
