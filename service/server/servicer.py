@@ -282,6 +282,8 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
                 key = key_from_request(request.step)
                 result = self.engine.submit_step(rollout, context.is_active, key).result()
                 yield pb.StreamStepResponse(step=step_response(result))
+            # gRPC may end the request iterator of a cancelled call instead of raising
+            self._closed("StreamStep", context, request_id)
         except GeneratorExit:
             self._closed("StreamStep", context, request_id)
             raise
@@ -296,6 +298,8 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         self.metrics.interact_streams.inc()
         try:
             yield from self._interact(request_iterator, context)
+            # gRPC may end the request iterator of a cancelled call instead of raising
+            self._closed("Interact", context, request_id)
         except GeneratorExit:
             self._closed("Interact", context, request_id)
             raise
