@@ -112,6 +112,24 @@ def nudged(rollout: Rollout, towards: float) -> Rollout:
     return dataclasses.replace(rollout, obs=np.nextafter(rollout.obs, np.float32(towards)))
 
 
+def committed(root: Path, *names: str) -> None:
+    """Checkpoints `names` of the tests' small model under `root`, committed in that order."""
+    from service.checkpoint import save_checkpoint
+    from service.trainer.trainer import Trainer
+
+    trainer = Trainer(small_config())
+    for name in names:
+        save_checkpoint(trainer, root, name)
+
+
+def edit_manifest(root: Path, name: str) -> None:
+    """Change one byte of a checkpoint's manifest (its global step), as a hand edit would."""
+    from service.checkpoint import MANIFEST
+
+    path = root / name / MANIFEST
+    path.write_text(path.read_text().replace('"global_step": 0', '"global_step": 7'))
+
+
 def random_steps(trainer: Trainer, seed: int, count: int) -> list[StepResult]:
     """`count` Steps of `trainer` on the default-shaped `random_rollout`s drawn from `seed`: two
     trainers given the same seed see the same data."""

@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import small_config
+from conftest import committed, edit_manifest, small_config
 
 import service.checkpoint as checkpoint
 from service.checkpoint import (
-    MANIFEST,
     list_checkpoints,
     resumable,
     save_checkpoint,
@@ -21,17 +20,6 @@ from service.checkpoint import (
 from service.errors import CheckpointDiskFull, InvalidInput, NoValidCheckpoint
 from service.jobs.train import checkpoint_to_resume
 from service.trainer.trainer import Trainer
-
-
-def commit(root: Path, *names: str) -> None:
-    trainer = Trainer(small_config())
-    for name in names:
-        save_checkpoint(trainer, root, name)
-
-
-def edit_manifest(root: Path, name: str) -> None:
-    path = root / name / MANIFEST
-    path.write_text(path.read_text().replace('"global_step": 0', '"global_step": 7'))
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
@@ -73,7 +61,7 @@ def test_other_write_errors_are_not_disk_full(
 
 def test_resume_passes_over_invalid_checkpoints_naming_each(tmp_path: Path) -> None:
     assert resumable(tmp_path / "absent") == (None, [])  # nothing there: a fresh start
-    commit(tmp_path, "older", "newer")
+    committed(tmp_path, "older", "newer")
     edit_manifest(tmp_path, "newer")
     (tmp_path / "bare").mkdir()
     (tmp_path / ".tmp-crashed-1-ab").mkdir()  # a crashed save: neither valid nor invalid
@@ -86,7 +74,7 @@ def test_resume_passes_over_invalid_checkpoints_naming_each(tmp_path: Path) -> N
 
 
 def test_resume_refuses_when_none_validates_unless_told(tmp_path: Path) -> None:
-    commit(tmp_path, "only")
+    committed(tmp_path, "only")
     edit_manifest(tmp_path, "only")
     with pytest.raises(NoValidCheckpoint, match=r"only: .*manifest_sha256"):
         resumable(tmp_path)
@@ -99,7 +87,7 @@ def test_train_resume_follows_the_same_rule(
 ) -> None:
     with pytest.raises(InvalidInput):  # no checkpoint at all: nothing to go on with
         checkpoint_to_resume(tmp_path, "latest")
-    commit(tmp_path, "older", "newer")
+    committed(tmp_path, "older", "newer")
     edit_manifest(tmp_path, "newer")
     assert checkpoint_to_resume(tmp_path, "latest") == "older"
     assert "skips checkpoint newer" in capsys.readouterr().err

@@ -21,12 +21,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import SERVING, SMALL, running_server, small_config
+from conftest import SERVING, SMALL, committed, edit_manifest, running_server
 from serverproc import clean_env, scrape, serve_command, value
 
-from service.checkpoint import MANIFEST, list_checkpoints, save_checkpoint
+from service.checkpoint import list_checkpoints
 from service.client.client import TridentClient
-from service.trainer.trainer import Trainer
 
 VOLUME_BYTES = 4 * 1024 * 1024
 LEFT_FREE = 8 * 1024  # room for a few small files, never for a checkpoint
@@ -90,19 +89,6 @@ def test_a_full_volume_answers_resource_exhausted(tmp_path: Path) -> None:
             assert [e["reason"] for e in failed] == ["disk_full"]
             assert "Traceback" not in server.stderr()
             assert not server.events("internal error")
-
-
-def committed(root: Path, *names: str) -> None:
-    """Checkpoints `names` of the tests' small model under `root`, committed in that order."""
-    trainer = Trainer(small_config())
-    for name in names:
-        save_checkpoint(trainer, root, name)
-
-
-def edit_manifest(root: Path, name: str) -> None:
-    """Change one byte of a checkpoint's manifest (its global step), as a hand edit would."""
-    path = root / name / MANIFEST
-    path.write_text(path.read_text().replace('"global_step": 0', '"global_step": 7'))
 
 
 def serve_resume(tmp_path: Path, root: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
