@@ -280,6 +280,10 @@ class ServerConfig(_Section):
     # reply) is ended (s): an actor sends every env step, so 30 s of silence is a client gone
     # quiet or never reading, whose thread and seat at the Step queue go back
     stream_idle_s: float = _f(30.0, gt=0)
+    # a unary call's one request must arrive whole this long after the call began (s), else
+    # the call is ended: gRPC holds a handler thread while it collects a request, so a client
+    # trickling one would hold it; 64 MiB (server.max_message_mb) takes 5 s at 100 Mbit/s
+    request_receive_s: float = _f(30.0, gt=0)
     # HTTP/2 keepalive: the server pings each connection this often (s), and closes it when a
     # ping is unanswered for keepalive_timeout_s, ending its calls: a peer that vanished
     # without closing (a half-open TCP connection) is dropped within their sum (30 s)

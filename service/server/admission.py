@@ -16,9 +16,14 @@ its bound is answered RESOURCE_EXHAUSTED naming the setting, counted in
 `trident_rpcs_limited_total{method, limit}` (and `trident_rpc_errors_total`) and logged: the
 first refusal of each limit, then the count at most every `LOG_EVERY_S`.
 
-A data stream waiting on its client (in its next request, or in a reply the client has not
-read) for `server.stream_idle_s` is cancelled by one watcher thread; the handler sees its request
-iterator fail, the stream's thread and its seat at the Step queue go back.
+Calls that wait on their client too long are ended by one watcher thread (`ClientWaits`): a
+data stream waiting (for its next request, or for the client to read a reply) for
+`server.stream_idle_s`, and any unary call whose one request has not arrived whole
+`server.request_receive_s` after the call began. gRPC holds a handler thread for a unary call
+from its headers on while it collects the request, with no bound of its own: a client
+trickling a request byte by byte would hold that thread until its own deadline. So every
+unary method is served here as a stream of one request, read under that bound; the wait's
+thread and its place in its bound go back when it is ended.
 """
 
 from __future__ import annotations
@@ -99,46 +104,83 @@ class Bound:
 
 
 class _Watched:
-    """One data stream's wait on its client: since when (None: the server is working)."""
+    """One call's wait on its client: since when (None: the server is working), and the
+    setting that bounds it."""
 
-    __slots__ = ("context", "ended", "method", "since")
+    __slots__ = ("context", "ended", "limit_s", "method", "setting", "since")
 
-    def __init__(self, context: grpc.ServicerContext, method: str) -> None:
-        self.context, self.method = context, method
+    def __init__(
+        self, context: grpc.ServicerContext, method: str, setting: str, limit_s: float
+    ) -> None:
+        self.context, self.method, self.setting, self.limit_s = context, method, setting, limit_s
         self.since: float | None = None
         self.ended = False
 
 
-class IdleStreams:
-    """Ends the data streams that have waited on their client for `idle_s`: one thread looks
-    every `idle_s / 4` (at most 1 s), so a stream ends within 1.25 x idle_s of going quiet."""
+STREAM_IDLE = "server.stream_idle_s"
+REQUEST_RECEIVE = "server.request_receive_s"
+_ENDED_EVENT = {STREAM_IDLE: "idle stream ended", REQUEST_RECEIVE: "request not received"}
+
+
+class ClientWaits:
+    """Ends the calls that have waited on their client past their bound: one thread looks every
+    quarter of the shorter bound (at most every 1 s), so a call ends within 1.25 x its bound
+    (or its bound + 1 s) of the wait's start."""
 
     def __init__(
-        self, idle_s: float, ended: Callable[[str, str], None], clock: Clock = time.monotonic
+        self,
+        idle_s: float,
+        receive_s: float,
+        ended: Callable[[str, str], None],
+        clock: Clock = time.monotonic,
     ) -> None:
-        self.idle_s, self.ended, self.clock = idle_s, ended, clock
+        self.idle_s, self.receive_s, self.ended, self.clock = idle_s, receive_s, ended, clock
         self._open: set[_Watched] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def watch(self, method: str, behavior: Callable[..., Iterator[Any]], requests: Any,
-              context: grpc.ServicerContext) -> Iterator[Any]:  # fmt: skip
-        """`behavior(requests, context)`'s replies, the waits on the client timed."""
-        watched = _Watched(context, method)
+    def _open_wait(self, context: grpc.ServicerContext, method: str, setting: str,
+                   limit_s: float) -> _Watched:  # fmt: skip
+        watched = _Watched(context, method, setting, limit_s)
         with self._lock:
             self._open.add(watched)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="idle-streams",
+                self._thread = threading.Thread(target=self._run, name="client-waits",
                                                 daemon=True)  # fmt: skip
                 self._thread.start()
+        return watched
+
+    def _close_wait(self, watched: _Watched) -> None:
+        with self._lock:
+            self._open.discard(watched)
+
+    def request(self, method: str, requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+        """A unary call's one request, received within server.request_receive_s (a call ended
+        for it, or left by its client, raises the iterator's grpc.RpcError: gRPC answers it
+        CANCELLED and logs nothing)."""
+        watched = self._open_wait(context, method, REQUEST_RECEIVE, self.receive_s)
+        watched.since = self.clock()
+        try:
+            return next(requests)
+        except StopIteration:
+            name = method.rsplit("/", 1)[-1]
+            message = f"{name} takes one request message; the call ended without one"
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+        finally:
+            self._close_wait(watched)
+
+    def stream(self, method: str, behavior: Callable[..., Iterator[Any]], requests: Any,
+               context: grpc.ServicerContext) -> Iterator[Any]:  # fmt: skip
+        """`behavior(requests, context)`'s replies, its waits on the client bounded by
+        server.stream_idle_s."""
+        watched = self._open_wait(context, method, STREAM_IDLE, self.idle_s)
         try:
             for reply in behavior(self._requests(requests, watched), context):
                 watched.since = self.clock()  # until the client has read it
                 yield reply
                 watched.since = None
         finally:
-            with self._lock:
-                self._open.discard(watched)
+            self._close_wait(watched)
 
     def _requests(self, requests: Iterator[Any], watched: _Watched) -> Iterator[Any]:
         while True:
@@ -157,39 +199,41 @@ class IdleStreams:
             yield request
 
     def _run(self) -> None:
+        period = min(1.0, self.idle_s / 4, self.receive_s / 4)
         while True:
-            time.sleep(min(1.0, self.idle_s / 4))
+            time.sleep(period)
             now = self.clock()
             with self._lock:
-                quiet = [w for w in self._open
-                         if not w.ended and w.since is not None and now - w.since > self.idle_s]
-            for watched in quiet:  # fmt: skip
+                late = [w for w in self._open
+                        if not w.ended and w.since is not None and now - w.since > w.limit_s]
+            for watched in late:  # fmt: skip
                 watched.ended = True
                 name = watched.method.rsplit("/", 1)[-1]
-                self.ended(name, "server.stream_idle_s")
-                logs.event(logging.WARNING, "idle stream ended", method=name,
-                           idle_s=round(now - (watched.since or now), 1),
-                           limit="server.stream_idle_s", value=self.idle_s)  # fmt: skip
+                self.ended(name, watched.setting)
+                logs.event(logging.WARNING, _ENDED_EVENT[watched.setting], method=name,
+                           waited_s=round(now - (watched.since or now), 1),
+                           limit=watched.setting, value=watched.limit_s)  # fmt: skip
                 watched.context.cancel()
 
 
 class AdmissionInterceptor(grpc.ServerInterceptor):
     """Sorts each call into its bound (module doc) and wraps its handler to enter and leave it;
-    data streams are also watched for idleness. `limited(method, setting)` counts each call
-    refused by a bound, `ended_idle(method, setting)` each stream ended for idleness."""
+    its waits on the client are bounded by `ClientWaits`. `limited(method, setting)` counts each
+    call refused by a bound, `ended(method, setting)` each call ended for waiting on its client.
+    It must be the first interceptor, so that it also bounds the calls a later one refuses."""
 
     def __init__(
         self,
         server: ServerConfig,
         limited: Callable[[str, str], None],
-        ended_idle: Callable[[str, str], None],
+        ended: Callable[[str, str], None],
         clock: Clock = time.monotonic,
     ) -> None:
         self.streams = Bound("server.max_streams", server.max_streams, limited, clock)
         self.calls = Bound("server.max_concurrent_rpcs", server.max_concurrent_rpcs, limited,
                            clock)  # fmt: skip
         self.control = Bound("server.max_control_rpcs", server.max_control_rpcs, limited, clock)
-        self.idle = IdleStreams(server.stream_idle_s, ended_idle, clock)
+        self.waits = ClientWaits(server.stream_idle_s, server.request_receive_s, ended, clock)
 
     def bound_of(self, method: str) -> Bound | None:
         if method in DATA_STREAMS:
@@ -206,42 +250,51 @@ class AdmissionInterceptor(grpc.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
         handler = continuation(handler_call_details)
+        if handler is None:
+            return None
         method = handler_call_details.method
         bound = self.bound_of(method)
-        if handler is None or bound is None:
-            return handler
-        # The bound is entered on the handler's thread, not here (gRPC's polling thread): a
-        # call cancelled before its handler runs then never holds a place.
+        watch_idle = method in DATA_STREAMS
+        one_request = not handler.request_streaming
         kwargs = {"request_deserializer": handler.request_deserializer,
                   "response_serializer": handler.response_serializer}  # fmt: skip
+
+        # The bound is entered on the handler's thread, not here (gRPC's polling thread): a
+        # call cancelled before its handler runs then never holds a place.
+        def enter(context: grpc.ServicerContext) -> None:
+            if bound is not None and not bound.enter():
+                bound.refuse(method, context)
+
+        def leave() -> None:
+            if bound is not None:
+                bound.leave()
+
+        def argument(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+            return self.waits.request(method, requests, context) if one_request else requests
+
         if handler.response_streaming:
             behavior = handler.stream_stream or handler.unary_stream
-            watch = method in DATA_STREAMS
 
-            def streaming(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                if not bound.enter():
-                    bound.refuse(method, context)
+            def streaming(requests: Iterator[Any], context: grpc.ServicerContext
+                          ) -> Iterator[Any]:  # fmt: skip
+                enter(context)
                 try:
-                    if watch:
-                        yield from self.idle.watch(method, behavior, request, context)
+                    request = argument(requests, context)
+                    if watch_idle:
+                        yield from self.waits.stream(method, behavior, request, context)
                     else:
                         yield from behavior(request, context)
                 finally:
-                    bound.leave()
+                    leave()
 
-            make = (grpc.stream_stream_rpc_method_handler if handler.request_streaming
-                    else grpc.unary_stream_rpc_method_handler)  # fmt: skip
-            return make(streaming, **kwargs)
+            return grpc.stream_stream_rpc_method_handler(streaming, **kwargs)
         behavior = handler.stream_unary or handler.unary_unary
 
-        def unary(request: Any, context: grpc.ServicerContext) -> Any:
-            if not bound.enter():
-                bound.refuse(method, context)
+        def unary(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+            enter(context)
             try:
-                return behavior(request, context)
+                return behavior(argument(requests, context), context)
             finally:
-                bound.leave()
+                leave()
 
-        make = (grpc.stream_unary_rpc_method_handler if handler.request_streaming
-                else grpc.unary_unary_rpc_method_handler)  # fmt: skip
-        return make(unary, **kwargs)
+        return grpc.stream_unary_rpc_method_handler(unary, **kwargs)

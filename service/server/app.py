@@ -202,12 +202,14 @@ def start(
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     tokens = TokenTable.of(server_cfg)  # a malformed token file stops start-up here
-    interceptors = []
+    # Admission is Trident's (service/server/admission.py), per kind of call: gRPC's own
+    # maximum_concurrent_rpcs would count health checks and idle streams alike. It comes first
+    # so that the calls the token check refuses are bounded too.
+    interceptors: list[grpc.ServerInterceptor] = [
+        AdmissionInterceptor(server_cfg, metrics.refused, metrics.ended_waiting)
+    ]
     if tokens is not None:
         interceptors.append(BearerTokenInterceptor(tokens, metrics.rpc_error))
-    # Admission is Trident's (service/server/admission.py), per kind of call: gRPC's own
-    # maximum_concurrent_rpcs would count health checks and idle streams alike.
-    interceptors.append(AdmissionInterceptor(server_cfg, metrics.refused, metrics.ended_idle))
     limit = server_cfg.max_message_mb * 1024 * 1024
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=handler_threads(server_cfg)),

@@ -64,10 +64,10 @@ class Metrics:
         )
         self.rpcs_limited = Counter(
             "rpcs_limited",
-            "Calls refused RESOURCE_EXHAUSTED by an admission bound, and streams ended for "
+            "Calls refused RESOURCE_EXHAUSTED by an admission bound, and calls ended for "
             "waiting on their client too long, by method and limit (the setting: "
             "server.max_streams, server.max_concurrent_rpcs, server.max_control_rpcs, "
-            "server.stream_idle_s).",
+            "server.stream_idle_s, server.request_receive_s).",
             ["method", "limit"],
             **ns,
         )
@@ -197,8 +197,9 @@ class Metrics:
         self.rpcs_limited.labels(method=method, limit=limit).inc()
         self.rpc_error(method, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
-    def ended_idle(self, method: str, limit: str) -> None:
-        """A stream ended by `limit` (server.stream_idle_s)."""
+    def ended_waiting(self, method: str, limit: str) -> None:
+        """A call ended for waiting on its client past `limit` (server.stream_idle_s,
+        server.request_receive_s)."""
         self.rpcs_limited.labels(method=method, limit=limit).inc()
 
     def rpc_error(self, method: str, code: grpc.StatusCode) -> None:

@@ -1,7 +1,8 @@
 """Admission under abuse (service/server/admission.py): health checks and control calls are
 answered through a storm of 300 abusive Interact clients; a stream past `server.max_streams`
 and an InteractStart past `server.max_rollout_mb` are refused naming the setting; a stream whose
-client went silent is ended after `server.stream_idle_s`."""
+client went silent is ended after `server.stream_idle_s`, and a unary call whose request is
+trickled after `server.request_receive_s`."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from conftest import running_server, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from serverproc import ServerProcess, clean_env, scrape, value
+from trickle import trickle
 
 from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb
@@ -160,3 +162,36 @@ def test_a_silent_stream_is_ended_within_stream_idle_s(
         [ended] = server.events("idle stream ended")
         assert ended["limit"] == "server.stream_idle_s" and ended["method"] == "Interact"
         assert client.health() == "SERVING"
+
+
+@pytest.mark.parametrize("method", ["Step", "GetStatus"])
+def test_a_trickled_request_is_ended_within_request_receive_s(
+    tmp_path: Path, method: str
+) -> None:
+    receive_s = 1.0
+    with running_server(tmp_path, f"server.request_receive_s={receive_s}") as server, \
+            TridentClient(server.target) as client:  # fmt: skip
+        # a byte every 0.1 s of a request declared 1,000 bytes long: the connection is live,
+        # the request never whole; ended within 1.25 x receive_s (deadline: slack for a loaded
+        # machine)
+        ended = trickle(server.target, f"/trident.v1.TrainerService/{method}", every_s=0.1,
+                        timeout_s=10 + 1.25 * receive_s)  # fmt: skip
+        assert ended in ("reset", f"status {grpc.StatusCode.CANCELLED.value[0]}"), ended
+        assert limited(server, method, "server.request_receive_s") == 1
+        [event] = wait_until(lambda: server.events("request not received"), 10, "the log line")
+        assert event["limit"] == "server.request_receive_s" and event["method"] == method
+        assert event["waited_s"] >= receive_s
+        assert client.health() == "SERVING"
+        assert client.status().global_step == 0  # the call's thread and place are back
+
+
+def test_a_unary_call_without_its_request_is_refused_invalid_argument(tmp_path: Path) -> None:
+    with running_server(tmp_path) as server, grpc.insecure_channel(server.target) as channel:
+        call = channel.stream_unary(
+            "/trident.v1.TrainerService/GetStatus",
+            response_deserializer=pb.GetStatusResponse.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as caught:
+            call(iter(()), timeout=PROBE_TIMEOUT_S)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "GetStatus takes one request message" in caught.value.details()
