@@ -174,12 +174,16 @@ class ClientWaits:
         """`behavior(requests, context)`'s replies, its waits on the client bounded by
         server.stream_idle_s."""
         watched = self._open_wait(context, method, STREAM_IDLE, self.idle_s)
+        replies = behavior(self._requests(requests, watched), context)
         try:
-            for reply in behavior(self._requests(requests, watched), context):
+            for reply in replies:
                 watched.since = self.clock()  # until the client has read it
                 yield reply
                 watched.since = None
         finally:
+            # closed here, not whenever the collector gets to it: a handler counts the call
+            # it was stopped in (its GeneratorExit) as it closes
+            replies.close()
             self._close_wait(watched)
 
     def _requests(self, requests: Iterator[Any], watched: _Watched) -> Iterator[Any]:

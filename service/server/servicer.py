@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ from service.unroll import GroupStep, Unroller
 Handler = TypeVar("Handler", bound=Callable[..., Any])
 # Error details travel in trailing metadata; clients drop a stream whose metadata passes 8 KiB.
 MAX_MESSAGE_CHARS = 2000
+# a stream's end waits this long (s) for a cancel's second event (`_closed`)
+CANCEL_SETTLE_S = 0.05
 
 
 def request_id_of(context: grpc.ServicerContext) -> str:
@@ -228,23 +231,36 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
     def _client_gone(self, method: str, context: grpc.ServicerContext, request_id: str) -> None:
         """A stream that ended under the server (its client cancelled it or closed the
         connection, its deadline passed, a drain's grace ran out): gRPC's request iterator
-        raises a bare RpcError then. Nothing is left to answer; it is counted as CANCELLED and
-        logged as what it is, not as an internal error."""
+        raises a bare RpcError then. Nothing is left to answer; it is counted as what it is,
+        DEADLINE_EXCEEDED when the call's deadline has passed and CANCELLED otherwise, and
+        logged at INFO, not as an internal error."""
+        past_deadline = context.time_remaining() == 0
+        code = grpc.StatusCode.DEADLINE_EXCEEDED if past_deadline else grpc.StatusCode.CANCELLED
+        reason = (
+            "the call's deadline passed before its answer"
+            if past_deadline
+            else "the call ended before its answer: cancelled or its connection closed"
+        )
         logs.event(
             logging.INFO,
             "cancelled",
             method=method,
-            code=grpc.StatusCode.CANCELLED.name,
+            code=code.name,
             request_id=request_id,
-            reason="the call ended before its answer: cancelled, past its deadline or its "
-            "connection closed",
+            reason=reason,
             active=context.is_active(),
         )
-        self.metrics.rpc_error(method, grpc.StatusCode.CANCELLED)
+        self.metrics.rpc_error(method, code)
 
     def _closed(self, method: str, context: grpc.ServicerContext, request_id: str) -> None:
-        """A stream's responses closed before their end: gRPC stops reading a call's response
-        iterator once the call has ended, e.g. cancelled while a response was on its way."""
+        """A stream's requests or responses ended: gRPC stops reading a call's response
+        iterator once the call has ended, and ends its request iterator on a half-close or a
+        cancel. A cancel reaches the handler as two events, its message stream's end and then
+        the call's end, so a stream whose requests ended while it is still active waits up to
+        CANCEL_SETTLE_S for the second: a cancel is counted, a half-close answered OK."""
+        deadline = time.monotonic() + CANCEL_SETTLE_S
+        while context.is_active() and time.monotonic() < deadline:
+            time.sleep(CANCEL_SETTLE_S / 25)
         if not context.is_active():
             self._client_gone(method, context, request_id)
 

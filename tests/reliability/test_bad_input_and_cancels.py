@@ -114,6 +114,28 @@ def test_cancelled_streams_count_cancelled_without_a_traceback(server: ServerPro
     assert_no_error_logged(server)
 
 
+def test_a_stream_past_its_deadline_counts_deadline_exceeded(server: ServerProcess) -> None:
+    rng = np.random.default_rng()
+    with grpc.insecure_channel(server.target) as channel:
+        interact = channel.stream_stream(
+            f"{SERVICE}/Interact",
+            request_serializer=pb.InteractRequest.SerializeToString,
+            response_deserializer=pb.InteractResponse.FromString,
+        )
+        requests = Requests()
+        call = interact(iter(requests), timeout=2.0)
+        requests.send(interact_opening(rng))
+        assert next(call).actions.shape == [2]  # then nothing more: the deadline passes
+        with pytest.raises(grpc.RpcError) as caught:
+            next(call)
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        wait_until(lambda: errors(server, "Interact", "DEADLINE_EXCEEDED") == 1, WAIT_S,
+                   lambda: f"DEADLINE_EXCEEDED not counted:\n{server.stderr()}")  # fmt: skip
+    [ended] = [e for e in server.events("cancelled") if e["code"] == "DEADLINE_EXCEEDED"]
+    assert ended["level"] == "INFO" and ended["method"] == "Interact"
+    assert internal_errors(server) == {}
+
+
 def raw_call(channel: grpc.Channel, method: str) -> tuple[grpc.StatusCode, str, dict[str, str]]:
     """UNDECODABLE sent as `method`'s request (a stream of one for Interact); the status."""
     path = f"{SERVICE}/{method}"
