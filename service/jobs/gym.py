@@ -35,7 +35,7 @@ from service.config import Config
 from service.envs import GymnasiumVectorEnv, fit_to_env, make_gymnasium_env
 from service.jobs.evaluate import Interval, interval, paired_difference
 from service.jobs.progress import Episodes, Phases, Progress
-from service.jobs.run_folder import RunFolder
+from service.jobs.run_folder import RunFolder, commit_trained
 from service.jobs.scalars import ScalarLog, Value
 from service.jobs.train import CSV_COLUMNS, HELD_OUT, LOSSES, smoothed, start_run
 from service.signals import Stopped, raise_on_stop, stop_signals
@@ -151,14 +151,8 @@ def _train_gym(
                   flush=True)  # fmt: skip
             return 130
         seconds = time.perf_counter() - started
-        # The trained state is committed before the evaluation, which a stop may cut short: a
-        # resume then finds the training done and only evaluates.
-        final = checkpoint_now() if write_checkpoint else None
-        if final is not None:
-            print(f"checkpoint {final.name} -> {final.path} ({final.size_bytes} bytes)",
-                  flush=True)  # fmt: skip
-        elif saved is not None and saved.global_step == trainer.global_step:
-            final = saved  # --no-checkpoint, but a periodic or restored one holds this Step
+        final = commit_trained(checkpoint_now if write_checkpoint else None, saved,
+                               trainer.global_step)  # fmt: skip
         done = trainer.global_step - first
         trained = (f"trained {done} steps in {seconds:.1f} s" if done else
                    f"training done at step {trainer.global_step}/{train.steps}")  # fmt: skip

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from service.checkpoint import CheckpointInfo
 from service.config import Config, with_checkpoint_dir
 
 RUNS = Path("runs")  # where default run folders go, relative to the working directory
@@ -92,3 +94,17 @@ class RunFolder:
         self.root.mkdir(parents=True, exist_ok=True)
         self.config.write_text(config.to_toml())
         return with_checkpoint_dir(config, self.checkpoints)
+
+
+def commit_trained(
+    save: Callable[[], CheckpointInfo] | None, saved: CheckpointInfo | None, global_step: int
+) -> CheckpointInfo | None:
+    """The checkpoint that holds the trained state, committed before the evaluation, which a
+    stop may cut short (a resume then finds the training done and only evaluates): `save()`'s,
+    said on stdout, or with --no-checkpoint (`save` None) `saved` where it holds `global_step`
+    (a periodic or restored one)."""
+    if save is not None:
+        final = save()
+        print(f"checkpoint {final.name} -> {final.path} ({final.size_bytes} bytes)", flush=True)
+        return final
+    return saved if saved is not None and saved.global_step == global_step else None

@@ -44,7 +44,7 @@ from service.errors import InvalidInput
 from service.jobs import evaluate
 from service.jobs.device_loop import DeviceLoop, LoopStep
 from service.jobs.progress import Episodes, Progress
-from service.jobs.run_folder import RunFolder
+from service.jobs.run_folder import RunFolder, commit_trained
 from service.jobs.scalars import ScalarLog, Value
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, LobSim, observation_dim
 from service.signals import Stopped, raise_on_stop, stop_signals
@@ -226,15 +226,8 @@ def _train_lobsim(
                   f"--run-dir {folder.root}", flush=True)  # fmt: skip
             return 130
         elapsed = time.perf_counter() - started
-        # The trained state is committed before the evaluation, which a stop may cut short: a
-        # resume of the run then finds its training done and evaluates (`saved` matches the
-        # restored checkpoint there, so nothing is written twice).
-        final = checkpoint_now(elapsed) if write_checkpoint else None
-        if final is not None:
-            print(f"checkpoint {final.name} -> {final.path} ({final.size_bytes} bytes)",
-                  flush=True)  # fmt: skip
-        elif saved is not None and saved.global_step == trainer.global_step:
-            final = saved  # --no-checkpoint, but a periodic or restored one holds this Step
+        final = commit_trained((lambda: checkpoint_now(elapsed)) if write_checkpoint else None,
+                               saved, trainer.global_step)  # fmt: skip
         done = trainer.global_step - first
         print(
             (f"trained {done} steps in {ran_s:.1f} s" if done else
