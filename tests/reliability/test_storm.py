@@ -164,23 +164,32 @@ def test_a_silent_stream_is_ended_within_stream_idle_s(
         assert client.health() == "SERVING"
 
 
-@pytest.mark.parametrize("method", ["Step", "GetStatus"])
-def test_a_trickled_request_is_ended_within_request_receive_s(
-    tmp_path: Path, method: str
+TRICKLED = [  # (the call's path, its name in the metric and log, the setting that ends it)
+    ("/trident.v1.TrainerService/Step", "Step", "server.request_receive_s"),
+    ("/trident.v1.TrainerService/GetStatus", "GetStatus", "server.request_receive_s"),
+    ("/grpc.health.v1.Health/Check", "Check", "server.request_receive_s"),
+    ("/trident.v1.TrainerService/Interact", "Interact", "server.stream_idle_s"),
+]
+ENDED_EVENT = {"server.request_receive_s": "request not received",
+               "server.stream_idle_s": "idle stream ended"}  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "method", "setting"), TRICKLED)
+def test_a_trickled_request_is_ended_within_its_bound(
+    tmp_path: Path, path: str, method: str, setting: str
 ) -> None:
-    receive_s = 1.0
-    with running_server(tmp_path, f"server.request_receive_s={receive_s}") as server, \
+    bound_s = 1.0
+    with running_server(tmp_path, f"{setting}={bound_s}") as server, \
             TridentClient(server.target) as client:  # fmt: skip
         # a byte every 0.1 s of a request declared 1,000 bytes long: the connection is live,
-        # the request never whole; ended within 1.25 x receive_s (deadline: slack for a loaded
-        # machine)
-        ended = trickle(server.target, f"/trident.v1.TrainerService/{method}", every_s=0.1,
-                        timeout_s=10 + 1.25 * receive_s)  # fmt: skip
+        # the request never whole; ended within 1.25 x the bound (deadline: slack for a
+        # loaded machine)
+        ended = trickle(server.target, path, every_s=0.1, timeout_s=10 + 1.25 * bound_s)
         assert ended in ("reset", f"status {grpc.StatusCode.CANCELLED.value[0]}"), ended
-        assert limited(server, method, "server.request_receive_s") == 1
-        [event] = wait_until(lambda: server.events("request not received"), 10, "the log line")
-        assert event["limit"] == "server.request_receive_s" and event["method"] == method
-        assert event["waited_s"] >= receive_s
+        assert limited(server, method, setting) == 1
+        [event] = wait_until(lambda: server.events(ENDED_EVENT[setting]), 10, "the log line")
+        assert event["limit"] == setting and event["method"] == method
+        assert event["waited_s"] >= bound_s
         assert client.health() == "SERVING"
         assert client.status().global_step == 0  # the call's thread and place are back
 
