@@ -1,5 +1,5 @@
 """Admission: each kind of call has a bound of its own, so data traffic never crowds out a
-health check or an operator's call, and a stream whose client went quiet is ended.
+health check or an operator's call, and a call whose client went quiet is ended.
 
 gRPC's own `maximum_concurrent_rpcs` counts every call alike: 64 idle Interact streams made a
 liveness probe fail. Here the interceptor sorts calls by method:
