@@ -188,6 +188,7 @@ def test_hot_hyperparameters_come_back(tmp_path: Path, config: Config, seed: int
 
 
 # ------------------------------------------------------------------------------ crash consistency
+@pytest.mark.slow
 def test_sigkill_mid_save_never_leaves_a_bad_checkpoint(
     tmp_path: Path, config: Config, capsys: pytest.CaptureFixture[str], seed: int
 ) -> None:

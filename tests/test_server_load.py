@@ -10,6 +10,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import pytest
 from conftest import random_rollout, running_server, small_config, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from serverproc import scrape, value
@@ -48,6 +49,7 @@ def step_with_backoff(client: TridentClient, rollout: Rollout, actor: Actor) -> 
             time.sleep(0.005)
 
 
+@pytest.mark.slow
 def test_eight_actors_for_ten_seconds(tmp_path: Path, seed: int) -> None:
     overrides = ("server.step_queue_size=2", "train.max_policy_lag=1000000")
     with running_server(tmp_path, *overrides) as server:

@@ -45,6 +45,7 @@ class Recorder:
 INVARIANT_STEPS = int(os.environ.get("TRIDENT_LOBSIM_STEPS") or 1_600)
 
 
+@pytest.mark.slow
 def test_invariants_over_random_steps_on_64_markets() -> None:
     check_random_run(LobsimConfig(horizon=400), INVARIANT_STEPS)
 

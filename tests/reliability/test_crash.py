@@ -200,6 +200,7 @@ def machine() -> dict[str, object]:
     }
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_of_checkpoint_saves(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

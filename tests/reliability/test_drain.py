@@ -28,6 +28,7 @@ GRACE_S = 10.0
 SLOW = "ppo.epochs=96"  # with 16x16 rollouts, Steps of ~0.5 s on the NumPy backend
 
 
+@pytest.mark.slow
 def test_sigterm_with_eight_steps_in_flight(tmp_path: Path, rng: np.random.Generator) -> None:
     settings = (f"server.shutdown_grace_s={GRACE_S}", f"server.step_queue_size={IN_FLIGHT}", SLOW)
     server = running_server(tmp_path, *settings)

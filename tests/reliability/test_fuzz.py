@@ -324,6 +324,7 @@ def fuzz_checkpoint_names(fuzzed: Fuzzed, calls: list[tuple[str, object]]) -> No
 
 
 # ------------------------------------------------------------------------------ the test
+@pytest.mark.slow
 def test_fuzzing_the_surface_changes_nothing(fuzzed: Fuzzed) -> None:
     """>= 10,000 calls, each answered as ALLOWED with an error naming what was expected; no
     fuzzed Step applied, the parameter digest unchanged. One test for the three campaigns, so
