@@ -6,6 +6,12 @@ every mode on fixed observations (actions, and the bytes of log-probs and values
 that changes what the trainer computes changes this record; `tests/test_golden.py` compares it
 with `tests/golden/trainer_numpy.json`.
 
+The NumPy record is made under one arithmetic on every x86-64 machine (`PINNED_ARITHMETIC`):
+NumPy and OpenBLAS pick their loops by the processor, and their roundings differ (the record
+made on an AVX-512 Xeon is not what an AVX2 EPYC computes, for the same code). With NumPy held
+to its baseline loops and OpenBLAS to its Prescott kernels, the bytes are the code's alone.
+`main` runs itself again under them where they are not set.
+
     python3 tests/golden_record.py --backend numpy --write tests/golden/trainer_numpy.json
     python3 tests/golden_record.py --backend cuda --write golden_cuda.json   # on a GPU host
 """
@@ -14,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import sys
 from pathlib import Path
 
@@ -40,6 +48,23 @@ CONFIG = (
     "c51.target_update_period=7",
     f"train.seed={SEED}",
 )
+
+
+# NumPy's dispatched loops past its x86-64 baseline, and OpenBLAS's SSE3 kernels, which every
+# x86-64 processor runs (a feature NumPy does not find on a machine is ignored).
+PINNED_ARITHMETIC = {
+    "NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 AVX512_ICL AVX512_SPR",
+    "OPENBLAS_CORETYPE": "Prescott",
+}
+
+
+def arithmetic_pinnable() -> bool:
+    """Whether this machine can run the NumPy record's pinned arithmetic (x86-64 only)."""
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+def pinned(env: dict[str, str]) -> bool:
+    return all(env.get(name) == value for name, value in PINNED_ARITHMETIC.items())
 
 
 def uniforms(sequence: int, n: int) -> np.ndarray:
@@ -97,6 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", choices=("numpy", "cuda"), default="numpy")
     parser.add_argument("--write", type=Path, help="write the record here (else print it)")
     args = parser.parse_args(argv)
+    if args.backend == "numpy" and not pinned(dict(os.environ)):
+        if not arithmetic_pinnable():
+            parser.error(f"the NumPy record's arithmetic is x86-64's; this is {platform.machine()}")
+        env = {**os.environ, **PINNED_ARITHMETIC}  # read as NumPy and OpenBLAS load: start anew
+        given = sys.argv[1:] if argv is None else argv
+        os.execve(sys.executable, [sys.executable, __file__, *given], env)
     text = json.dumps(record(args.backend), indent=1) + "\n"
     if args.write:
         args.write.parent.mkdir(parents=True, exist_ok=True)
