@@ -39,6 +39,10 @@ Handler = TypeVar("Handler", bound=Callable[..., Any])
 MAX_MESSAGE_CHARS = 2000
 # a stream's end waits this long (s) for a cancel's second event (`_closed`)
 CANCEL_SETTLE_S = 0.05
+# A call its client ended this close to its deadline ended for the deadline: the client's clock
+# starts before the server has read the call's headers, so the client's deadline passes first
+# and its cancel can reach the server while the server's own copy still has milliseconds left.
+DEADLINE_SLACK_S = 0.25
 
 
 def request_id_of(context: grpc.ServicerContext) -> str:
@@ -232,9 +236,9 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         """A stream that ended under the server (its client cancelled it or closed the
         connection, its deadline passed, a drain's grace ran out): gRPC's request iterator
         raises a bare RpcError then. Nothing is left to answer; it is counted as what it is,
-        DEADLINE_EXCEEDED when the call's deadline has passed and CANCELLED otherwise, and
-        logged at INFO, not as an internal error."""
-        past_deadline = context.time_remaining() == 0
+        DEADLINE_EXCEEDED when the call's deadline has passed (or is DEADLINE_SLACK_S away)
+        and CANCELLED otherwise, and logged at INFO, not as an internal error."""
+        past_deadline = context.time_remaining() < DEADLINE_SLACK_S
         code = grpc.StatusCode.DEADLINE_EXCEEDED if past_deadline else grpc.StatusCode.CANCELLED
         reason = (
             "the call's deadline passed before its answer"
