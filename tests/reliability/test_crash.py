@@ -10,7 +10,10 @@ never the one whose temporary the kill left behind.
 A flipped bit in any file of a checkpoint makes Restore answer DATA_LOSS naming the file, with
 the parameters untouched, while the previous good checkpoint still restores.
 
-The CI runs TRIDENT_CRASH_TRIALS (default 16) trials; the long run is
+The CI runs TRIDENT_CRASH_TRIALS (default 16) trials at random moments; where none of them
+landed inside a save (on a loaded machine the save is a small part of a Checkpoint's round
+trip), up to AIMED_TRIALS more are aimed, each killing the server as soon as the save's
+temporary appears, so that a kill mid-save is always among those checked. The long run is
 
     TRIDENT_CRASH_TRIALS=200 TRIDENT_CRASH_RESULTS=bench/results/crash_trials.json \\
         python -m pytest tests/reliability/test_crash.py -k sigkill -s
@@ -53,6 +56,7 @@ SETTINGS = ("checkpoint.keep_last=3", "replay.capacity=512")
 # kills land inside a save whatever the machine's speed and however long a Step takes next
 # to a save (a save takes ~10 ms on an idle 2-core machine).
 KILL_WINDOW_S = 0.04
+AIMED_TRIALS = 5  # at most, after the random ones, until a kill lands mid-save
 FLIPS_PER_FILE = 3
 
 
@@ -101,6 +105,17 @@ def traffic(
                 life.answered.append(name)
         except grpc.RpcError as error:
             life.ended_by = error.code().name
+
+
+def wait_for_temporary(root: Path, life: Life, worker: threading.Thread) -> None:
+    """Until the temporary of the Checkpoint in flight is on disk (its save has begun)."""
+
+    def save_begun() -> bool:
+        name = life.in_flight
+        return name is not None and any(root.glob(f"{TEMP_PREFIX}{name}-{life.pid}-*"))
+
+    wait_until(lambda: save_begun() or not worker.is_alive(), 30,
+               lambda: f"a save's temporary in {root}: {life}", interval_s=0.0002)  # fmt: skip
 
 
 def wait_for_attempts(life: Life, count: int, worker: threading.Thread) -> None:
@@ -215,24 +230,30 @@ def test_sigkill_at_random_moments_of_checkpoint_saves(
     temporaries: list[str] = []
     load_before = os.getloadavg()
     started = time.perf_counter()
-    for trial in range(TRIALS + 1):  # each start checks the previous trial's kill
+    aimed = 0
+    for trial in itertools.count():  # each start checks the previous trial's kill
         server = running_server(tmp_path / "server", *SETTINGS, checkpoint_dir=root)
         try:
             if life is not None:
                 newest = check_restart(server, life, temporaries, committed, saved, tally)
                 if newest is not None:  # the in-flight one, if its rename had happened
                     committed.add(newest)
-            if trial == TRIALS:
+            mid_save_seen = tally.kills["mid-save (temporary left)"] > 0
+            if trial >= TRIALS and (mid_save_seen or aimed == AIMED_TRIALS):
                 break
             life = Life(server.proc.pid)
             rollout = random_rollout(np.random.default_rng([seed, trial]), T=4, N=4)
             worker = threading.Thread(target=traffic, args=(server, trial, rollout, saved, life))
             worker.start()
             wait_for_attempts(life, chooser.randint(1, 3), worker)
-            window = KILL_WINDOW_S
-            if trial % 2 and round_trips:
-                window = 1.5 * statistics.median(round_trips)
-            time.sleep(chooser.uniform(0, window))
+            if trial >= TRIALS:
+                aimed += 1
+                wait_for_temporary(root, life, worker)
+            else:
+                window = KILL_WINDOW_S
+                if trial % 2 and round_trips:
+                    window = 1.5 * statistics.median(round_trips)
+                time.sleep(chooser.uniform(0, window))
             server.proc.kill()
             assert server.proc.wait(10) == -9
             worker.join(30)
@@ -247,6 +268,7 @@ def test_sigkill_at_random_moments_of_checkpoint_saves(
     mid_save = tally.kills["mid-save (temporary left)"]
     figures = {
         "trials": TRIALS,
+        "aimed_trials": aimed,
         "seed": seed,
         "kills": dict(tally.kills),
         "mid_save_kills": mid_save,
@@ -259,9 +281,10 @@ def test_sigkill_at_random_moments_of_checkpoint_saves(
     kills = ", ".join(f"{count} {moment}" for moment, count in sorted(tally.kills.items()))
     with capsys.disabled():
         print(
-            f"\n[crash] {TRIALS} SIGKILLs ({kills}); {tally.removed_at_startup} temporaries "
-            f"removed at start-up ({tally.prune_leftovers} of prunes); {tally.restores} newest "
-            f"checkpoints restored with their step and digest; {len(saved)} saves attempted; "
+            f"\n[crash] {TRIALS} + {aimed} aimed SIGKILLs ({kills}); "
+            f"{tally.removed_at_startup} temporaries removed at start-up "
+            f"({tally.prune_leftovers} of prunes); {tally.restores} newest checkpoints restored "
+            f"with their step and digest; {len(saved)} saves attempted; "
             f"{seconds:.1f} s (seed {seed})"
         )
     if RESULTS:
@@ -277,7 +300,7 @@ def test_sigkill_at_random_moments_of_checkpoint_saves(
             **figures,
         }
         Path(RESULTS).write_text(json.dumps(record, indent=1) + "\n")
-    assert sum(tally.kills.values()) == TRIALS
+    assert sum(tally.kills.values()) == TRIALS + aimed
     assert mid_save > 0 and tally.restores > 0, figures
 
 
