@@ -19,7 +19,10 @@ N · rollout_len · Steps / wall time, and the share of that time per phase of t
 (act, market, update; on CUDA device time from events, "host" the rest). --cartpole-sizes runs
 the same device loop on N
 CartPoles (bench/cartpole.py; model obs_dim 4, 2 actions, no aux head), the env of the
-published vectorised-trainer figures.
+published vectorised-trainer figures. The NumPy loops run with one BLAS thread, as `trident
+train` and `trident serve` do on NumPy (service/backend/blas.py); `--numpy-blas machine` leaves
+the BLAS library its own thread count (a loop alone on an idle machine then splits each GEMM
+over every core, which no served trainer beside its actors can do).
 
 Writes JSON (command, date, machine, versions, results) to --out (default
 bench/results/lobsim.json) and prints tables.
@@ -28,6 +31,7 @@ bench/results/lobsim.json) and prints tables.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -38,9 +42,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_info
 
 from bench.cartpole import NUM_ACTIONS as NUM_CARTPOLE_ACTIONS
 from bench.cartpole import OBS_DIM, CartPole
+from service.backend.blas import single_blas_thread
 from service.config import Config, LobsimConfig, load_config
 from service.jobs.device_loop import DeviceLoop
 from service.jobs.train import lobsim_model, make_stepper
@@ -129,10 +135,20 @@ def loop_config(backend: str, N: int, seed: int, *model: str) -> Config:
 
 
 def time_loop(
-    backend: str, N: int, steps: int, seed: int, env: str = "lobsim", sets: tuple[str, ...] = ()
+    backend: str, N: int, steps: int, seed: int, env: str = "lobsim", sets: tuple[str, ...] = (),
+    blas: str = "one",
 ) -> dict:
     """The integrated loop's env steps/s on `backend` with N markets (or N CartPoles), the
-    settings `sets` (section.key=value) on top of the defaults."""
+    settings `sets` (section.key=value) on top of the defaults; `blas` "one" runs it with the
+    jobs' single BLAS thread, "machine" with the library's own count."""
+    threads = single_blas_thread(backend) if blas == "one" else contextlib.nullcontext()
+    with threads:
+        return _time_loop(backend, N, steps, seed, env, sets)
+
+
+def _time_loop(
+    backend: str, N: int, steps: int, seed: int, env: str, sets: tuple[str, ...]
+) -> dict:
     phases = Phases(backend)
     if env == "cartpole":
         shape = (f"model.obs_dim={OBS_DIM}", f"model.num_actions={NUM_CARTPOLE_ACTIONS}",
@@ -164,7 +180,14 @@ def time_loop(
         "wall_s": wall,
         "env_steps_per_s": N * T * steps / wall,
         "ms_per_step": 1e3 * wall / steps,
+        "blas_threads": blas_threads(),
     }
+
+
+def blas_threads() -> int | None:
+    """The BLAS pool's threads now (None where threadpoolctl finds no BLAS)."""
+    pools = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+    return max(pools, default=None)
 
 
 def cuda_unavailable() -> str | None:
@@ -203,6 +226,13 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         default=256,
         help="largest N of the NumPy integrated loop (it is slow)",
+    )
+    parser.add_argument(
+        "--numpy-blas",
+        choices=("one", "machine"),
+        default="one",
+        help="BLAS threads of the NumPy loops: one, as the jobs and the server run (default), "
+        "or the library's own count",
     )
     parser.add_argument(
         "--set",
@@ -244,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"\n{'N':>7} | {env + ' loop numpy env steps/s':>31} | loop cuda (device loop)")
         for N in (n for n in sizes if n):
             numpy_loop = (
-                time_loop("numpy", N, args.loop_steps, args.seed, env)
+                time_loop("numpy", N, args.loop_steps, args.seed, env, blas=args.numpy_blas)
                 if args.numpy_loop_max >= N
                 else {"available": False, "reason": "skipped: N > --numpy-loop-max"}
             )
