@@ -65,8 +65,11 @@ def test_reflection_v1_lists_the_services_and_describes_them(server: ServerProce
         assert listed == SERVICES
         trainer = file_of(ask(channel, V1, classes,
                               file_containing_symbol="trident.v1.TrainerService"))  # fmt: skip
-        assert trainer.name.endswith("trident/v1/trainer.proto")
+        # the name a client compiles from protos/ (and imports), not the stubs' package path
+        assert trainer.name == "trident/v1/trainer.proto"
         assert "Interact" in {m.name for m in trainer.service[0].method}
+        by_name = file_of(ask(channel, V1, classes, file_by_filename=trainer.name))
+        assert by_name == trainer
         v1 = file_of(ask(channel, V1, classes, file_containing_symbol=V1))
         assert v1.name == "grpc/reflection/v1/reflection.proto"
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from service.api.trident.v1 import trainer_pb2 as service_dot_api_dot_trident_dot_v1_dot_trainer__pb2
+from service.api.trident.v1 import trainer_pb2 as trident_dot_v1_dot_trainer__pb2
 
 GRPC_GENERATED_VERSION = '1.84.0'
 GRPC_VERSION = grpc.__version__
@@ -37,48 +37,48 @@ class TrainerServiceStub:
         """
         self.Step = channel.unary_unary(
                 '/trident.v1.TrainerService/Step',
-                request_serializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.StepRequest.SerializeToString,
-                response_deserializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.StepResponse.FromString,
+                request_serializer=trident_dot_v1_dot_trainer__pb2.StepRequest.SerializeToString,
+                response_deserializer=trident_dot_v1_dot_trainer__pb2.StepResponse.FromString,
                 _registered_method=True)
         self.StreamStep = channel.stream_stream(
                 '/trident.v1.TrainerService/StreamStep',
-                request_serializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.StreamStepRequest.SerializeToString,
-                response_deserializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.StreamStepResponse.FromString,
+                request_serializer=trident_dot_v1_dot_trainer__pb2.StreamStepRequest.SerializeToString,
+                response_deserializer=trident_dot_v1_dot_trainer__pb2.StreamStepResponse.FromString,
                 _registered_method=True)
         self.Act = channel.unary_unary(
                 '/trident.v1.TrainerService/Act',
-                request_serializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.ActRequest.SerializeToString,
-                response_deserializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.ActResponse.FromString,
+                request_serializer=trident_dot_v1_dot_trainer__pb2.ActRequest.SerializeToString,
+                response_deserializer=trident_dot_v1_dot_trainer__pb2.ActResponse.FromString,
                 _registered_method=True)
         self.Interact = channel.stream_stream(
                 '/trident.v1.TrainerService/Interact',
-                request_serializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.InteractRequest.SerializeToString,
-                response_deserializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.InteractResponse.FromString,
+                request_serializer=trident_dot_v1_dot_trainer__pb2.InteractRequest.SerializeToString,
+                response_deserializer=trident_dot_v1_dot_trainer__pb2.InteractResponse.FromString,
                 _registered_method=True)
         self.Checkpoint = channel.unary_unary(
                 '/trident.v1.TrainerService/Checkpoint',
-                request_serializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.CheckpointRequest.SerializeToString,
-                response_deserializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.CheckpointResponse.FromString,
+                request_serializer=trident_dot_v1_dot_trainer__pb2.CheckpointRequest.SerializeToString,
+                response_deserializer=trident_dot_v1_dot_trainer__pb2.CheckpointResponse.FromString,
                 _registered_method=True)
         self.Restore = channel.unary_unary(
                 '/trident.v1.TrainerService/Restore',
-                request_serializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.RestoreRequest.SerializeToString,
-                response_deserializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.RestoreResponse.FromString,
+                request_serializer=trident_dot_v1_dot_trainer__pb2.RestoreRequest.SerializeToString,
+                response_deserializer=trident_dot_v1_dot_trainer__pb2.RestoreResponse.FromString,
                 _registered_method=True)
         self.ListCheckpoints = channel.unary_unary(
                 '/trident.v1.TrainerService/ListCheckpoints',
-                request_serializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.ListCheckpointsRequest.SerializeToString,
-                response_deserializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.ListCheckpointsResponse.FromString,
+                request_serializer=trident_dot_v1_dot_trainer__pb2.ListCheckpointsRequest.SerializeToString,
+                response_deserializer=trident_dot_v1_dot_trainer__pb2.ListCheckpointsResponse.FromString,
                 _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/trident.v1.TrainerService/GetStatus',
-                request_serializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.GetStatusRequest.SerializeToString,
-                response_deserializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.GetStatusResponse.FromString,
+                request_serializer=trident_dot_v1_dot_trainer__pb2.GetStatusRequest.SerializeToString,
+                response_deserializer=trident_dot_v1_dot_trainer__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
         self.UpdateHyperparams = channel.unary_unary(
                 '/trident.v1.TrainerService/UpdateHyperparams',
-                request_serializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.UpdateHyperparamsRequest.SerializeToString,
-                response_deserializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.UpdateHyperparamsResponse.FromString,
+                request_serializer=trident_dot_v1_dot_trainer__pb2.UpdateHyperparamsRequest.SerializeToString,
+                response_deserializer=trident_dot_v1_dot_trainer__pb2.UpdateHyperparamsResponse.FromString,
                 _registered_method=True)
 
 
@@ -216,48 +216,48 @@ def add_TrainerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Step': grpc.unary_unary_rpc_method_handler(
                     servicer.Step,
-                    request_deserializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.StepRequest.FromString,
-                    response_serializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.StepResponse.SerializeToString,
+                    request_deserializer=trident_dot_v1_dot_trainer__pb2.StepRequest.FromString,
+                    response_serializer=trident_dot_v1_dot_trainer__pb2.StepResponse.SerializeToString,
             ),
             'StreamStep': grpc.stream_stream_rpc_method_handler(
                     servicer.StreamStep,
-                    request_deserializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.StreamStepRequest.FromString,
-                    response_serializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.StreamStepResponse.SerializeToString,
+                    request_deserializer=trident_dot_v1_dot_trainer__pb2.StreamStepRequest.FromString,
+                    response_serializer=trident_dot_v1_dot_trainer__pb2.StreamStepResponse.SerializeToString,
             ),
             'Act': grpc.unary_unary_rpc_method_handler(
                     servicer.Act,
-                    request_deserializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.ActRequest.FromString,
-                    response_serializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.ActResponse.SerializeToString,
+                    request_deserializer=trident_dot_v1_dot_trainer__pb2.ActRequest.FromString,
+                    response_serializer=trident_dot_v1_dot_trainer__pb2.ActResponse.SerializeToString,
             ),
             'Interact': grpc.stream_stream_rpc_method_handler(
                     servicer.Interact,
-                    request_deserializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.InteractRequest.FromString,
-                    response_serializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.InteractResponse.SerializeToString,
+                    request_deserializer=trident_dot_v1_dot_trainer__pb2.InteractRequest.FromString,
+                    response_serializer=trident_dot_v1_dot_trainer__pb2.InteractResponse.SerializeToString,
             ),
             'Checkpoint': grpc.unary_unary_rpc_method_handler(
                     servicer.Checkpoint,
-                    request_deserializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.CheckpointRequest.FromString,
-                    response_serializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.CheckpointResponse.SerializeToString,
+                    request_deserializer=trident_dot_v1_dot_trainer__pb2.CheckpointRequest.FromString,
+                    response_serializer=trident_dot_v1_dot_trainer__pb2.CheckpointResponse.SerializeToString,
             ),
             'Restore': grpc.unary_unary_rpc_method_handler(
                     servicer.Restore,
-                    request_deserializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.RestoreRequest.FromString,
-                    response_serializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.RestoreResponse.SerializeToString,
+                    request_deserializer=trident_dot_v1_dot_trainer__pb2.RestoreRequest.FromString,
+                    response_serializer=trident_dot_v1_dot_trainer__pb2.RestoreResponse.SerializeToString,
             ),
             'ListCheckpoints': grpc.unary_unary_rpc_method_handler(
                     servicer.ListCheckpoints,
-                    request_deserializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.ListCheckpointsRequest.FromString,
-                    response_serializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.ListCheckpointsResponse.SerializeToString,
+                    request_deserializer=trident_dot_v1_dot_trainer__pb2.ListCheckpointsRequest.FromString,
+                    response_serializer=trident_dot_v1_dot_trainer__pb2.ListCheckpointsResponse.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
-                    request_deserializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.GetStatusRequest.FromString,
-                    response_serializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.GetStatusResponse.SerializeToString,
+                    request_deserializer=trident_dot_v1_dot_trainer__pb2.GetStatusRequest.FromString,
+                    response_serializer=trident_dot_v1_dot_trainer__pb2.GetStatusResponse.SerializeToString,
             ),
             'UpdateHyperparams': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateHyperparams,
-                    request_deserializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.UpdateHyperparamsRequest.FromString,
-                    response_serializer=service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.UpdateHyperparamsResponse.SerializeToString,
+                    request_deserializer=trident_dot_v1_dot_trainer__pb2.UpdateHyperparamsRequest.FromString,
+                    response_serializer=trident_dot_v1_dot_trainer__pb2.UpdateHyperparamsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -286,8 +286,8 @@ class TrainerService:
             request,
             target,
             '/trident.v1.TrainerService/Step',
-            service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.StepRequest.SerializeToString,
-            service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.StepResponse.FromString,
+            trident_dot_v1_dot_trainer__pb2.StepRequest.SerializeToString,
+            trident_dot_v1_dot_trainer__pb2.StepResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -313,8 +313,8 @@ class TrainerService:
             request_iterator,
             target,
             '/trident.v1.TrainerService/StreamStep',
-            service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.StreamStepRequest.SerializeToString,
-            service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.StreamStepResponse.FromString,
+            trident_dot_v1_dot_trainer__pb2.StreamStepRequest.SerializeToString,
+            trident_dot_v1_dot_trainer__pb2.StreamStepResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -340,8 +340,8 @@ class TrainerService:
             request,
             target,
             '/trident.v1.TrainerService/Act',
-            service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.ActRequest.SerializeToString,
-            service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.ActResponse.FromString,
+            trident_dot_v1_dot_trainer__pb2.ActRequest.SerializeToString,
+            trident_dot_v1_dot_trainer__pb2.ActResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -367,8 +367,8 @@ class TrainerService:
             request_iterator,
             target,
             '/trident.v1.TrainerService/Interact',
-            service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.InteractRequest.SerializeToString,
-            service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.InteractResponse.FromString,
+            trident_dot_v1_dot_trainer__pb2.InteractRequest.SerializeToString,
+            trident_dot_v1_dot_trainer__pb2.InteractResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -394,8 +394,8 @@ class TrainerService:
             request,
             target,
             '/trident.v1.TrainerService/Checkpoint',
-            service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.CheckpointRequest.SerializeToString,
-            service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.CheckpointResponse.FromString,
+            trident_dot_v1_dot_trainer__pb2.CheckpointRequest.SerializeToString,
+            trident_dot_v1_dot_trainer__pb2.CheckpointResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -421,8 +421,8 @@ class TrainerService:
             request,
             target,
             '/trident.v1.TrainerService/Restore',
-            service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.RestoreRequest.SerializeToString,
-            service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.RestoreResponse.FromString,
+            trident_dot_v1_dot_trainer__pb2.RestoreRequest.SerializeToString,
+            trident_dot_v1_dot_trainer__pb2.RestoreResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -448,8 +448,8 @@ class TrainerService:
             request,
             target,
             '/trident.v1.TrainerService/ListCheckpoints',
-            service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.ListCheckpointsRequest.SerializeToString,
-            service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.ListCheckpointsResponse.FromString,
+            trident_dot_v1_dot_trainer__pb2.ListCheckpointsRequest.SerializeToString,
+            trident_dot_v1_dot_trainer__pb2.ListCheckpointsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -475,8 +475,8 @@ class TrainerService:
             request,
             target,
             '/trident.v1.TrainerService/GetStatus',
-            service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.GetStatusRequest.SerializeToString,
-            service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.GetStatusResponse.FromString,
+            trident_dot_v1_dot_trainer__pb2.GetStatusRequest.SerializeToString,
+            trident_dot_v1_dot_trainer__pb2.GetStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -502,8 +502,8 @@ class TrainerService:
             request,
             target,
             '/trident.v1.TrainerService/UpdateHyperparams',
-            service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.UpdateHyperparamsRequest.SerializeToString,
-            service_dot_api_dot_trident_dot_v1_dot_trainer__pb2.UpdateHyperparamsResponse.FromString,
+            trident_dot_v1_dot_trainer__pb2.UpdateHyperparamsRequest.SerializeToString,
+            trident_dot_v1_dot_trainer__pb2.UpdateHyperparamsResponse.FromString,
             options,
             channel_credentials,
             insecure,
