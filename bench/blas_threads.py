@@ -30,9 +30,7 @@ VARIANTS = ("default", "pinned")
 
 def child(variant: str, steps: int) -> dict:
     """One variant in this process: seconds for `steps` Steps after a warm-up Step."""
-    from threadpoolctl import threadpool_info
-
-    from service.backend.blas import single_blas_thread
+    from service.backend.blas import blas_thread_counts, single_blas_thread
     from service.config import load_config, sized_for
     from service.jobs.train import lobsim_model, make_stepper
     from service.trainer.trainer import Trainer
@@ -44,7 +42,7 @@ def child(variant: str, steps: int) -> dict:
     step = make_stepper(trainer, train.num_envs, train.rollout_len, config.lobsim, train.seed)
     pool = single_blas_thread("numpy") if variant == "pinned" else contextlib.nullcontext()
     with pool:
-        threads = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+        threads = blas_thread_counts()
         step()
         started = time.perf_counter()
         for _ in range(steps):

@@ -42,11 +42,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from threadpoolctl import threadpool_info
 
 from bench.cartpole import NUM_ACTIONS as NUM_CARTPOLE_ACTIONS
 from bench.cartpole import OBS_DIM, CartPole
-from service.backend.blas import single_blas_thread
+from service.backend.blas import blas_thread_counts, single_blas_thread
 from service.config import Config, LobsimConfig, load_config
 from service.jobs.device_loop import DeviceLoop
 from service.jobs.train import lobsim_model, make_stepper
@@ -180,14 +179,8 @@ def _time_loop(
         "wall_s": wall,
         "env_steps_per_s": N * T * steps / wall,
         "ms_per_step": 1e3 * wall / steps,
-        "blas_threads": blas_threads(),
+        "blas_threads": max(blas_thread_counts(), default=None),
     }
-
-
-def blas_threads() -> int | None:
-    """The BLAS pool's threads now (None where threadpoolctl finds no BLAS)."""
-    pools = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
-    return max(pools, default=None)
 
 
 def cuda_unavailable() -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from threadpoolctl import threadpool_limits
+from threadpoolctl import threadpool_info, threadpool_limits
 
 
 @contextmanager
@@ -22,3 +22,8 @@ def single_blas_thread(backend: str) -> Iterator[None]:
         return
     with threadpool_limits(limits=1, user_api="blas"):
         yield
+
+
+def blas_thread_counts() -> list[int]:
+    """The threads of each BLAS pool loaded in this process now (what a bench records)."""
+    return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
