@@ -253,28 +253,26 @@ def rss_drift(series: list[tuple[float, int, float]], settings: Settings) -> dic
     A line through every peak rather than the difference of two windows: the RSS wanders by
     about 1 MiB over minutes (allocator arenas and Python's object pools grow and shrink while
     the memory in use stays flat), which moves a window's median by as much as the drift the
-    soak bounds. The peaks (each PEAK_BIN_S's largest sample) rather than every sample: a leak
-    raises the working set's peak, while the anonymous memory of a Step's temporaries, handed
-    back to the OS for a moment (13 MiB for about a second at Steps of 4,096 samples; the
-    learner trains several rollouts a Step), only lowers single samples, and a line through
-    those tilts with where they fall. Each point is the largest sample of the ENVELOPE_S that
-    end with its PEAK_BIN_S, so a hand-back that outlasts one span leaves the line alone too
-    (on a 2-vCPU EPYC the RSS sat at 82.1 MiB with 11 MiB handed back for 3-4 s every ~15 s;
-    3 s peaks alone tilted the flat plateau's line to -2.5 %). `series` holds (seconds since
-    the actors started, RSS bytes, trident_samples_total)."""
+    soak bounds. Peaks rather than every sample: a leak raises the working set's peak, while
+    the anonymous memory of a Step's temporaries, handed back to the OS for a while (13 MiB for
+    about a second at Steps of 4,096 samples on a Xeon; 11 MiB for 3-4 s every ~15 s at the CI
+    soak's Steps on a 2-vCPU EPYC), only lowers some samples, and a line through those tilts
+    with where they fall. A point every PEAK_BIN_S, each the largest sample of the ENVELOPE_S
+    ending with its span, so that a hand-back longer than one span is passed over too (3 s
+    peaks alone tilted the EPYC's flat 82.1 MiB plateau to -2.5 %). `series` holds (seconds
+    since the actors started, RSS bytes, trident_samples_total)."""
     D = settings.duration_s
     filled = next((t for t, _, s in series if s >= settings.replay_capacity), None)
     start = max(settings.warmup_frac * D, filled if filled is not None else math.inf)
     figures: dict[str, Any] = {"replay_full_at_s": filled, "start_s": start}
-    samples = [(t, rss / 2**20) for t, rss, _ in series if t <= D]
-    window = [(t, mib) for t, mib in samples if start <= t]
-    ends: dict[int, float] = {}  # each span's last sample time
-    for t, _ in window:
-        at = int((t - start) // PEAK_BIN_S)
-        ends[at] = max(ends.get(at, t), t)
+    times = np.array([t for t, _, _ in series if t <= D])
+    mib = np.array([rss for t, rss, _ in series if t <= D]) / 2**20
+    measured = times >= start
+    ends: dict[int, float] = {}  # each span's last sample (the series is in time order)
+    for t in times[measured]:
+        ends[int((t - start) // PEAK_BIN_S)] = float(t)
     points = np.array([
-        (end, max(mib for t, mib in samples
-                  if start + (at + 1) * PEAK_BIN_S - ENVELOPE_S <= t <= end))
+        (end, mib[(start + (at + 1) * PEAK_BIN_S - ENVELOPE_S <= times) & (times <= end)].max())
         for at, end in sorted(ends.items())
     ])  # fmt: skip
     if start > 0.75 * D or len(points) < 5:
@@ -285,8 +283,8 @@ def rss_drift(series: list[tuple[float, int, float]], settings: Settings) -> dic
     figures.update(
         start_mib=round(float(at_start), 2),
         end_mib=round(float(at_end), 2),
-        min_mib=round(min(mib for _, mib in window), 2),
-        max_mib=round(max(mib for _, mib in window), 2),
+        min_mib=round(float(mib[measured].min()), 2),
+        max_mib=round(float(mib[measured].max()), 2),
         change_pct=round(float(100 * (at_end - at_start) / at_start), 4),
         pct_per_10min=round(float(100 * slope * TEN_MINUTES_S / at_start), 4),
     )

@@ -4,6 +4,8 @@ that grows reads its growth."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -13,7 +15,10 @@ SETTINGS = Settings(duration_s=40.0, warmup_frac=0.5, replay_capacity=1)
 MIB = 2**20
 
 
-def series(mib_at, rng: np.random.Generator) -> list[tuple[float, int, float]]:
+Series = list[tuple[float, int, float]]
+
+
+def series(mib_at: Callable[[float], float], rng: np.random.Generator) -> Series:
     """Samples every 0.1 s (jittered) of `mib_at(t)` MiB, the replay full from the start."""
     times = np.arange(0.0, SETTINGS.duration_s, 0.1) + rng.uniform(0, 0.05)
     return [(float(t), int(mib_at(t) * MIB), 1e6) for t in times]
