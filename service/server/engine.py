@@ -26,7 +26,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,8 +108,8 @@ class Status:
 class Engine:
     """Owns the trainer for the server's lifetime.
 
-    `clock` is the monotonic clock (seconds) behind the Step and Act duration metrics; a
-    simulation or a test can pass its own.
+    `clock` is the monotonic clock (seconds) behind the Step and Act duration metrics and the
+    Step queue's waits; a simulation or a test can pass its own.
     """
 
     def __init__(
@@ -148,6 +148,7 @@ class Engine:
             server.step_queue_size,
             server.step_max_wait_ms / 1e3,
             lambda: self.trainer.config.train.num_envs,
+            clock,
         )
         # Keyed Steps' content digests (Rollout.digest), hashed off the Step worker: sha256 lets
         # the GIL go, so a Step of 131k rows costs the worker no wait for its ~30 ms of hashing.
@@ -181,17 +182,20 @@ class Engine:
         caller_waiting: Callable[[], bool],
         key: StepKey | None = None,
         seat: Seat | None = None,
+        client: Hashable = None,
     ) -> Future[StepResult]:
-        """Queue a validated rollout. Alone it is a Step of its own, and a full queue raises
-        QueueFull (RESOURCE_EXHAUSTED) at once; with an Interact stream's `seat` it is trained
-        side by side with other streams' rollouts, and a full queue is waited out. A `key`
-        applied before is answered with its result (`replayed`), one still queued is joined;
-        ForgottenStepKey when the key is older than the ledger remembers, KeyReused when it
-        names other content."""
+        """Queue a validated rollout. Alone it is a Step of its own, `client`'s (its key's
+        actor when it has a key), and a full queue raises QueueFull (RESOURCE_EXHAUSTED) at
+        once; with an Interact stream's `seat` it is trained side by side with other streams'
+        rollouts, and a full queue is waited out. A `key` applied before is answered with its
+        result (`replayed`), one still queued is joined; ForgottenStepKey when the key is older
+        than the ledger remembers, KeyReused when it names other content, StalePolicy when its
+        policy version is outside the lag the learner takes (checked again when its Step
+        starts), so a rollout the learner would refuse never waits in the queue."""
         self.require_training("Step")
         try:
-            future = self._queue_step(rollout, caller_waiting, key, seat)
-        except (KeyReused, ForgottenStepKey, Abandoned) as refused:
+            future = self._queue_step(rollout, caller_waiting, key, seat, client)
+        except (KeyReused, ForgottenStepKey, StalePolicy, Abandoned) as refused:
             self.metrics.rollouts.inc()
             self._dropped(refused)
             raise
@@ -208,13 +212,20 @@ class Engine:
         caller_waiting: Callable[[], bool],
         key: StepKey | None,
         seat: Seat | None,
+        client: Hashable,
     ) -> Future[StepResult]:
-        columns, layout = rollout.num_envs, None if seat is None else rollout.layout
+        columns = rollout.num_envs
         if seat is not None:  # outside the keys' lock: the Step worker takes it
-            self._steps.wait_for_room(columns, caller_waiting, seat)
+            layout: Hashable | None = rollout.layout
+            self._steps.wait_for_room(seat, columns, rollout.layout, caller_waiting)
+            client = seat
+        else:
+            layout = None
+            client = key.actor if key is not None else client
         if key is None:
+            self._check_lag(rollout.policy_version)
             future = self._steps.submit(_Work(rollout, None, None), caller_waiting, columns,
-                                        layout, must_fit=seat is None)  # fmt: skip
+                                        client, layout, must_fit=seat is None)  # fmt: skip
             self._received(future)
             return future
         with self._keys_lock:
@@ -232,14 +243,15 @@ class Engine:
                 queued.waiting.append(caller_waiting)
                 self.metrics.steps_replayed.inc()
                 return queued.future
+            self._check_lag(rollout.policy_version)
             try:
                 digest = self._digests.submit(rollout.digest)
             except RuntimeError:  # shut down by a drain: the queue is closed too
                 raise Unavailable("the server is draining and takes no new Steps") from None
             queued = _Queued(Future(), [caller_waiting], digest)
             work = _Work(rollout, key, digest)
-            queued.future = self._steps.submit(work, queued.anyone_waiting, columns, layout,
-                                               must_fit=seat is None)  # fmt: skip
+            queued.future = self._steps.submit(work, queued.anyone_waiting, columns, client,
+                                               layout, must_fit=seat is None)  # fmt: skip
             self._queued[key] = queued
         queued.future.add_done_callback(lambda _: self._unqueue(key))
         self._received(queued.future)

@@ -23,7 +23,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from service import logs
-from service.errors import ForgottenStepKey, KeyReused
+from service.errors import ForgottenStepKey, KeyReused, StalePolicy
 from service.server.engine import Engine
 from service.server.status import drop_reason
 from service.step_ledger import StepKey
@@ -62,11 +62,12 @@ class InteractSteps:
 
     def submit(self, k: int, rollout: Rollout) -> None:
         """Queue rollout k as a keyed Step, once the queue has room. A key the server refuses
-        at once (held for other content, or forgotten) is rollout k's outcome."""
+        at once (held for other content, or forgotten), or a policy version the learner would
+        refuse, is rollout k's outcome."""
         key = StepKey(self.actor, self.first_sequence + k)
         try:
             future = self.engine.submit_step(rollout, self.active, key, self.seat)
-        except (KeyReused, ForgottenStepKey) as refused:
+        except (KeyReused, ForgottenStepKey, StalePolicy) as refused:
             self._record(Outcome(key.sequence, None, refused))
             self.settled(k)
             return

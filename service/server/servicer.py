@@ -288,7 +288,8 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
     def Step(self, request: pb.StepRequest, context: grpc.ServicerContext) -> pb.StepResponse:
         rollout = rollout_from_request(request, self.engine.trainer.config)
         key = key_from_request(request)
-        return step_response(self.engine.submit_step(rollout, context.is_active, key).result())
+        future = self.engine.submit_step(rollout, context.is_active, key, client=context.peer())
+        return step_response(future.result())
 
     def StreamStep(
         self, request_iterator: Iterator[pb.StreamStepRequest], context: grpc.ServicerContext
@@ -300,7 +301,8 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
                 request = decoded(undecoded)
                 rollout = rollout_from_request(request.step, self.engine.trainer.config)
                 key = key_from_request(request.step)
-                result = self.engine.submit_step(rollout, context.is_active, key).result()
+                result = self.engine.submit_step(rollout, context.is_active, key,
+                                                 client=context.peer()).result()  # fmt: skip
                 yield pb.StreamStepResponse(step=step_response(result))
             # gRPC may end the request iterator of a cancelled call instead of raising
             self._closed("StreamStep", context, request_id)

@@ -1,33 +1,50 @@
-"""The learner's queue: rollouts in, Steps of the learner's size out, applied one at a time, in
-arrival order, by one worker thread (SEED RL's learner batch, Sample Factory's Batcher).
+"""The learner's queue: rollouts in, Steps of the learner's size out, applied one at a time by
+one worker thread (SEED RL's learner batch, Sample Factory's Batcher).
 
-A Step is the learner's, not a request's: the rollouts of Interact streams (gathered jobs) are
-taken whole, in arrival order, side by side into one Step of `step_columns` environment
-columns; a request's own Step (a unary Step, StreamStep) is applied alone. The size is
-`max(base, the columns of the streams open now)`: at least the configured one (train.num_envs),
-and large enough that every stream adds about one rollout per Step, so that a rollout is at
-most a Step or two behind the policy that trains on it however many actors there are.
+What a Step holds. The rollouts of Interact streams (gathered jobs) are taken whole, in arrival
+order, side by side into one Step of `step_columns` environment columns; a request's own Step (a
+unary Step, StreamStep, a rollout an actor sends again) is applied alone, in its turn. The size
+is `max(base, the columns of the streams producing now)`: at least the configured one
+(train.num_envs), and large enough that each producing stream adds about one rollout per Step,
+so that a rollout is a Step or two behind the policy that trains on it however many actors
+there are.
 
-A Step starts as soon as one of these holds:
+Which streams are producing. A stream counts from its first whole rollout on, for as long as
+its next one is due: its pace (the median of its last PACE_SAMPLES intervals between rollouts;
+before its second, the time its first took) plus a grace of pace / 2, within [MIN_GRACE_S,
+MAX_GRACE_S], plus the latest Step's time (its rollout may have been due while a Step ran). A
+stream that has sent no whole rollout (idle, or cancelled halfway), or has stopped (paused, not
+reading its replies, gone quiet) counts for nothing, and so does one whose pace is more than
+SLOW_FACTOR times the producing streams' median: its rollouts join the Steps that are gathering
+and never hold one back.
+
+When a Step starts: as soon as one of these holds
 - its columns are in: the gathered rollouts fill it, or the next one of its layout would not
   fit (a rollout larger than a Step is a Step of its own);
-- nothing more can come: every open stream waits (for its own Steps, or for room), or none is
-  open;
-- the oldest rollout has waited `max_wait_s` (a Step then takes the whole rollouts that have
-  arrived);
+- nothing more is expected: every stream producing its layout waits (for room, or for its own
+  Steps), or none does;
+- its oldest rollout has waited `max_wait_s` (server.step_max_wait_ms);
 - the queue is closing (a drain applies what is queued without waiting for more).
+So an arrived rollout waits for producing streams alone: one that stops holds a Step back by at
+most its grace (at most MAX_GRACE_S plus one Step's time) past when its rollout was due, and
+nothing waits longer than `max_wait_s`.
 
-Backpressure, not blocking: `submit` on a full queue raises QueueFull at once; a stream's
-rollouts wait for room instead (`wait_for_room`), so its actor slows down and nothing is lost.
-The queue holds `capacity` Steps' worth of columns (a request's own Step counts as a whole
-Step). A job whose caller has gone by the time its Step starts is dropped before it touches the
-trainer, so a Step is applied whole or not at all.
+Room. The queue holds `capacity` Steps' worth of columns (server.step_queue_size), and beyond
+that every client (a stream; a request's client, its Step key's actor or else its connection)
+may always have one rollout or Step queued: no client is starved by others keeping the queue
+full. A request that does not fit is refused at once (QueueFull, RESOURCE_EXHAUSTED, saying what
+is full); a stream's rollout waits for room instead (`wait_for_room`), in line behind the
+streams' rollouts that waited before it, so its actor slows down and nothing is lost. A job
+whose caller has gone by the time its Step starts is dropped before it touches the trainer, so
+a Step is applied whole or not at all.
 """
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
+from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -38,7 +55,11 @@ from service.errors import Abandoned, QueueFull, Unavailable
 from service.types import StepResult
 
 Work = TypeVar("Work")  # what one rollout brings: the engine's rollout with its key
-ROOM_POLL_S = 0.1  # a stream waiting for room re-checks that its caller is still there
+ROOM_POLL_S = 0.1  # a wait for room, or for a stream's rollout, looks again this often
+PACE_SAMPLES = 5  # a stream's pace: the median of its latest intervals between rollouts
+MIN_GRACE_S = 0.1  # how late a stream's rollout may be before it stops counting, at least...
+MAX_GRACE_S = 1.0  # ...and at most (besides the latest Step's time)
+SLOW_FACTOR = 4.0  # a stream this many times slower than the median does not size Steps
 
 
 @dataclass(eq=False)
@@ -47,17 +68,22 @@ class _Job(Generic[Work]):
     caller_waiting: Callable[[], bool]
     columns: int
     layout: Hashable | None  # None: a Step of its own; else gathered with jobs of this layout
-    weight: int  # the columns it holds of the queue's capacity
+    client: Hashable  # whose it is: a Seat, or a request's client
+    enqueued: float  # the queue's clock when it joined
     future: Future[StepResult] = field(default_factory=Future)
-    enqueued: float = field(default_factory=time.perf_counter)
 
 
 class Seat:
-    """An Interact stream's place at the queue: its columns count towards a Step's size, and
-    while it waits (`waiting()`) a Step does not wait for it."""
+    """An Interact stream's place at the queue: while it produces rollouts its columns count
+    towards a Step's size, and while it waits (`waiting()`) a Step does not wait for it. Its
+    fields are the queue's, read and written under the queue's lock."""
 
-    def __init__(self, queue: StepQueue, columns: int) -> None:
-        self._queue, self.columns = queue, columns
+    def __init__(self, queue: StepQueue, columns: int, opened: float) -> None:
+        self._queue, self.columns, self.opened = queue, columns, opened
+        self.waits = 0  # how many of its waits are on
+        self.layout: Hashable | None = None  # its rollouts', from the first on
+        self.latest: float | None = None  # the queue's clock at its latest rollout
+        self.intervals: deque[float] = deque(maxlen=PACE_SAMPLES)
 
     @contextmanager
     def waiting(self) -> Iterator[None]:
@@ -70,6 +96,24 @@ class Seat:
 
     def close(self) -> None:
         self._queue._seat_leaves(self)
+
+    def arrived(self, now: float, layout: Hashable) -> None:
+        if self.latest is not None:
+            self.intervals.append(now - self.latest)
+        self.latest, self.layout = now, layout
+
+    def pace(self) -> float:
+        """Seconds between its rollouts; call once it has sent one."""
+        assert self.latest is not None
+        return statistics.median(self.intervals) if self.intervals else self.latest - self.opened
+
+    def due_until(self, step_s: float) -> float:
+        """When it stops counting as producing unless another rollout comes (`step_s`: the
+        latest Step's time); -inf before its first rollout."""
+        if self.latest is None:
+            return float("-inf")
+        pace = self.pace()
+        return self.latest + pace + min(max(pace / 2, MIN_GRACE_S), MAX_GRACE_S) + step_s
 
 
 # What a Step's worker hands to `apply`: each rollout's work and its time in the queue (ms).
@@ -84,34 +128,39 @@ class StepQueue(Generic[Work]):
         capacity: int,
         max_wait_s: float,
         base_columns: Callable[[], int],
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         """`apply` trains one Step on the rollouts it is given and returns, per rollout, its
-        result or the error that refused it; `capacity` is in Steps' worth of columns."""
+        result or the error that refused it; `capacity` is in Steps' worth of columns; `clock`
+        (seconds) times the streams' paces and the rollouts' waits."""
         self._apply = apply
+        self._clock = clock
         self._capacity = capacity
         self._max_wait_s = max_wait_s
         self._base_columns = base_columns
         self._jobs: list[_Job[Work]] = []
-        self._held = 0  # columns of the queued jobs' weights
-        self._seats: dict[Seat, int] = {}  # open streams -> how many of their waits are on
+        self._held = 0  # columns of the queued jobs
+        self._held_by: Counter[Hashable] = Counter()  # queued jobs per client
+        self._line: deque[object] = deque()  # streams' rollouts waiting for room, in order
+        self._seats: set[Seat] = set()
+        self._step_s = 0.0  # how long the latest Step took
         self._accepting = True
-        self._deadline = float("inf")  # perf_counter time after which queued Steps are refused
+        self._deadline = float("inf")  # the clock's time after which queued Steps are refused
         self._cond = threading.Condition()
         self._worker = threading.Thread(target=self._run, name="trident-steps", daemon=True)
         self._worker.start()
 
     # ------------------------------------------------------------------------ callers
-    def step_columns(self) -> int:
-        """The columns of a gathered Step now: the base, or more while the open streams hold
-        more."""
+    def step_columns(self, layout: Hashable | None = None) -> int:
+        """The columns of a gathered Step now: the base, or more while the streams producing
+        (rollouts of `layout`; None: of any) hold more."""
         with self._cond:
-            return self._step_columns()
+            return self._step_columns(self._producing(self._clock()), layout)
 
     def open_seat(self, columns: int) -> Seat:
-        seat = Seat(self, columns)
+        seat = Seat(self, columns, self._clock())
         with self._cond:
-            self._seats[seat] = 0
-            self._cond.notify_all()
+            self._seats.add(seat)
         return seat
 
     def submit(
@@ -119,40 +168,47 @@ class StepQueue(Generic[Work]):
         work: Work,
         caller_waiting: Callable[[], bool],
         columns: int,
+        client: Hashable,
         layout: Hashable | None = None,
         must_fit: bool = True,
     ) -> Future[StepResult]:
-        """Queue `work` (a rollout of `columns` environments; with a `layout`, gathered with
-        others of that layout). QueueFull at once when it does not fit and `must_fit`;
-        Unavailable once the queue is closing."""
+        """Queue `work` of `client` (a rollout of `columns` environments; with a `layout`,
+        gathered with others of that layout). QueueFull at once when it does not fit and
+        `must_fit`; Unavailable once the queue is closing."""
         with self._cond:
             self._check_accepting()
-            weight = columns if layout is not None else max(columns, self._step_columns())
-            if must_fit and not self._fits(weight):
-                raise QueueFull(
-                    f"step queue: expected room for {weight} environment columns, got "
-                    f"{self._held} of {self._capacity} Steps' worth "
-                    f"({self._capacity * self._step_columns()} columns, server.step_queue_size) "
-                    "held; retry later"
-                )
-            job = _Job(work, caller_waiting, columns, layout, weight)
+            if must_fit and not self._admits(client, columns, in_line=not self._line):
+                raise QueueFull(self._full(client, columns))
+            job = _Job(work, caller_waiting, columns, layout, client, self._clock())
             self._jobs.append(job)
-            self._held += weight
+            self._held += columns
+            self._held_by[client] += 1
             self._cond.notify_all()
         return job.future
 
-    def wait_for_room(self, columns: int, caller_waiting: Callable[[], bool], seat: Seat) -> None:
-        """Return once `columns` fit in the queue (the caller then submits without
-        `must_fit`); Abandoned when the caller leaves first, Unavailable when the queue
-        closes. The seat counts as waiting meanwhile."""
+    def wait_for_room(
+        self, seat: Seat, columns: int, layout: Hashable, caller_waiting: Callable[[], bool]
+    ) -> None:
+        """A rollout of the stream's is whole: note its pace, and return once the rollout fits
+        (the caller then submits it without `must_fit`), in line behind the streams' rollouts
+        that waited before it. Abandoned when the caller leaves first, Unavailable when the
+        queue closes. The seat counts as waiting meanwhile."""
+        ticket = object()
         with seat.waiting(), self._cond:
-            while True:
-                self._check_accepting()
-                if self._fits(columns):
-                    return
-                if not caller_waiting():
-                    raise Abandoned("caller left while its rollout waited for room in the queue")
-                self._cond.wait(ROOM_POLL_S)
+            seat.arrived(self._clock(), layout)
+            self._cond.notify_all()
+            self._line.append(ticket)
+            try:
+                while True:
+                    self._check_accepting()
+                    if self._admits(seat, columns, in_line=self._line[0] is ticket):
+                        return
+                    if not caller_waiting():
+                        raise Abandoned("caller left while its rollout waited for room in the queue")
+                    self._cond.wait(ROOM_POLL_S)
+            finally:
+                self._line.remove(ticket)
+                self._cond.notify_all()
 
     @property
     def depth(self) -> int:
@@ -165,7 +221,7 @@ class StepQueue(Generic[Work]):
         so its caller can send it again elsewhere."""
         with self._cond:
             self._accepting = False
-            self._deadline = time.perf_counter() + grace_s
+            self._deadline = self._clock() + grace_s
             self._cond.notify_all()
         self._worker.join()
 
@@ -174,30 +230,59 @@ class StepQueue(Generic[Work]):
         if not self._accepting:
             raise Unavailable("the server is draining and takes no new Steps")
 
-    def _step_columns(self) -> int:
-        return max(self._base_columns(), sum(seat.columns for seat in self._seats))
+    def _producing(self, now: float) -> list[Seat]:
+        """The streams whose rollouts size a Step now: those whose next rollout is due, less
+        those far slower than their median."""
+        due = [seat for seat in self._seats if now <= seat.due_until(self._step_s)]
+        if len(due) < 2:
+            return due
+        median = statistics.median(seat.pace() for seat in due)
+        return [seat for seat in due if seat.pace() <= SLOW_FACTOR * median]
 
-    def _fits(self, weight: int) -> bool:
-        return not self._jobs or self._held + weight <= self._capacity * self._step_columns()
+    def _step_columns(self, producing: list[Seat], layout: Hashable | None) -> int:
+        streams = sum(seat.columns for seat in producing if layout in (None, seat.layout))
+        return max(self._base_columns(), streams)
+
+    def _room_columns(self) -> int:
+        """The columns the queue holds before a client's second job must wait or is refused."""
+        return self._capacity * self._step_columns(self._producing(self._clock()), None)
+
+    def _admits(self, client: Hashable, columns: int, in_line: bool) -> bool:
+        """Whether `client`'s job of `columns` may join the queue now: its first always, a
+        further one where it fits and it is first in line for room."""
+        if not self._held_by[client]:
+            return True
+        return in_line and self._held + columns <= self._room_columns()
+
+    def _full(self, client: Hashable, columns: int) -> str:
+        room = self._room_columns()
+        waiting = len(self._line)
+        line = f"; {waiting} streams' rollouts wait for room before it" if waiting else ""
+        return (
+            f"step queue full: {len(self._jobs)} queued rollouts and Steps hold {self._held} "
+            f"environment columns of its room for {room} (server.step_queue_size = "
+            f"{self._capacity} x a Step of {room // self._capacity} columns){line}, and this "
+            f"client already has {self._held_by[client]} queued; expected room for {columns} "
+            "more columns: send it again once an earlier one is answered, or raise "
+            "server.step_queue_size"
+        )
 
     def _seat_waits(self, seat: Seat, change: int) -> None:
         with self._cond:
-            if seat in self._seats:
-                self._seats[seat] += change
-                self._cond.notify_all()
+            seat.waits += change
+            self._cond.notify_all()
 
     def _seat_leaves(self, seat: Seat) -> None:
         with self._cond:
-            self._seats.pop(seat, None)
+            self._seats.discard(seat)
             self._cond.notify_all()
 
     # ------------------------------------------------------------------------ the worker
-    def _gather(self) -> tuple[list[_Job[Work]], bool]:
+    def _gather(self, size: int) -> tuple[list[_Job[Work]], bool]:
         """The next Step's jobs from the head of the queue, and whether it is full."""
         head = self._jobs[0]
         if head.layout is None:
             return [head], True
-        size = self._step_columns()
         batch: list[_Job[Work]] = []
         columns = 0
         for job in self._jobs:
@@ -220,17 +305,22 @@ class StepQueue(Generic[Work]):
                     return None
                 self._cond.wait()
                 continue
-            batch, full = self._gather()
+            now = self._clock()
+            producing = self._producing(now)
+            layout = self._jobs[0].layout
+            batch, full = self._gather(self._step_columns(producing, layout))
+            expected = [s for s in producing if s.layout == layout and not s.waits]
             due = self._jobs[0].enqueued + self._max_wait_s
-            now = time.perf_counter()
-            idle = all(waits > 0 for waits in self._seats.values())  # nothing more can come
-            if full or idle or not self._accepting or now >= due:
+            if full or not expected or not self._accepting or now >= due:
                 taken = set(map(id, batch))
                 self._jobs = [job for job in self._jobs if id(job) not in taken]
-                self._held -= sum(job.weight for job in batch)
+                self._held -= sum(job.columns for job in batch)
+                self._held_by.subtract(job.client for job in batch)
+                self._held_by = +self._held_by  # a client with nothing queued leaves no entry
                 self._cond.notify_all()  # room for the streams waiting for it
                 return batch
-            self._cond.wait(due - now)
+            wake = min(due, *(seat.due_until(self._step_s) for seat in expected))
+            self._cond.wait(min(max(wake - now, 1e-3), ROOM_POLL_S))
 
     def _run(self) -> None:
         while True:
@@ -238,7 +328,7 @@ class StepQueue(Generic[Work]):
                 batch = self._next_step()
             if batch is None:
                 return
-            started = time.perf_counter()
+            started = self._clock()
             live = []
             for job in batch:
                 if not job.caller_waiting():
@@ -255,6 +345,8 @@ class StepQueue(Generic[Work]):
                 outcomes = self._apply([(j.work, 1e3 * (started - j.enqueued)) for j in live])
             except Exception as error:  # delivered to the waiting handlers, which map it
                 outcomes = [error] * len(live)
+            with self._cond:
+                self._step_s = self._clock() - started
             for job, outcome in zip(live, outcomes, strict=True):
                 if isinstance(outcome, Exception):
                     job.future.set_exception(outcome)

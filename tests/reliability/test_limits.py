@@ -1,6 +1,6 @@
 """Limits: the message size to the byte (`server.max_message_mb` MiB is read, one byte more is
-refused with RESOURCE_EXHAUSTED and changes nothing), and a full Step queue (the next Step gets
-RESOURCE_EXHAUSTED at once, a later one succeeds)."""
+refused with RESOURCE_EXHAUSTED and changes nothing), and a full Step queue (a client's Step
+beyond its first queued one gets RESOURCE_EXHAUSTED at once, a later one succeeds)."""
 
 from __future__ import annotations
 
@@ -82,50 +82,52 @@ def test_one_byte_over_the_limit_is_resource_exhausted(
 
 @pytest.fixture(scope="module")
 def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """A server whose Steps take a while and whose Step queue holds one."""
+    """A server whose Steps take a while and whose Step queue holds one of 16 columns."""
     tmp = tmp_path_factory.mktemp("backpressure")
-    with running_server(tmp, "server.step_queue_size=1", "ppo.epochs=100") as server:
+    with running_server(tmp, "server.step_queue_size=1", "train.num_envs=16",
+                        "ppo.epochs=100") as server:  # fmt: skip
         yield server
 
 
 def test_full_step_queue_is_resource_exhausted_at_once(
     slow: ServerProcess, rng: np.random.Generator, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    callers = 6
+    callers = 6  # threads of one client (one connection): the queue's room is shared by clients
     rollouts = [random_rollout(rng, T=16, N=16) for _ in range(callers)]
     start = threading.Barrier(callers)
     outcomes: list[tuple[Code, str, bool] | None] = [None] * callers
     answered: list[int] = []  # callers in the order their answers came
 
-    def call(i: int) -> None:
-        with TridentClient(slow.target) as client:
-            request = step_request(rollouts[i])
-            request_id = uuid.uuid4().hex
-            client.health()  # connect first, so that every Step leaves at once
-            start.wait()
-            try:
-                client.stub.Step(request, metadata=(("x-request-id", request_id),), timeout=60)
-                code, details, echoed = Code.OK, "", request_id
-            except grpc.RpcError as error:
-                code, details = error.code(), error.details()
-                echoed = dict(error.trailing_metadata() or ()).get("x-request-id")
-            outcomes[i] = (code, details, echoed == request_id)
-            answered.append(i)
+    def call(client: TridentClient, i: int) -> None:
+        request = step_request(rollouts[i])
+        request_id = uuid.uuid4().hex
+        start.wait()
+        try:
+            client.stub.Step(request, metadata=(("x-request-id", request_id),), timeout=60)
+            code, details, echoed = Code.OK, "", request_id
+        except grpc.RpcError as error:
+            code, details = error.code(), error.details()
+            echoed = dict(error.trailing_metadata() or ()).get("x-request-id")
+        outcomes[i] = (code, details, echoed == request_id)
+        answered.append(i)
 
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(callers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
+    with TridentClient(slow.target) as shared:
+        shared.health()  # connect first, so that every Step leaves at once
+        threads = [threading.Thread(target=call, args=(shared, i)) for i in range(callers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
     assert all(outcome is not None for outcome in outcomes)
     done = [i for i, o in enumerate(outcomes) if o[0] == Code.OK]
     full = [i for i, o in enumerate(outcomes) if o[0] == Code.RESOURCE_EXHAUSTED]
     assert len(done) + len(full) == callers, outcomes
-    assert done and full, outcomes  # one applying, one waiting, the others turned away
+    assert done and full, outcomes  # one applying, one queued, the others turned away
     # At once: every refusal was answered before the first Step that was applied.
     first_applied = min(answered.index(i) for i in done)
     assert all(answered.index(i) < first_applied for i in full), (answered, outcomes)
-    assert all("step queue" in outcomes[i][1] and outcomes[i][2] for i in full), outcomes
+    assert all("step queue full" in outcomes[i][1] and "this client already has 1 queued"
+               in outcomes[i][1] and outcomes[i][2] for i in full), outcomes  # fmt: skip
     with capsys.disabled():
         print(
             f"\n[limits] {callers} simultaneous Steps into a queue of 1: {len(done)} OK, "
