@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -247,10 +248,20 @@ def bad_obs_request(rollout: Rollout, marker: int) -> pb.StepRequest:
     return request
 
 
+@contextmanager
+def own_connection(server: ServerProcess) -> Iterator[pb_grpc.TrainerServiceStub]:
+    """A stub on a connection of its own: a client the server has logged no refusal of yet (it
+    logs a client's first refusal of each kind whole, its later ones as counts)."""
+    # a local subchannel pool: channels to one target share a connection otherwise
+    with grpc.insecure_channel(server.target, [("grpc.use_local_subchannel_pool", 1)]) as channel:
+        yield pb_grpc.TrainerServiceStub(channel)
+
+
 def test_rejection_is_logged_with_the_callers_request_id(
     trained: Connected, rng: np.random.Generator
 ) -> None:
-    error = rejected(trained.stub.Step, bad_obs_request(good_rollout(rng), 2))
+    with own_connection(trained.server) as stub:
+        error = rejected(stub.Step, bad_obs_request(good_rollout(rng), 2))
     request_id = dict(error.trailing_metadata())["x-request-id"]
     # The log line is written as the error is sent: it may trail the reply.
     wait_until(lambda: logged(trained.server, request_id, error.details()), 10, request_id)
@@ -260,8 +271,8 @@ def test_generated_request_id_is_the_one_logged(
     trained: Connected, rng: np.random.Generator
 ) -> None:
     request = bad_obs_request(good_rollout(rng), 3)
-    with pytest.raises(grpc.RpcError) as caught:
-        trained.stub.Step(request, timeout=30)  # no x-request-id sent
+    with own_connection(trained.server) as stub, pytest.raises(grpc.RpcError) as caught:
+        stub.Step(request, timeout=30)  # no x-request-id sent
     request_id = dict(caught.value.trailing_metadata() or ()).get("x-request-id")
     assert request_id
     wait_until(lambda: logged(trained.server, request_id, caught.value.details()), 10, request_id)

@@ -13,8 +13,9 @@ liveness probe fail. Here the interceptor sorts calls by method:
 The handler pool has a thread for every call the bounds admit plus `HEALTH_THREADS`
 (`handler_threads`), so no mix of admitted calls leaves a health check without one. A call past
 its bound is answered RESOURCE_EXHAUSTED naming the setting, counted in
-`trident_rpcs_limited_total{method, limit}` (and `trident_rpc_errors_total`) and logged: the
-first refusal of each limit, then the count at most every `LOG_EVERY_S`.
+`trident_rpcs_limited_total{method, limit}` (and `trident_rpc_errors_total`) and logged
+(`logs.Throttled`): the first refusal of each method, then a count every `LOG_EVERY_S` while
+refusals go on.
 
 Calls that wait on their client too long are ended by one watcher thread (`ClientWaits`): a
 data stream waiting (for its next request, or for the client to read a reply) for
@@ -67,11 +68,10 @@ class Bound:
         refused: Callable[[str, str], None],
         clock: Clock = time.monotonic,
     ) -> None:
-        self.setting, self.value, self.refused, self.clock = setting, value, refused, clock
+        self.setting, self.value, self.refused = setting, value, refused
         self.open = 0
         self._lock = threading.Lock()
-        self._unlogged = 0  # refusals since the last log line
-        self._logged_at: float | None = None
+        self._log = logs.Throttled(LOG_EVERY_S, clock)
 
     def enter(self) -> bool:
         with self._lock:
@@ -90,16 +90,8 @@ class Bound:
         message = (f"{self.setting} = {self.value}: that many {name} calls of its kind are open "
                    "already; retry with backoff")  # fmt: skip
         self.refused(name, self.setting)
-        now = self.clock()
-        with self._lock:
-            self._unlogged += 1
-            due = self._logged_at is None or now - self._logged_at >= LOG_EVERY_S
-            if due:
-                count, self._unlogged, self._logged_at = self._unlogged, 0, now
-        if due:
-            logs.event(logging.WARNING, "calls refused", limit=self.setting, value=self.value,
-                       method=name, refused=count,
-                       later=f"counted; logged again at most every {LOG_EVERY_S:g} s")  # fmt: skip
+        self._log.event(logging.WARNING, "calls refused", name, limit=self.setting,
+                        value=self.value, method=name)  # fmt: skip
         context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
 
 

@@ -289,6 +289,7 @@ def stop(running: Running, grace_s: float) -> None:
     started = time.monotonic()
     final = running.engine.drain(grace_s)
     running.server.stop(max(0.0, grace_s - (time.monotonic() - started))).wait()
+    running.servicer.flush_logs()
     if running.ranks is not None:
         running.ranks.stop()
     if final is not None:

@@ -23,7 +23,7 @@ from service.errors import InvalidInput, Unavailable
 from service.server.engine import Engine
 from service.server.interact import InteractSteps, Outcome
 from service.server.metrics import Metrics
-from service.server.status import status_of
+from service.server.status import drop_reason, status_of
 from service.server.validation import (
     act_inputs,
     group_step,
@@ -43,6 +43,18 @@ CANCEL_SETTLE_S = 0.05
 # starts before the server has read the call's headers, so the client's deadline passes first
 # and its cancel can reach the server while the server's own copy still has milliseconds left.
 DEADLINE_SLACK_S = 0.25
+# After a client's first refusal of a kind (a full Step queue, a stale rollout, one bad field),
+# its later ones of that kind are logged as one count line this often (s); each is counted in
+# trident_rpc_errors_total as it happens.
+REFUSAL_LOG_EVERY_S = 60.0
+
+
+def refusal_kind(error: Exception) -> str:
+    """What a refusal is logged once per client for: why its rollout was dropped, the field a
+    bad input got wrong, else the error's type."""
+    if isinstance(error, InvalidInput):
+        return f"field {error.field}"
+    return drop_reason(error) or type(error).__name__
 
 
 def request_id_of(context: grpc.ServicerContext) -> str:
@@ -182,6 +194,7 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         self.metrics = metrics
         self._engine: Engine | None = None
         self._draining = False
+        self._refusals = logs.Throttled(REFUSAL_LOG_EVERY_S)
 
     def attach(self, engine: Engine) -> None:
         """Start answering with `engine`; until then every call is UNAVAILABLE."""
@@ -194,6 +207,10 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         that races its shutdown with CANCELLED, which a client must not read as retryable.
         """
         self._draining = True
+
+    def flush_logs(self) -> None:
+        """Log the refusals counted and not yet said (the server is about to stop)."""
+        self._refusals.flush()
 
     @property
     def engine(self) -> Engine:
@@ -221,14 +238,10 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
             message = str(error)
             if len(message) > MAX_MESSAGE_CHARS:  # it travels in trailing metadata (8 KiB limit)
                 message = f"{message[: MAX_MESSAGE_CHARS - 40]}... ({len(message)} chars in all)"
-            logs.event(
-                logging.INFO,
-                "rejected",
-                method=method,
-                code=code.name,
-                request_id=request_id,
-                reason=message,
-            )
+            kind = refusal_kind(error)
+            self._refusals.event(logging.INFO, "rejected", (context.peer(), method, kind),
+                                 method=method, code=code.name, kind=kind, client=context.peer(),
+                                 request_id=request_id, reason=message)  # fmt: skip
         self.metrics.rpc_error(method, code)
         context.abort(code, message)
 

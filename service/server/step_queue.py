@@ -204,7 +204,7 @@ class StepQueue(Generic[Work]):
                     if self._admits(seat, columns, in_line=self._line[0] is ticket):
                         return
                     if not caller_waiting():
-                        raise Abandoned("caller left while its rollout waited for room in the queue")
+                        raise Abandoned("caller left while its rollout waited for room")
                     self._cond.wait(ROOM_POLL_S)
             finally:
                 self._line.remove(ticket)
