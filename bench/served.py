@@ -123,14 +123,20 @@ LOADS = {
 
 
 # ------------------------------------------------------------------------------- worker
+# The loadgen worker's env shapes: observation width, and the aux targets' (None: no labels)
+WORKER_SHAPES: dict[str, tuple[int, int | None]] = {
+    "lobsim": (LOBSIM_OBS_DIM, LABEL_DIM),
+    "cartpole": (4, None),
+}
+
 class NoEnv:
-    """LobSim's shapes without its dynamics: random observations and rewards, no episode ends,
-    and LobSim's label shapes, so a Step is as big as LobSim's while the env costs next to
-    nothing; with `step_s`, each step takes that long in wall time (an env's pace without its
-    CPU: the server's latency under a paced load)."""
+    """An env's shapes without its dynamics: random observations and rewards, no episode ends,
+    and labels where `aux_dim` is given (LobSim's shapes by default), so a Step is as big as the
+    env's while the env costs next to nothing; with `step_s`, each step takes that long in wall
+    time (an env's pace without its CPU: the server's latency under a paced load)."""
 
     def __init__(
-        self, num_envs: int, obs_dim: int, aux_dim: int, seed: int, step_s: float = 0.0
+        self, num_envs: int, obs_dim: int, aux_dim: int | None, seed: int, step_s: float = 0.0
     ) -> None:
         self.num_envs, self.obs_dim, self.aux_dim = num_envs, obs_dim, aux_dim
         self.step_s = step_s
@@ -151,9 +157,10 @@ class NoEnv:
             terminated=np.zeros(n, bool),
             truncated=np.zeros(n, bool),
             final_obs=np.zeros((0, self.obs_dim), np.float32),
-            bce_labels=self.rng.integers(0, 2, n, dtype=np.uint8),
-            aux_targets=self.rng.standard_normal((n, self.aux_dim), dtype=np.float32),
-        )
+            bce_labels=None if self.aux_dim is None else self.rng.integers(0, 2, n, np.uint8),
+            aux_targets=None if self.aux_dim is None else self.rng.standard_normal(
+                (n, self.aux_dim), dtype=np.float32),
+        )  # fmt: skip
 
 
 @dataclass
@@ -183,7 +190,7 @@ class Record:
 def act_step(args: argparse.Namespace, record: Record) -> None:
     """The unary path: T Acts, then one keyed Step of the [T, N] rollout they built; a Step
     refused as too stale is counted and not sent again, as `trident actor` drops it."""
-    env = NoEnv(args.num_envs, LOBSIM_OBS_DIM, LABEL_DIM, args.seed, args.env_ms / 1e3)
+    env = NoEnv(args.num_envs, *WORKER_SHAPES[args.shape], args.seed, args.env_ms / 1e3)
     with TridentClient(args.server, timeout_s=CALL_TIMEOUT_S) as client:
         client.status()
         started = record.ready()
@@ -220,7 +227,7 @@ def interact(args: argparse.Namespace, record: Record) -> None:
     request-to-actions time."""
     G = args.env_groups
     sizes = [args.num_envs // G + (g < args.num_envs % G) for g in range(G)]
-    envs = [NoEnv(n, LOBSIM_OBS_DIM, LABEL_DIM, args.seed + g, args.env_ms / 1e3)
+    envs = [NoEnv(n, *WORKER_SHAPES[args.shape], args.seed + g, args.env_ms / 1e3)
             for g, n in enumerate(sizes)]  # fmt: skip
     with TridentClient(args.server, timeout_s=CALL_TIMEOUT_S) as client:
         client.status()
@@ -286,6 +293,7 @@ def parse_worker_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--protocol", choices=sorted(PROTOCOLS), default="interact")
     parser.add_argument("--env-groups", type=int, default=1)
     parser.add_argument("--env-ms", type=float, default=0.0)
+    parser.add_argument("--shape", choices=sorted(WORKER_SHAPES), default="lobsim")
     parser.add_argument("--server", required=True, help="HOST:PORT")
     parser.add_argument("--num-envs", type=int, required=True)
     parser.add_argument("--rollout-len", type=int, required=True)

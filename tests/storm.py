@@ -1,5 +1,6 @@
 """A storm of abusive Interact clients, as a process of its own (`python tests/storm.py TARGET
-COUNT`): the storm test's and `bench/storm.py`'s one way to make one.
+COUNT [OBS_DIM ENVS]`): the storm tests' and the benches' one way to make one. Each client's
+stream declares ENVS environments (4) of OBS_DIM observations (6: the tests' small model).
 
 Each client has a channel (a connection) of its own and opens an Interact stream; by `i % 3`:
 - "half": sends its InteractStart and half a rollout of env steps, never reads a reply, and
@@ -35,32 +36,34 @@ ENVS = 4
 OBS_DIM = 6  # the tests' small model (conftest.SMALL)
 
 
-def requests(rng: np.random.Generator, actor: str) -> list[pb.InteractRequest]:
+def requests(rng: np.random.Generator, actor: str, obs_dim: int,
+             envs: int) -> list[pb.InteractRequest]:  # fmt: skip
     """A start and half a rollout of one group's env steps (random, well-formed)."""
     def obs() -> pb.Tensor:
-        return encode(rng.standard_normal((ENVS, OBS_DIM)).astype("<f4"))
+        return encode(rng.standard_normal((envs, obs_dim)).astype("<f4"))
 
-    flags = encode(np.zeros(ENVS, "u1"))
+    flags = encode(np.zeros(envs, "u1"))
     first = pb.InteractRequest(
-        start=pb.InteractStart(actor_id=actor, rollout_len=ROLLOUT_LEN, group_envs=[ENVS]),
+        start=pb.InteractStart(actor_id=actor, rollout_len=ROLLOUT_LEN, group_envs=[envs]),
         obs=obs(),
     )
     steps = [
-        pb.InteractRequest(obs=obs(), rewards=encode(rng.standard_normal(ENVS).astype("<f4")),
+        pb.InteractRequest(obs=obs(), rewards=encode(rng.standard_normal(envs).astype("<f4")),
                            terminated=flags, truncated=flags)
         for _ in range(ROLLOUT_LEN // 2)
     ]
     return [first, *steps]
 
 
-async def client(target: str, i: int, held: list[grpc.aio.Channel]) -> None:
+async def client(target: str, i: int, held: list[grpc.aio.Channel], obs_dim: int,
+                 envs: int) -> None:  # fmt: skip
     kind = KINDS[i % len(KINDS)]
     channel = grpc.aio.insecure_channel(target)
     call = pb_grpc.TrainerServiceStub(channel).Interact()
     if kind != "mute":
         rng = np.random.default_rng(i)
         try:
-            for request in requests(rng, f"storm-{i}"):
+            for request in requests(rng, f"storm-{i}", obs_dim, envs):
                 await asyncio.wait_for(call.write(request), 10)
         except (TimeoutError, grpc.RpcError, asyncio.InvalidStateError):
             pass  # refused (server.max_streams) or ended: what the server said is its metrics'
@@ -73,10 +76,10 @@ async def client(target: str, i: int, held: list[grpc.aio.Channel]) -> None:
         held.append(channel)
 
 
-async def storm(target: str, count: int) -> None:
+async def storm(target: str, count: int, obs_dim: int = OBS_DIM, envs: int = ENVS) -> None:
     held: list[grpc.aio.Channel] = []
-    results = await asyncio.gather(*(client(target, i, held) for i in range(count)),
-                                   return_exceptions=True)  # fmt: skip
+    results = await asyncio.gather(*(client(target, i, held, obs_dim, envs)
+                                     for i in range(count)), return_exceptions=True)  # fmt: skip
     failed = [repr(r) for r in results if isinstance(r, BaseException)]
     print(json.dumps({"stormed": count, "client_errors": failed[:5]}), flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until stdin closes
@@ -84,4 +87,4 @@ async def storm(target: str, count: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(storm(sys.argv[1], int(sys.argv[2])))
+    asyncio.run(storm(sys.argv[1], *map(int, sys.argv[2:5])))

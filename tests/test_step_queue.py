@@ -1,5 +1,6 @@
 """StepQueue: the learner's Steps from the queued rollouts (gathered side by side in arrival
-order up to a Step's columns, a request's own Step alone); which streams size a Step (those
+order up to a Step's columns, a request's own Step alone, a Step that may start before one
+still gathering); which streams size a Step (those
 producing at about the others' pace: not idle, stopped or far slower ones); when a Step starts
 (full, nothing more expected, the oldest rollout's wait, a drain); room (every client's first
 job, then the shared room in line) and refusals; and the drain: Steps that start within the
@@ -226,6 +227,22 @@ def test_other_layouts_and_requests_own_steps_are_not_gathered() -> None:
     other.close()
     wait_until(lambda: len(trainer.steps) == 4, WAIT_S, "four Steps")
     assert trainer.steps == [["first"], ["a", "b"], ["own"], ["other layout"]]
+    steps.close()
+
+
+def test_a_step_that_may_start_does_not_wait_behind_one_still_gathering() -> None:
+    trainer = Recorder()
+    steps = queue(trainer, base=4)
+    seat, other = steps.open_seat(2), steps.open_seat(4)
+    gathering = stream(steps, seat, "a", 2)  # half a Step, its stream producing: it waits
+    own(steps, "own")  # a request's own Step: it may start at once
+    stream(steps, other, "full, other layout", 4, layout=(9, 6, False, None))
+    wait_until(lambda: len(trainer.steps) == 2, WAIT_S, "the Steps that may start")
+    assert trainer.steps == [["own"], ["full, other layout"]] and not gathering.done()
+    stream(steps, seat, "b", 2)
+    assert gathering.result(WAIT_S) == "a" and trainer.steps[-1] == ["a", "b"]
+    for each in (seat, other):
+        each.close()
     steps.close()
 
 

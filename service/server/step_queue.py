@@ -3,7 +3,9 @@ one worker thread (SEED RL's learner batch, Sample Factory's Batcher).
 
 What a Step holds. The rollouts of Interact streams (gathered jobs) are taken whole, in arrival
 order, side by side into one Step of `step_columns` environment columns; a request's own Step (a
-unary Step, StreamStep, a rollout an actor sends again) is applied alone, in its turn. The size
+unary Step, StreamStep, a rollout an actor sends again) is applied alone. Steps go in the order
+of their first jobs' arrival, except that a Step that may start does not wait behind one still
+gathering (a request's own Step may start at once). The size
 is `max(base, the columns of the streams producing now)`: at least the configured one
 (train.num_envs), and large enough that each producing stream adds about one rollout per Step,
 so that a rollout is a Step or two behind the policy that trains on it however many actors
@@ -278,15 +280,12 @@ class StepQueue(Generic[Work]):
             self._cond.notify_all()
 
     # ------------------------------------------------------------------------ the worker
-    def _gather(self, size: int) -> tuple[list[_Job[Work]], bool]:
-        """The next Step's jobs from the head of the queue, and whether it is full."""
-        head = self._jobs[0]
-        if head.layout is None:
-            return [head], True
+    def _gather(self, layout: Hashable, size: int) -> tuple[list[_Job[Work]], bool]:
+        """The jobs of `layout`'s next Step, in arrival order, and whether it is full."""
         batch: list[_Job[Work]] = []
         columns = 0
         for job in self._jobs:
-            if job.layout != head.layout:
+            if job.layout != layout:
                 continue
             if batch and columns + job.columns > size:
                 return batch, True  # the next rollout would not fit: this Step is full
@@ -295,6 +294,25 @@ class StepQueue(Generic[Work]):
             if columns >= size:
                 return batch, True
         return batch, False
+
+    def _ready(self, now: float) -> tuple[list[_Job[Work]] | None, float]:
+        """The first Step, in its first job's arrival order, that may start now (a request's
+        own Step may at once), and else when to look again."""
+        producing = self._producing(now)
+        wake, seen = float("inf"), set()
+        for head in self._jobs:
+            if head.layout is None:
+                return [head], wake
+            if head.layout in seen:
+                continue
+            seen.add(head.layout)
+            batch, full = self._gather(head.layout, self._step_columns(producing, head.layout))
+            expected = [s for s in producing if s.layout == head.layout and not s.waits]
+            due = head.enqueued + self._max_wait_s
+            if full or not expected or not self._accepting or now >= due:
+                return batch, wake
+            wake = min(wake, due, *(seat.due_until(self._step_s) for seat in expected))
+        return None, wake
 
     def _next_step(self) -> list[_Job[Work]] | None:
         """Wait for the next Step's jobs and take them out of the queue; None once the queue
@@ -306,12 +324,8 @@ class StepQueue(Generic[Work]):
                 self._cond.wait()
                 continue
             now = self._clock()
-            producing = self._producing(now)
-            layout = self._jobs[0].layout
-            batch, full = self._gather(self._step_columns(producing, layout))
-            expected = [s for s in producing if s.layout == layout and not s.waits]
-            due = self._jobs[0].enqueued + self._max_wait_s
-            if full or not expected or not self._accepting or now >= due:
+            batch, wake = self._ready(now)
+            if batch is not None:
                 taken = set(map(id, batch))
                 self._jobs = [job for job in self._jobs if id(job) not in taken]
                 self._held -= sum(job.columns for job in batch)
@@ -319,7 +333,6 @@ class StepQueue(Generic[Work]):
                 self._held_by = +self._held_by  # a client with nothing queued leaves no entry
                 self._cond.notify_all()  # room for the streams waiting for it
                 return batch
-            wake = min(due, *(seat.due_until(self._step_s) for seat in expected))
             self._cond.wait(min(max(wake - now, 1e-3), ROOM_POLL_S))
 
     def _run(self) -> None:
