@@ -90,7 +90,9 @@ class TrainerServiceServicer:
         """Step applies one rollout: GAE, PPO epochs x minibatches, C51 on replay, AdamW.
         INVALID_ARGUMENT: a tensor of the wrong shape or dtype, a non-finite value, an action out
         of range, a malformed idempotency_key.
-        RESOURCE_EXHAUSTED: the Step queue is full (server.step_queue_size); send it again later.
+        RESOURCE_EXHAUSTED: the Step queue is full (server.step_queue_size Steps' worth of
+        columns) and this client already has a Step queued (a client may always have one);
+        send it again once an earlier one is answered.
         FAILED_PRECONDITION: policy_version more than train.max_policy_lag behind the server's
         global step ("older than the lag allows"), or ahead of it ("ahead of the server's state":
         a Restore took the state back, or the version is another server's); an
