@@ -15,8 +15,8 @@ window of --window s with the actors alone; then the mix's other clients join (o
 - paused: actor 0 is stopped (SIGSTOP) through the window, then goes on (SIGCONT);
 - slow: a stream with no env (bench/served.py's loadgen worker) whose env steps take
   --slow-factor times as long as the actors' own;
-- unary: a unary client (the loadgen worker's act-step: T Acts, then a keyed Step of the [T,
-  N] rollout) that sends as fast as it is answered;
+- unary: a unary client (the loadgen worker's `step` protocol: keyed Steps of the actors'
+  rollout shape, random actions, no Acts) that sends as fast as it is answered;
 - restores: a Checkpoint, then --restores Restores of it, --restore-every s apart, under K
   actors;
 - gpu: the idle storm and the unary client together (the GPU host's mix).
@@ -173,8 +173,8 @@ def start_actors(server: ServerProcess, args: argparse.Namespace, workdir: Path)
 
 
 def start_worker(mix: Mix, name: str, protocol: str, env_ms: float) -> Client:
-    """A loadgen worker of the actors' rollout shape: `protocol` interact (a stream) or
-    act-step (a unary client)."""
+    """A loadgen worker of the actors' rollout shape: `protocol` interact (a stream) or step
+    (a unary client)."""
     actor = mix.actors[0]
     header = HEADER.search(actor.process.start_line or "")
     assert header is not None
@@ -211,7 +211,7 @@ def disturb(mix: Mix, baseline: dict[str, dict[str, Any]]) -> dict[str, Any]:
     if name in ("idle", "gpu"):
         start_storm(mix)
     if name in ("unary", "gpu"):
-        start_worker(mix, "unary", "act-step", 0.0)
+        start_worker(mix, "unary", "step", 0.0)
     if name == "paused":
         os.kill(mix.actors[0].process.popen.pid, signal.SIGSTOP)
     if name == "slow":

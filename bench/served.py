@@ -11,8 +11,9 @@ K processes of the load:
 - `cartpole`: `trident actor --env gymnasium:CartPole-v1`;
 - `loadgen`: this script's hidden worker mode (`--worker loadgen`): no environment, random
   observations of LobSim's shape and its label shapes, so the server is measured with almost
-  nothing else on the cores. `--protocol` names its calls: `act-step`, the unary path (T Acts,
-  then one keyed Step of the [T, N] rollout).
+  nothing else on the cores. `--protocol` names its calls: `interact` (the default), `act-step`,
+  the unary path (T Acts, then one keyed Step of the [T, N] rollout), or `step`, keyed Steps
+  alone (random actions, each sent once the last is answered).
 
 Each process runs `--duration` seconds from its own start (the line it prints once connected).
 The window opens `--warmup` s after the last process started (and not before the server's first
@@ -188,11 +189,27 @@ class Record:
 
 
 def act_step(args: argparse.Namespace, record: Record) -> None:
-    """The unary path: T Acts, then one keyed Step of the [T, N] rollout they built; a Step
-    refused as too stale is counted and not sent again, as `trident actor` drops it."""
+    """The unary path: T Acts, then one keyed Step of the [T, N] rollout they built."""
+    unary(args, record, acting=True)
+
+
+def step_only(args: argparse.Namespace, record: Record) -> None:
+    """A unary client that does not act (a learner-side client, a replay of logged data): keyed
+    Steps of rollouts with uniform random actions, each sent once the last is answered, at the
+    version that answer names."""
+    unary(args, record, acting=False)
+
+
+def unary(args: argparse.Namespace, record: Record, acting: bool) -> None:
+    """Keyed Steps one after another, their rollouts acted on by the server (`acting`: T Acts
+    each) or at random; a Step refused as too stale is counted and not sent again, as `trident
+    actor` drops it."""
     env = NoEnv(args.num_envs, *WORKER_SHAPES[args.shape], args.seed, args.env_ms / 1e3)
+    rng = np.random.default_rng(args.seed)
     with TridentClient(args.server, timeout_s=CALL_TIMEOUT_S) as client:
-        client.status()
+        status = client.status()
+        actions = json.loads(status.config_json)["model"]["num_actions"]
+        version = status.global_step
         started = record.ready()
 
         def act(obs: np.ndarray) -> ActResult:
@@ -203,9 +220,15 @@ def act_step(args: argparse.Namespace, record: Record) -> None:
             record.act_s.append(ended - called)
             return result
 
+        def at_random(obs: np.ndarray) -> ActResult:
+            n = obs.shape[0]
+            return ActResult(rng.integers(0, actions, n, dtype=np.int32),
+                             np.full(n, -np.log(actions), np.float32), np.zeros(n, np.float32),
+                             version)  # fmt: skip
+
         sequence = 0
         while time.monotonic() - started < args.duration:
-            rollout = collect_rollout(act, env, args.rollout_len)
+            rollout = collect_rollout(act if acting else at_random, env, args.rollout_len)
             called = time.monotonic()
             try:
                 reply = client.step(rollout, key=StepKey(record.actor_id, sequence))
@@ -216,6 +239,7 @@ def act_step(args: argparse.Namespace, record: Record) -> None:
             else:
                 record.steps += 1
                 record.applied += bool(reply.updates_applied)
+                version = reply.global_step
             record.step_s.append(time.monotonic() - called)
             sequence += 1
 
@@ -267,6 +291,7 @@ def interact(args: argparse.Namespace, record: Record) -> None:
 PROTOCOLS: dict[str, Callable[[argparse.Namespace, Record], None]] = {
     "act-step": act_step,
     "interact": interact,
+    "step": step_only,
 }
 
 
