@@ -226,7 +226,26 @@ def test_other_layouts_and_requests_own_steps_are_not_gathered() -> None:
     seat.close()
     other.close()
     wait_until(lambda: len(trainer.steps) == 4, WAIT_S, "four Steps")
-    assert trainer.steps == [["first"], ["a", "b"], ["own"], ["other layout"]]
+    # "own" first: its client had no Step yet, the stream's just had one
+    assert trainer.steps[:2] == [["first"], ["own"]]
+    assert sorted(trainer.steps[2:]) == [["a", "b"], ["other layout"]]
+    steps.close()
+
+
+def test_clients_take_turns_however_many_rollouts_one_has_queued() -> None:
+    trainer = Recorder()
+    trainer.gate.clear()
+    steps = queue(trainer, base=4)
+    seat = steps.open_seat(4)  # each of its rollouts a full Step
+    stream(steps, seat, "s0", 4)
+    assert trainer.entered.wait(WAIT_S)
+    for name in ("s1", "s2"):  # the stream's next rollouts, queued while s0 trains
+        stream(steps, seat, name, 4)
+    own(steps, "u0")  # one Step of a client that sends one at a time, after them
+    trainer.gate.set()
+    seat.close()
+    wait_until(lambda: len(trainer.steps) == 4, WAIT_S, "every Step")
+    assert trainer.steps == [["s0"], ["u0"], ["s1"], ["s2"]]
     steps.close()
 
 

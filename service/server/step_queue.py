@@ -3,9 +3,11 @@ one worker thread (SEED RL's learner batch, Sample Factory's Batcher).
 
 What a Step holds. The rollouts of Interact streams (gathered jobs) are taken whole, in arrival
 order, side by side into one Step of `step_columns` environment columns; a request's own Step (a
-unary Step, StreamStep, a rollout an actor sends again) is applied alone. Steps go in the order
-of their first jobs' arrival, except that a Step that may start does not wait behind one still
-gathering (a request's own Step may start at once). The size
+unary Step, StreamStep, a rollout an actor sends again) is applied alone. Of the Steps that may
+start (a request's own Step may at once; one still gathering holds none back), the next is the
+one whose first job's client was served longest ago, the earliest to arrive of those tied:
+round-robin by client, so a client that sends one Step at a time is not passed over by streams
+whose next rollouts queue while their last one trains. The size
 is `max(base, the columns of the streams producing now)`: at least the configured one
 (train.num_envs), and large enough that each producing stream adds about one rollout per Step,
 so that a rollout is a Step or two behind the policy that trains on it however many actors
@@ -62,6 +64,7 @@ PACE_SAMPLES = 5  # a stream's pace: the median of its latest intervals between 
 MIN_GRACE_S = 0.1  # how late a stream's rollout may be before it stops counting, at least...
 MAX_GRACE_S = 1.0  # ...and at most (besides the latest Step's time)
 SLOW_FACTOR = 4.0  # a stream this many times slower than the median does not size Steps
+FORGET_AFTER_STEPS = 1024  # a client with nothing queued and no Step in this many is forgotten
 
 
 @dataclass(eq=False)
@@ -145,6 +148,8 @@ class StepQueue(Generic[Work]):
         self._held_by: Counter[Hashable] = Counter()  # queued jobs per client
         self._line: deque[object] = deque()  # streams' rollouts waiting for room, in order
         self._seats: set[Seat] = set()
+        self._served: dict[Hashable, int] = {}  # client -> the latest Step taken with its job
+        self._steps_taken = 0
         self._step_s = 0.0  # how long the latest Step took
         self._accepting = True
         self._deadline = float("inf")  # the clock's time after which queued Steps are refused
@@ -296,23 +301,30 @@ class StepQueue(Generic[Work]):
         return batch, False
 
     def _ready(self, now: float) -> tuple[list[_Job[Work]] | None, float]:
-        """The first Step, in its first job's arrival order, that may start now (a request's
-        own Step may at once), and else when to look again."""
+        """Of the Steps that may start now (a request's own Step may at once), the one whose
+        first job's client was served longest ago (the earliest to arrive of those tied), and
+        else when to look again."""
         producing = self._producing(now)
         wake, seen = float("inf"), set()
+        chosen: tuple[int, list[_Job[Work]]] | None = None
         for head in self._jobs:
             if head.layout is None:
-                return [head], wake
-            if head.layout in seen:
+                batch = [head]
+            elif head.layout in seen:
                 continue
-            seen.add(head.layout)
-            batch, full = self._gather(head.layout, self._step_columns(producing, head.layout))
-            expected = [s for s in producing if s.layout == head.layout and not s.waits]
-            due = head.enqueued + self._max_wait_s
-            if full or not expected or not self._accepting or now >= due:
-                return batch, wake
-            wake = min(wake, due, *(seat.due_until(self._step_s) for seat in expected))
-        return None, wake
+            else:
+                seen.add(head.layout)
+                size = self._step_columns(producing, head.layout)
+                batch, full = self._gather(head.layout, size)
+                expected = [s for s in producing if s.layout == head.layout and not s.waits]
+                due = head.enqueued + self._max_wait_s
+                if not (full or not expected or not self._accepting or now >= due):
+                    wake = min(wake, due, *(seat.due_until(self._step_s) for seat in expected))
+                    continue
+            served = self._served.get(head.client, -1)
+            if chosen is None or served < chosen[0]:
+                chosen = (served, batch)
+        return (None if chosen is None else chosen[1]), wake
 
     def _next_step(self) -> list[_Job[Work]] | None:
         """Wait for the next Step's jobs and take them out of the queue; None once the queue
@@ -331,9 +343,21 @@ class StepQueue(Generic[Work]):
                 self._held -= sum(job.columns for job in batch)
                 self._held_by.subtract(job.client for job in batch)
                 self._held_by = +self._held_by  # a client with nothing queued leaves no entry
+                self._note_served(batch)
                 self._cond.notify_all()  # room for the streams waiting for it
                 return batch
             self._cond.wait(min(max(wake - now, 1e-3), ROOM_POLL_S))
+
+    def _note_served(self, batch: list[_Job[Work]]) -> None:
+        """Count a Step for its clients; forget those with nothing queued that no Step of the
+        last FORGET_AFTER_STEPS served (memory stays with the clients seen lately)."""
+        self._steps_taken += 1
+        for job in batch:
+            self._served[job.client] = self._steps_taken
+        if self._steps_taken % FORGET_AFTER_STEPS == 0:
+            recent = self._steps_taken - FORGET_AFTER_STEPS
+            self._served = {client: step for client, step in self._served.items()
+                            if step > recent or self._held_by[client]}  # fmt: skip
 
     def _run(self) -> None:
         while True:
