@@ -77,14 +77,13 @@ def check_dims(status: pb.GetStatusResponse, dims: EnvDims, env: str) -> None:
     wanted = {"obs_dim": dims.obs_dim, "num_actions": dims.num_actions}
     if dims.aux_dim is not None:
         wanted["aux_dim"] = dims.aux_dim
-    wrong = [
-        f"model.{k} = {model[k]}, the env needs {v}" for k, v in wanted.items() if model[k] != v
-    ]
+    wrong = {k: v for k, v in wanted.items() if model[k] != v}
     if wrong:
-        fix = " ".join(f"--set model.{k}={v}" for k, v in wanted.items())
+        said = "; ".join(f"model.{k} = {model[k]}, the env needs {v}" for k, v in wrong.items())
+        fix = " ".join(f"--set model.{k}={v}" for k, v in wrong.items())
         raise ActorError(
-            f"the server's model does not fit --env {env}: {'; '.join(wrong)} "
-            f"(start the server with {fix})"
+            f"the server's model does not fit --env {env}: {said}. Start the server with "
+            f"--env {env} (it sizes the model for the env), or add {fix}"
         )
 
 

@@ -23,7 +23,14 @@ from service.actor import run_actor
 from service.api.messages import to_plain
 from service.client.client import DEFAULT_PORT, TridentClient, answered, channel_credentials
 from service.client.observations import load_observations
-from service.config import Config, ConfigError, documented_toml, load_config
+from service.config import (
+    BACKEND_DEFAULTS,
+    SERVE_CHECKPOINT_DIR,
+    Config,
+    ConfigError,
+    documented_toml,
+    load_config,
+)
 from service.envs import GYMNASIUM, check_env_name, fit_to_env
 from service.errors import TridentError
 from service.jobs import evaluate
@@ -140,6 +147,39 @@ def _add_client_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=30.0, help="deadline per call (s)")
 
 
+def serve_description() -> str:
+    """What a plain `trident serve` runs, from the config's defaults: a line per concern."""
+    import textwrap
+
+    config = Config()
+    model, train, checkpoint, server = config.model, config.train, config.checkpoint, config.server
+    numpy, cuda = BACKEND_DEFAULTS["numpy"], BACKEND_DEFAULTS["cuda"]
+    rows = {
+        "model": f"model.obs_dim {model.obs_dim}, num_actions {model.num_actions}, aux_dim "
+        f"{model.aux_dim} (LobSim's); hidden_dim {numpy['model.hidden_dim']:g} on NumPy, "
+        f"{cuda['model.hidden_dim']:g} on CUDA",
+        "Steps": f"train.num_envs columns at least ({numpy['train.num_envs']:g} on NumPy, "
+        f"{cuda['train.num_envs']:g} on CUDA) x train.rollout_len {train.rollout_len} env steps",
+        "run": f"train.steps {train.steps}: no end, at optim.lr ({numpy['optim.lr']:g} on NumPy, "
+        f"{cuda['optim.lr']:g} on CUDA); with train.steps N the rate anneals over N Steps, "
+        "actors stop there and the server commits a checkpoint",
+        "checkpoints": f"every {checkpoint.every_s:g} s (checkpoint.every_s) into "
+        f"{SERVE_CHECKPOINT_DIR.format(port='<port>')}, the newest {checkpoint.keep_last} "
+        "kept; SIGTERM drains and commits what is new since the last",
+        "address": f"{server.host}:{server.port}, metrics on port {server.metrics_port}; logs "
+        "are JSON lines on stderr",
+    }
+    lines = textwrap.wrap("Run the gRPC trainer service. With no settings it trains what "
+                          "`trident actor --env lobsim` sends (the main job's market maker) "
+                          "until stopped:", 96)  # fmt: skip
+    for name, text in rows.items():
+        lines += textwrap.wrap(text, 96, initial_indent=f"  {name:<12}",
+                               subsequent_indent=" " * 14)  # fmt: skip
+    lines.append("--env gymnasium:ID fits the model to another env; `trident config` lists "
+                 "every setting.")  # fmt: skip
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="trident", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"trident {trident_version()}")
@@ -241,7 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_flags(config_cmd)
 
-    serve = commands.add_parser("serve", help="run the gRPC trainer service")
+    serve = commands.add_parser(
+        "serve", help="run the gRPC trainer service", description=serve_description()
+    )
     _add_config_flags(serve)
     for flag, (setting, metavar, text) in SERVE_FLAGS.items():
         kind = int if metavar == "PORT" else str

@@ -3,6 +3,7 @@ a model that does not fit, and the Gymnasium adapter's same-step autoreset."""
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -17,11 +18,12 @@ import pytest
 from conftest import free_port, running_server, wait_until
 from serverproc import ServerProcess, clean_env, trident_cli
 
-from service.actor import OutageLines
+from service.actor import ActorError, OutageLines, check_dims
+from service.api.trident.v1 import trainer_pb2 as pb
 from service.client.client import TridentClient
 from service.client.resilient import MAX_WAIT_S
-from service.config import LobsimConfig
-from service.envs import GymnasiumVectorEnv, check_env_name, make_gymnasium_env
+from service.config import Config, LobsimConfig, load_config
+from service.envs import GymnasiumVectorEnv, check_env_name, env_dims, make_gymnasium_env
 from service.errors import InvalidInput
 from service.lobsim.env import observation_dim
 from service.types import ActMode
@@ -116,6 +118,20 @@ def test_a_model_that_does_not_fit_stops_the_actor(cartpole_server: ServerProces
     code, _, stderr = actor(cartpole_server, "gymnasium:Acrobot-v1", "--steps", "1")
     assert code == 2 and "model.obs_dim = 4, the env needs 6" in stderr
     assert global_step(cartpole_server) == before
+
+
+def test_a_misfit_is_told_the_settings_it_lacks_and_a_plain_server_fits_lobsim() -> None:
+    """A plain server's model (the config's defaults) fits `--env lobsim`; one that does not
+    is told the --env that sizes it, or the one --set that is missing, not every size."""
+    lobsim = env_dims("lobsim", LobsimConfig())
+    check_dims(pb.GetStatusResponse(config_json=json.dumps(Config().to_dict())), lobsim, "lobsim")
+    narrow = load_config(env={}, overrides=["model.obs_dim=40"]).to_dict()
+    with pytest.raises(ActorError) as refused:
+        check_dims(pb.GetStatusResponse(config_json=json.dumps(narrow)), lobsim, "lobsim")
+    assert str(refused.value).endswith(
+        f"model.obs_dim = 40, the env needs {lobsim.obs_dim}. Start the server with --env "
+        f"lobsim (it sizes the model for the env), or add --set model.obs_dim={lobsim.obs_dim}"
+    ), refused.value
 
 
 def test_an_actor_started_before_its_server_waits_for_it(tmp_path: Path) -> None:
