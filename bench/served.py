@@ -62,6 +62,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # the tests
 import host_report
 from serverproc import Samples, ServerProcess, clean_env, die_with_parent, scrape
 
+from service.actor import HEADER
 from service.client.client import TridentClient
 from service.config import LobsimConfig
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
@@ -87,7 +88,7 @@ TAIL_CHARS = 2000
 PROFILE_WAIT_S = 30.0  # py-spy writes its file after the window
 CALL_TIMEOUT_S = 60.0
 LOBSIM_OBS_DIM = observation_dim(LobsimConfig())
-ACTOR_READY = "trident actor: env="
+ACTOR_READY = HEADER  # the actor's first line
 WORKER_READY = "served worker: ready"
 DONE_COUNTS = re.compile(r"^done: (\d+) rollouts \((\d+) trained in \d+ Steps, (\d+) dropped "
                          r"behind the policy lag, (\d+) dropped ahead")

@@ -72,7 +72,7 @@ DONE = re.compile(
     r"(?P<dropped>\d+) dropped behind the policy lag, (?P<dropped_ahead>\d+) dropped ahead of "
     r"the server's state\), (?P<acts>\d+) Acts, (?P<env_steps>\d+) env steps "
     r"\((?P<trained_pct>[\d.]+) % trained, (?P<unfinished>\d+) in unfinished rollouts\) in "
-    r"(?P<seconds>[\d.]+) s \| "
+    r"(?P<seconds>[\d.]+) s at \d+ env steps/s \| global step \d+(?:/\d+)? \| "
     r"Step p50 (?P<step_p50>[\d.]+) ms p99 (?P<step_p99>[\d.]+) ms \| "
     r"Act p50 (?P<act_p50>[\d.]+) ms p99 (?P<act_p99>[\d.]+) ms \| "
     r"(?P<rollouts>\d+) rollouts, (?P<resent>\d+) resent, (?P<replayed>\d+) replayed, "

@@ -370,10 +370,11 @@ def build_parser() -> argparse.ArgumentParser:
     actor.add_argument("--env", required=True, help="lobsim or gymnasium:ID (Discrete actions)")
     actor.add_argument("--num-envs", type=int, help="environments in this process (default: "
                        "the server's train.num_envs, the Steps `trident train` makes)")  # fmt: skip
-    actor.add_argument("--steps", type=int, help="Steps to send, then exit (default: until the "
-                       "server's global step reaches its train.steps, the end of its "
-                       "learning-rate schedule, whatever other actors send; a server without "
-                       "train.steps has no end: until stopped)")  # fmt: skip
+    actor.add_argument("--steps", type=int, help="rollouts to send, then exit (default: until "
+                       "the server's global step reaches its train.steps, the end of its "
+                       "learning-rate schedule, whatever this actor's share of each Step and "
+                       "whatever other actors send; a server without train.steps has no end: "
+                       "until stopped)")  # fmt: skip
     actor.add_argument(
         "--duration",
         type=float,
@@ -383,10 +384,11 @@ def build_parser() -> argparse.ArgumentParser:
     actor.add_argument(
         "--rollout-len",
         type=int,
-        help="env steps per Step (default: the server's train.rollout_len)",
+        help="env steps per rollout (default: the server's train.rollout_len)",
     )
     actor.add_argument("--seed", type=int, default=0, help="environment seed")
-    actor.add_argument("--log-every", type=int, default=10, help="Steps between progress lines")
+    actor.add_argument("--log-every", type=int, default=10, help="answered rollouts between "
+                       "progress lines (each gives the rate since the line before)")  # fmt: skip
     actor.add_argument(
         "--env-groups",
         type=int,

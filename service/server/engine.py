@@ -133,6 +133,9 @@ class Engine:
         self._keys_lock = threading.RLock()  # the ledger and _queued; taken inside _lock
         self._queued: dict[StepKey, _Queued] = {}
         self._checkpoint_step = 0  # global step of the newest checkpoint saved or restored
+        # The state as the newest checkpoint saved or restored holds it (its name; None: the
+        # fresh start's), so that a drain with nothing new commits none
+        self._committed: tuple[tuple[object, ...], str | None] = (self._fingerprint(), None)
         # The furthest step a Restore took this state back from (0: none did): a rollout ahead
         # of the state is said to come from before a rollback only when one is known.
         self._went_back_from = 0
@@ -299,7 +302,8 @@ class Engine:
                     replies.append(reply)
             by_steps = every and result.global_step % every == 0
             by_time = 0 < self._checkpoint_every_s <= self.clock() - self._checkpoint_at
-            if result.updates_applied and (by_steps or by_time):
+            run_end = result.global_step == self.trainer.config.train.steps  # a run's last Step
+            if result.updates_applied and (by_steps or by_time or run_end):
                 self._periodic_checkpoint()
             self._observe_rate()
             for reply in replies:
@@ -388,9 +392,19 @@ class Engine:
             self._policy.publish()
 
     # ------------------------------------------------------------------------ state
+    def _fingerprint(self) -> tuple[object, ...]:
+        """What changes whenever training changes the state: the Steps and updates attempted
+        (every Step moves the latter, applied or skipped, keyed or not) and the settings. Acts
+        are left out: they move only the counter that picks later Acts' random draws. The
+        caller holds _lock (or constructs)."""
+        counters = self.trainer.state.counters
+        steps = (int(counters[name][0]) for name in ("global_step", "updates_attempted"))
+        return (*steps, self.trainer.config)
+
     def _save(self, name: str) -> CheckpointInfo:
         """Commit a checkpoint with the ledger; the caller holds _lock. Acts go on meanwhile
         (the state takes a copy of their counter)."""
+        before = self._fingerprint()
         try:
             with self._keys_lock:
                 info = save_checkpoint(self.trainer, self.root, name, ledger=self.ledger)
@@ -403,6 +417,7 @@ class Engine:
                        error=str(error))  # fmt: skip
             raise
         self._checkpoint_step, self._checkpoint_at = info.global_step, self.clock()
+        self._committed = (before, info.name)
         self.metrics.observe_checkpoint(info)
         logs.event(
             logging.INFO,
@@ -435,6 +450,7 @@ class Engine:
             if info.global_step < before:
                 self._went_back_from = max(self._went_back_from, before)
             self._checkpoint_step, self._checkpoint_at = info.global_step, self.clock()
+            self._committed = (self._fingerprint(), info.name)
             self._state_epoch = secrets.randbits(62)
             digest = self.trainer.param_digest()
             self._observe_rate()
@@ -523,12 +539,20 @@ class Engine:
 
     def drain(self, grace_s: float = float("inf")) -> CheckpointInfo | None:
         """Finish queued Steps (those that start within `grace_s`) and Acts, then commit a
-        final checkpoint (training servers)."""
+        final checkpoint (training servers) of what is new since the newest checkpoint saved
+        or restored: a server that trained nothing and changed no setting since then (or since
+        a fresh start) commits none, so restarts leave no pile of identical checkpoints."""
         self._steps.close(grace_s)
         self._digests.shutdown()
         self._acts.close()
         if self.inference_only:
             return None
         with self._lock:
+            state, newest = self._committed
+            if self._fingerprint() == state:
+                since = "the start" if newest is None else f"checkpoint {newest}"
+                logs.event(logging.INFO, "final checkpoint", name=None, newest=newest,
+                           reason=f"nothing new since {since}", step=self.trainer.global_step)
+                return None
             name = f"final-{self.trainer.global_step:010d}-{int(time.time() * 1000)}"
             return self._save(name)
