@@ -806,7 +806,8 @@ def run_cell(load: Load, actors: int, args: argparse.Namespace, root: Path) -> d
     try:
         server = ServerProcess.start(
             workdir, sets, startup_timeout_s=SERVER_START_S, dies_with_parent=True,
-            env={"PYTHONPATH": child_env()["PYTHONPATH"]},
+            # DEBUG: each Step's own log line, which the window's rate is read from
+            env={"PYTHONPATH": child_env()["PYTHONPATH"], "TRIDENT_SERVER__LOG_LEVEL": "DEBUG"},
         )  # fmt: skip
     except RuntimeError as error:
         cell["errors"].append(f"the server did not start: {str(error)[-TAIL_CHARS:]}")

@@ -372,7 +372,7 @@ def run_soak(settings: Settings, workdir: Path, promtool: str | None) -> dict[st
             "exit": server_exit,
             "problem_lines": server_problems[:20],
             "problem_line_count": len(server_problems),
-            "steps_logged": len(server.events("step")),
+            "steps_logged": sum(e["steps"] for e in server.events("steps")),
             "tail": server.lines[-40:] if server_exit != 0 else [],
         },
         "metrics": metric_figures(samples) if text else None,

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -489,20 +490,27 @@ class DropLines:
         return f" | dropped {', '.join(parts)}" if parts else ""  # fmt: skip
 
 
-@dataclass
-class Rate:
-    """Env steps per second over the last interval: each progress line's, since the line
-    before (the whole run's is the done: line's)."""
+RATE_SPAN_S = 1.0  # the shortest span a progress line's rate is taken over
 
-    at: float
-    env_steps: int = 0
+
+class Rate:
+    """Env steps per second over the last interval: since the progress line before, or
+    before that where the line before came less than RATE_SPAN_S ago (replies come in
+    bursts: one Step answers several rollouts at once). The whole run's is the done: line's."""
+
+    def __init__(self, started: float) -> None:
+        self.marks: deque[tuple[float, int]] = deque([(started, 0)], maxlen=256)
 
     def since(self, now: float, env_steps: int) -> str:
-        """`R env steps/s (last S s)` since the previous call, and start the next interval."""
-        seconds = max(now - self.at, 1e-9)
-        rate = (env_steps - self.env_steps) / seconds
-        self.at, self.env_steps = now, env_steps
-        return f"{rate:7.0f} env steps/s (last {seconds:.1f} s)"
+        """`R env steps/s (last S s)`, and this line's mark for the next."""
+        at, before = self.marks[0]
+        for mark_at, mark_steps in reversed(self.marks):
+            if now - mark_at >= RATE_SPAN_S:
+                at, before = mark_at, mark_steps
+                break
+        self.marks.append((now, env_steps))
+        seconds = max(now - at, 1e-9)
+        return f"{(env_steps - before) / seconds:7.0f} env steps/s (last {seconds:.1f} s)"
 
 
 def run_actor(

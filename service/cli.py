@@ -320,12 +320,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Act from --restore NAME, without optimizer state",
     )
 
-    for name, helptext in (
-        ("status", "print the server's status as JSON: step, backend, auth mode (never the "
-         "token), configuration"),
-        ("health", "print the server's health (SERVING, NOT_SERVING); exit 0 when SERVING"),
-    ):  # fmt: skip
-        _add_client_flags(commands.add_parser(name, help=helptext))
+    status = commands.add_parser(
+        "status",
+        help="print the server's status: what it is doing, its step and rate, its clients, "
+        "its newest checkpoint and its schedule",
+        description="A summary first: state (training, idle, waiting for its first Step, "
+        "inference-only), global step, env steps per second over the last minute, Interact "
+        "streams open and the Step queue, the newest checkpoint, the learning-rate schedule, "
+        "the model and auth mode (never the token). --json prints every field as JSON, "
+        "--config the whole effective configuration.",
+    )
+    _add_client_flags(status)
+    status.add_argument("--json", action="store_true", help="every field of GetStatus as one "
+                        "JSON object (the configuration too with --config)")  # fmt: skip
+    status.add_argument("--config", action="store_true", help="also the whole effective "
+                        "configuration (JSON, by section)")  # fmt: skip
+    health = commands.add_parser(
+        "health", help="print the server's health (SERVING, NOT_SERVING); exit 0 when SERVING"
+    )
+    _add_client_flags(health)
     act = commands.add_parser("act", help="ask the server for actions; prints JSON")
     _add_client_flags(act)
     act.add_argument(
@@ -753,9 +766,15 @@ def run_client(args: argparse.Namespace, client: TridentClient) -> int:
         print(health)
         return 0 if health == "SERVING" else 1
     if args.command == "status":
-        status = to_plain(client.status())
-        status["config"] = json.loads(status.pop("config_json") or "{}")
-        _print_json(status)
+        reply = client.status()
+        status = to_plain(reply)
+        config = json.loads(status.pop("config_json") or "{}")
+        if args.json:
+            _print_json({**status, "config": config} if args.config else status)
+            return 0
+        print(status_summary(reply, config, client.target))
+        if args.config:
+            print(f"config: {json.dumps(config, indent=2, sort_keys=True)}")
     elif args.command == "act":
         obs, converted_from = load_observations(args.obs)
         if converted_from is not None:
@@ -777,6 +796,58 @@ def run_client(args: argparse.Namespace, client: TridentClient) -> int:
     else:
         _print_json(to_plain(client.restore(args.name)))
     return 0
+
+
+IDLE_S = 60.0  # `trident status` calls a server idle when its newest Step is older than this
+
+
+def status_summary(status: Any, config: dict[str, Any], target: str) -> str:
+    """`trident status`'s lines: what the server is doing and how far it is, from GetStatus
+    (`status`) and its configuration."""
+    since = status.seconds_since_step if status.HasField("seconds_since_step") else None
+    if status.inference_only:
+        state = "inference-only: answers Act, trains nothing"
+    elif since is None:
+        state = "waiting for its first Step"
+    elif since <= IDLE_S:
+        state = f"training (last Step {since:.1f} s ago)"
+    else:
+        state = f"idle (last Step {_ago(since)} ago)"
+    train, model = config.get("train", {}), config.get("model", {})
+    until = f" of {train['steps']} (train.steps)" if train.get("steps") else ""
+    if status.checkpoint_name:
+        age = _ago(status.checkpoint_age_s) if status.HasField("checkpoint_age_s") else "?"
+        checkpoint = (f"{status.checkpoint_name}, {age} ago (holds every Step up to "
+                      f"{status.checkpoint_step})")  # fmt: skip
+    else:
+        every = config.get("checkpoint", {}).get("every_s", 0)
+        checkpoint = "none yet" + (f" (one every {every:g} s of training)" if every else "")
+    rows = {
+        "state": state,
+        "step": f"{status.global_step}{until}",
+        "rate": f"{status.env_steps_per_s:.0f} env steps/s over the last minute",
+        "clients": f"{status.open_streams} Interact stream{'s' * (status.open_streams != 1)} "
+        f"open; {status.step_queue_depth} waiting in the Step queue",
+        "checkpoint": checkpoint,
+        "schedule": f"{status.lr_schedule}; the next Step at learning rate "
+        f"{status.learning_rate:.3g}",
+        "model": f"obs_dim {model.get('obs_dim')}, {model.get('num_actions')} actions, aux_dim "
+        f"{model.get('aux_dim')}, hidden {model.get('hidden_dim')}; replay "
+        f"{status.replay_size} transitions",
+        "server": f"trident {status.version}, {status.backend} on {status.device}, auth "
+        f"{status.auth_mode}",
+    }
+    lines = [f"trident status of {target}:"]
+    lines += [f"  {name:<11}{text}" for name, text in rows.items()]
+    lines.append("  (--json: every field; --config: the whole configuration)")
+    return "\n".join(lines)
+
+
+def _ago(seconds: float) -> str:
+    """`12.3 s`, `4.5 min` or `6.7 h`."""
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def run_actor_command(args: argparse.Namespace, client: TridentClient) -> int:

@@ -18,7 +18,7 @@ import pytest
 from conftest import free_port, running_server, wait_until
 from serverproc import ServerProcess, clean_env, trident_cli
 
-from service.actor import ActorError, DropLines, OutageLines, check_dims
+from service.actor import ActorError, DropLines, OutageLines, Rate, check_dims
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.checkpoint import list_checkpoints
 from service.client.client import TridentClient
@@ -503,3 +503,13 @@ def test_a_dropped_rollout_is_said_on_the_actors_terminal_once_per_reason(
     assert DropLines.counts(LinkCounts(dropped_behind=2)) == " | dropped 2 behind"
     assert DropLines.counts(LinkCounts(dropped_ahead=1)) == " | dropped 1 ahead"
     assert DropLines.counts(LinkCounts()) == ""
+
+
+def test_a_progress_lines_rate_is_the_last_intervals() -> None:
+    """Each line's rate is over the interval since the line before (not since the start); a
+    line that comes within a burst of replies takes the span back to a line a second old."""
+    rate = Rate(started=0.0)
+    assert rate.since(2.0, 2000) == "   1000 env steps/s (last 2.0 s)"
+    assert rate.since(4.0, 2500) == "    250 env steps/s (last 2.0 s)"  # slowed: said at once
+    assert rate.since(4.0, 2500) == "    250 env steps/s (last 2.0 s)"  # a burst: same span
+    assert rate.since(6.0, 6500) == "   2000 env steps/s (last 2.0 s)"

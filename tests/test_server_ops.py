@@ -224,7 +224,7 @@ def test_cli_against_a_running_server(
     health = trident_cli("health", "--server", server.target)
     assert health.returncode == 0 and health.stdout.strip() == "SERVING"
 
-    status = run_cli(server, "status")
+    status = run_cli(server, "status", "--json", "--config")
     assert isinstance(status, dict)
     assert status["backend"] == "numpy" and status["device"] == "cpu"
     assert status["param_digest"] == client.status().param_digest
@@ -293,3 +293,41 @@ def test_reflection_and_health(server: ServerProcess) -> None:
         assert caught.value.code() == Code.NOT_FOUND
         stub = pb_grpc.TrainerServiceStub(channel)
         assert stub.GetStatus(pb.GetStatusRequest(), timeout=10).backend == "numpy"
+
+
+def test_the_log_and_status_summarise_the_steps(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Steps at INFO: a `steps` line every train.log_every Steps (each Step is a DEBUG line),
+    the rest said by the drain; `trident status` leads with a summary, the config behind
+    --config."""
+    with running_server(tmp_path, "train.log_every=3", "checkpoint.every_s=0") as server:
+        with TridentClient(server.target) as client:
+            for _ in range(7):
+                client.step(random_rollout(rng, T=3, N=4))
+        shown = trident_cli("status", "--server", server.target)
+        with_config = trident_cli("status", "--server", server.target, "--config")
+        as_json = run_cli(server, "status", "--json")
+        assert server.terminate() == 0, server.stderr()[-3000:]
+    assert not server.events("step")  # DEBUG, below the server's INFO
+    summaries = server.events("steps")
+    assert [(e["global_step"], e["steps"], e["rollouts"]) for e in summaries] == [
+        (3, 3, 3), (6, 3, 3), (7, 1, 1)]  # the last one by the drain  # fmt: skip
+    assert all(e["env_steps"] == e["steps"] * 12 and e["env_steps_per_s"] > 0
+               and set(e["losses"]) >= {"total", "pi", "v"} and e["skipped"] == 0
+               for e in summaries), summaries  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == f"trident status of {server.target}:"
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in lines[1:-1]}
+    assert list(rows) == ["state", "step", "rate", "clients", "checkpoint", "schedule", "model",
+                          "server"]  # fmt: skip
+    assert rows["state"].startswith("training (last Step ")
+    assert rows["step"] == "7" and rows["rate"].endswith(" env steps/s over the last minute")
+    assert float(rows["rate"].split()[0]) > 0
+    assert rows["clients"] == "0 Interact streams open; 0 waiting in the Step queue"
+    assert rows["checkpoint"] == "none yet"
+    assert rows["schedule"].startswith("constant: no train.steps, a run with no end; the next")
+    assert "config" not in shown.stdout.lower().split("(--json")[0]  # the config: behind a flag
+    assert with_config.stdout.startswith(shown.stdout.split("\n")[0])
+    assert '"obs_dim": 6' in with_config.stdout and len(with_config.stdout) > 3 * len(shown.stdout)
+    assert isinstance(as_json, dict) and "config" not in as_json
+    assert as_json["global_step"] == 7 and as_json["checkpoint_name"] == ""

@@ -100,7 +100,8 @@ def _train_gym(
         """A checkpoint of the state as it is: the last one saved, when it holds this Step."""
         nonlocal saved
         if saved is None or saved.global_step != trainer.global_step:
-            saved = save_checkpoint(trainer, config.checkpoint.dir)
+            done = trainer.global_step >= config.train.steps  # a finished run: no replay
+            saved = save_checkpoint(trainer, config.checkpoint.dir, replay=not done)
         return saved
 
     go_on = f"trident train --env {env_name} --resume --run-dir {folder.root}"
@@ -177,6 +178,7 @@ def _train_gym(
             return 130
     print(f"learning curve -> {folder.curve_png}; evaluation -> {folder.root / 'eval.json'}",
           flush=True)  # fmt: skip
+    print(folder.size_line(config), flush=True)
     return 0
 
 

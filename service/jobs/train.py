@@ -169,15 +169,17 @@ def _train_lobsim(
     warned = logs.FirstOfKind()
     resumed_at = first if resume is not None else None
 
-    def save(elapsed: float) -> CheckpointInfo:
+    def save(elapsed: float, replay: bool = True) -> CheckpointInfo:
         state = {**next_step.state_dict(), "job/elapsed_s": np.array([elapsed])}
-        return save_checkpoint(trainer, config.checkpoint.dir, job=state)
+        return save_checkpoint(trainer, config.checkpoint.dir, job=state, replay=replay)
 
     def checkpoint_now(elapsed: float) -> CheckpointInfo:
-        """A checkpoint of the state as it is: the last one saved, when it holds this Step."""
+        """A checkpoint of the state as it is: the last one saved, when it holds this Step.
+        Once training is done the replay buffer is left out: a resume of a finished run only
+        evaluates it; one stopped before needs the buffer to go on exactly."""
         if saved is not None and saved.global_step == trainer.global_step:
             return saved
-        return save(elapsed)
+        return save(elapsed, replay=trainer.global_step < train_cfg.steps)
 
     with stop_signals() as stopping:
         with (
@@ -202,7 +204,7 @@ def _train_lobsim(
                 }  # fmt: skip
                 scalars.write(row)  # before the checkpoint: a resume cuts back what it lacks
                 if every and step % every == 0:
-                    saved = save(elapsed)
+                    saved = save(elapsed, replay=step < train_cfg.steps)
                 for warning in warned.new(result.warnings):
                     progress.log(f"warning (shown once): {warning}")
                 rate = (step - first) * samples_per_step / max(ran_s, 1e-9)
@@ -246,6 +248,7 @@ def _train_lobsim(
             print(evaluation_stopped(stop.signal, folder.root, final), flush=True)
             return 130
     print(f"learning curve -> {folder.curve_png}", flush=True)
+    print(folder.size_line(config), flush=True)
     return 0
 
 

@@ -155,6 +155,12 @@ class StepQueue(Generic[Work]):
                 self._cond.wait(ROOM_POLL_S)
 
     @property
+    def open_streams(self) -> int:
+        """Interact streams holding a seat now."""
+        with self._cond:
+            return len(self._seats)
+
+    @property
     def depth(self) -> int:
         """Rollouts and requests' Steps waiting to be applied."""
         return len(self._jobs)

@@ -31,7 +31,8 @@ SLOW = "ppo.epochs=96"  # with 16x16 rollouts, Steps of ~0.5 s on the NumPy back
 
 @pytest.mark.slow
 def test_sigterm_with_eight_steps_in_flight(tmp_path: Path, rng: np.random.Generator) -> None:
-    settings = (f"server.shutdown_grace_s={GRACE_S}", f"server.step_queue_size={IN_FLIGHT}", SLOW)
+    settings = (f"server.shutdown_grace_s={GRACE_S}", f"server.step_queue_size={IN_FLIGHT}", SLOW,
+                "server.log_level=DEBUG")  # every Step's own line  # fmt: skip
     server = running_server(tmp_path, *settings)
     rollouts = [random_rollout(rng, T=16, N=16) for _ in range(IN_FLIGHT)]
     # What happened, in order: ("signal", ""), ("health", status name), ("reply", Step index).

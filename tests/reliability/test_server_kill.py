@@ -25,6 +25,7 @@ PERIOD_S = 1.0
 CARTPOLE = ("model.obs_dim=4", "model.num_actions=2", "model.aux_dim=0", "train.num_envs=8")
 # What the image and the manifests set, as environment variables (deploy/Dockerfile).
 DEPLOYED = {"TRIDENT_CHECKPOINT__RESUME": "true", "TRIDENT_CHECKPOINT__EVERY_S": str(PERIOD_S)}
+EVERY_STEP = {"TRIDENT_SERVER__LOG_LEVEL": "DEBUG"}  # each Step's own line: what a kill lost
 
 
 def serve(tmp_path: Path, life: int, port: int) -> ServerProcess:
@@ -33,7 +34,7 @@ def serve(tmp_path: Path, life: int, port: int) -> ServerProcess:
         list(CARTPOLE),
         checkpoint_dir=tmp_path / "checkpoints",
         extra_args=["--port", str(port)],
-        env=DEPLOYED,
+        env={**DEPLOYED, **EVERY_STEP},
     )
 
 
