@@ -184,7 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="trident", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"trident {trident_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    train_cmd = commands.add_parser("train", help="train in-process (LobSim or a bandit)")
+    train_cmd = commands.add_parser(
+        "train", help="train in-process: LobSim (the main job), any Gymnasium env "
+        "(--env gymnasium:ID) or the contextual bandit"
+    )  # fmt: skip
     _add_config_flags(train_cmd)
     train_cmd.add_argument(
         "--env",

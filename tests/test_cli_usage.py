@@ -68,6 +68,9 @@ def test_version_and_top_level_help() -> None:
     top = trident_cli("--help")
     assert top.returncode == 0 and "--version" in top.stdout
     assert "service/" not in top.stdout and ".py" not in top.stdout  # no source paths
+    # each command's line says what it takes: train's every env
+    train = " ".join(top.stdout.split("\n    train ")[1].split("\n    eval ")[0].split())
+    assert "LobSim" in train and "gymnasium:ID" in train and "bandit" in train, train
 
 
 def test_every_option_and_subcommand_has_help(

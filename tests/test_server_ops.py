@@ -19,7 +19,8 @@ from serverproc import Samples, ServerProcess, scrape, trident_cli, value
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.client.client import TridentClient, step_request
-from service.types import ActMode
+from service.server.step_log import SUMMARY_S, StepSummary
+from service.types import ActMode, StepResult
 
 Code = grpc.StatusCode
 
@@ -331,3 +332,23 @@ def test_the_log_and_status_summarise_the_steps(tmp_path: Path, rng: np.random.G
     assert '"obs_dim": 6' in with_config.stdout and len(with_config.stdout) > 3 * len(shown.stdout)
     assert isinstance(as_json, dict) and "config" not in as_json
     assert as_json["global_step"] == 7 and as_json["checkpoint_name"] == ""
+
+
+def test_slow_steps_are_summarised_every_half_minute() -> None:
+    """Fewer than train.log_every Steps in SUMMARY_S seconds: the summary comes by time, its
+    rate over its own span (a made-up clock stands in for the Steps' time)."""
+    now = [0.0]
+    summary = StepSummary(lambda: 20, lambda: now[0])
+    result = StepResult(losses={"pi": 0.5, "total": 0.5}, global_step=1)
+    lines = []
+    for step in range(1, 5):
+        now[0] = step * (SUMMARY_S / 2)  # a Step every 15 s, 1 s long
+        result.global_step = step
+        lines.append(summary.add(result, samples=300, rollouts=1, ms=1000.0, lr=1e-3))
+    assert [line is not None for line in lines] == [False, False, True, False]
+    due = lines[2]  # 31 s after the first Step began (at 14 s)
+    assert due is not None and (due["steps"], due["global_step"]) == (3, 3)
+    assert due["seconds"] == SUMMARY_S + 1.0 and due["env_steps_per_s"] == round(900 / 31, 1)
+    last = summary.flush()  # a drain: the fourth Step, over the 15 s since the summary
+    assert last is not None and (last["steps"], last["seconds"]) == (1, SUMMARY_S / 2)
+    assert summary.flush() is None  # nothing since the last one

@@ -310,4 +310,6 @@ def plot_returns(log_csv: Path, png: Path, env: str, levels: dict[str, Interval]
     axes.legend(fontsize="small")
     figure.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(png, dpi=100)
+    # bbox_inches="tight": the saved area takes in every artist, the legend outside the axes
+    # and each axes' y label whatever the width of its tick labels
+    figure.savefig(png, dpi=100, bbox_inches="tight", pad_inches=0.1)

@@ -416,6 +416,9 @@ def plot_learning_curve(
     bottom.set_ylabel("total loss")
     bottom.set_xlabel("env steps")
     top.set_title("trident train --env lobsim: training reward against the held-out returns")
+    figure.align_ylabels([top, bottom])
     figure.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(png, dpi=100)
+    # bbox_inches="tight": the saved area takes in every artist, the legend outside the axes
+    # and each axes' y label whatever the width of its tick labels
+    figure.savefig(png, dpi=100, bbox_inches="tight", pad_inches=0.1)
