@@ -112,8 +112,8 @@ def test_a_linear_lr_schedule_sets_each_steps_rate() -> None:
 
 def test_the_learning_curve_is_drawn_whole(tmp_path: Path) -> None:
     """Every label of train.png lies inside the image: nothing is drawn on its outermost
-    pixels (the lower axes' wide tick labels, -0.025, beside the upper's, -60, once pushed
-    the 'total loss' label past the left edge)."""
+    pixels, though the lower axes' tick labels (-0.025) are wider than the upper's (-60), which
+    a layout fitted to the upper would leave past the left edge with the 'total loss' label."""
     from matplotlib.image import imread
 
     log, png = tmp_path / "train.csv", tmp_path / "train.png"
