@@ -63,6 +63,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # the tests
 import host_report
 from serverproc import Samples, ServerProcess, clean_env, die_with_parent, scrape
 
+from service.actor import HEADER
 from service.client.client import TridentClient
 from service.config import LobsimConfig
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
@@ -88,7 +89,7 @@ TAIL_CHARS = 2000
 PROFILE_WAIT_S = 30.0  # py-spy writes its file after the window
 CALL_TIMEOUT_S = 60.0
 LOBSIM_OBS_DIM = observation_dim(LobsimConfig())
-ACTOR_READY = "trident actor: env="
+ACTOR_READY = HEADER  # the actor's first line
 WORKER_READY = "served worker: ready"
 DONE_COUNTS = re.compile(r"^done: (\d+) rollouts \((\d+) trained in \d+ Steps, (\d+) dropped "
                          r"behind the policy lag, (\d+) dropped ahead")
@@ -838,7 +839,8 @@ def run_cell(load: Load, actors: int, args: argparse.Namespace, root: Path) -> d
     try:
         server = ServerProcess.start(
             workdir, sets, startup_timeout_s=SERVER_START_S, dies_with_parent=True,
-            env={"PYTHONPATH": child_env()["PYTHONPATH"]},
+            # DEBUG: each Step's own log line, which the window's rate is read from
+            env={"PYTHONPATH": child_env()["PYTHONPATH"], "TRIDENT_SERVER__LOG_LEVEL": "DEBUG"},
         )  # fmt: skip
     except RuntimeError as error:
         cell["errors"].append(f"the server did not start: {str(error)[-TAIL_CHARS:]}")

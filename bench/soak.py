@@ -72,7 +72,7 @@ DONE = re.compile(
     r"(?P<dropped>\d+) dropped behind the policy lag, (?P<dropped_ahead>\d+) dropped ahead of "
     r"the server's state\), (?P<acts>\d+) Acts, (?P<env_steps>\d+) env steps "
     r"\((?P<trained_pct>[\d.]+) % trained, (?P<unfinished>\d+) in unfinished rollouts\) in "
-    r"(?P<seconds>[\d.]+) s \| "
+    r"(?P<seconds>[\d.]+) s at \d+ env steps/s \| global step \d+(?:/\d+)? \| "
     r"Step p50 (?P<step_p50>[\d.]+) ms p99 (?P<step_p99>[\d.]+) ms \| "
     r"Act p50 (?P<act_p50>[\d.]+) ms p99 (?P<act_p99>[\d.]+) ms \| "
     r"(?P<rollouts>\d+) rollouts, (?P<resent>\d+) resent, (?P<replayed>\d+) replayed, "
@@ -372,7 +372,7 @@ def run_soak(settings: Settings, workdir: Path, promtool: str | None) -> dict[st
             "exit": server_exit,
             "problem_lines": server_problems[:20],
             "problem_line_count": len(server_problems),
-            "steps_logged": len(server.events("step")),
+            "steps_logged": sum(e["steps"] for e in server.events("steps")),
             "tail": server.lines[-40:] if server_exit != 0 else [],
         },
         "metrics": metric_figures(samples) if text else None,

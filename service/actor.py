@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -50,6 +51,7 @@ from service.client.resilient import (
     LinkCounts,
     Resends,
     ResilientLink,
+    ahead,
     periodic_checkpoints,
     stale,
 )
@@ -77,14 +79,13 @@ def check_dims(status: pb.GetStatusResponse, dims: EnvDims, env: str) -> None:
     wanted = {"obs_dim": dims.obs_dim, "num_actions": dims.num_actions}
     if dims.aux_dim is not None:
         wanted["aux_dim"] = dims.aux_dim
-    wrong = [
-        f"model.{k} = {model[k]}, the env needs {v}" for k, v in wanted.items() if model[k] != v
-    ]
+    wrong = {k: v for k, v in wanted.items() if model[k] != v}
     if wrong:
-        fix = " ".join(f"--set model.{k}={v}" for k, v in wanted.items())
+        said = "; ".join(f"model.{k} = {model[k]}, the env needs {v}" for k, v in wrong.items())
+        fix = " ".join(f"--set model.{k}={v}" for k, v in wrong.items())
         raise ActorError(
-            f"the server's model does not fit --env {env}: {'; '.join(wrong)} "
-            f"(start the server with {fix})"
+            f"the server's model does not fit --env {env}: {said}. Start the server with "
+            f"--env {env} (it sizes the model for the env), or add {fix}"
         )
 
 
@@ -265,10 +266,12 @@ class StreamActor:
         report: Callable[[InteractOutcome, Progress], None],
         synchronous: bool = False,
         settle: Callable[[], None] = lambda: None,
+        dropped: Callable[[str], None] = lambda details: None,
     ) -> None:
         self.link, self.envs, self.T, self.D = link, envs, rollout_len, obs_dim
         self.synchronous = synchronous
         self.settle = settle  # after rollouts were sent again: say what became of them
+        self.dropped = dropped  # a rollout refused for its policy version: the refusal
         self.sizes = [env.num_envs for env in envs]
         self.report = report
         self.progress = Progress()
@@ -339,6 +342,12 @@ class StreamActor:
         self.progress.env_steps += self.sizes[group]
         self._send(group, moved.obs, moved)
 
+    def catch_up(self) -> None:
+        """Between rollouts: end the stream, take the outcome of every rollout sent, and open
+        a new stream where the environments are (no rollout is partial: nothing is lost)."""
+        self.close()
+        self._open()
+
     def close(self) -> None:
         """Half-close the stream and take every outcome the server still sends."""
         self._stream.close()
@@ -363,6 +372,7 @@ class StreamActor:
                 self.progress.trained(rollout, outcome.reply)
             elif outcome.code == grpc.StatusCode.FAILED_PRECONDITION and stale(outcome.message):
                 self.link.dropped(key, outcome.message)
+                self.dropped(outcome.message)
             else:
                 code = outcome.code.name if outcome.code else "UNKNOWN"
                 raise ActorError(f"the server refused rollout {key}: {code} {outcome.message}")
@@ -394,13 +404,17 @@ class StreamActor:
 
 @dataclass(frozen=True)
 class RunShape:
-    """What an actor sends: `steps` rollouts of `rollout_len` x `num_envs` env steps (None: until
-    it is stopped), and the server's global step at which it stops sooner (None: it does not)."""
+    """What an actor sends: rollouts of `rollout_len` x `num_envs` env steps, `rollouts` of
+    them (None: no count of its own), until the server's global step reaches `until_step`
+    (None: no such end; with neither, until it is stopped). `per_step`: how many of its
+    rollouts make one of the server's Steps (train.num_envs columns at least) where it sends
+    alone."""
 
     num_envs: int
     rollout_len: int
-    steps: int | None
+    rollouts: int | None
     until_step: int | None
+    per_step: int = 1
 
     @classmethod
     def of(
@@ -411,22 +425,92 @@ class RunShape:
         steps: int | None,
     ) -> RunShape:
         """The flags given, the rest from the server's run: train.num_envs and rollout_len
-        (the Steps `trident train` makes), and Steps until its global step reaches
-        train.steps (the end of its learning-rate schedule), however many actors share it;
-        a server without train.steps runs with no end, and so does the actor."""
+        (the Steps `trident train` makes), until its global step reaches train.steps (the end
+        of its learning-rate schedule), whatever this actor's share of each Step and however
+        many actors share it; a server without train.steps runs with no end, and so does the
+        actor. `steps` (--steps) is a count of this actor's rollouts instead."""
         train = json.loads(status.config_json)["train"]
         until = None
         if steps is None and train["steps"]:
             until = train["steps"]
-            steps = until - status.global_step
-            if steps < 1:
+            if status.global_step >= until:
                 raise ActorError(
                     f"the server's run has ended: its global step {status.global_step} has "
-                    f"reached train.steps = {until}; --steps N sends N more (at the schedule's "
-                    "last rate), or start the server with a larger train.steps"
+                    f"reached train.steps = {until}; --steps N sends N more rollouts (at the "
+                    "schedule's last rate), or start the server with a larger train.steps"
                 )
-        return cls(num_envs or train["num_envs"], rollout_len or train["rollout_len"], steps,
-                   until)  # fmt: skip
+        num_envs = num_envs or train["num_envs"]
+        per_step = max(1, -(-train["num_envs"] // num_envs))  # ceil: a Step's columns at least
+        return cls(num_envs, rollout_len or train["rollout_len"], steps, until, per_step)
+
+    def header(self, env: str, dims: EnvDims, sizes: list[int], seed: int, actor_id: str) -> str:
+        """The actor's first line: what it runs, how long, and who it is."""
+        groups = ("in one group" if len(sizes) == 1 else
+                  f"in {len(sizes)} groups ({' + '.join(map(str, sizes))})")  # fmt: skip
+        if self.rollouts is not None:
+            end = f"{plural(self.rollouts, 'rollout')}, then exit"
+        elif self.until_step is not None:
+            end = f"until the server's global step reaches {self.until_step} (its train.steps)"
+        else:
+            end = "until stopped (the server's run has no end: no train.steps)"
+        return (f"{HEADER}{plural(self.num_envs, f'{env} environment')} {groups}, rollouts of "
+                f"{self.rollout_len} steps each, {end} | model obs_dim {dims.obs_dim}, "
+                f"{dims.num_actions} actions | seed {seed} | actor id {actor_id}")  # fmt: skip
+
+
+HEADER = "trident actor: runs "  # how the actor's first line starts (a bench waits for it)
+DROPPED = {
+    "behind": "behind the policy lag (acted on more than train.max_policy_lag policy versions "
+    "before the Step that would train it: this actor paused, or the server fell behind)",
+    "ahead": "ahead of the server's state (acted on by a policy the server no longer has: it "
+    "went back to an older checkpoint)",
+}
+
+
+class DropLines:
+    """Rollouts the server refused for their policy version, on the actor's own terminal as
+    they happen: the first of each reason in full (the server's words and what they mean),
+    later ones counted in the progress lines and the done: line."""
+
+    def __init__(self) -> None:
+        self.said: set[str] = set()
+
+    def dropped(self, details: str) -> None:
+        reason = "ahead" if ahead(details) else "behind"
+        if reason not in self.said:
+            self.said.add(reason)
+            say(f"the server dropped a rollout {DROPPED[reason]}: {details}. Further drops "
+                "are counted in the progress lines")  # fmt: skip
+
+    @staticmethod
+    def counts(counts: LinkCounts) -> str:
+        """` | dropped N behind, M ahead` where any were, else ""."""
+        parts = [f"{count} {reason}" for reason, count in
+                 (("behind", counts.dropped_behind), ("ahead", counts.dropped_ahead)) if count]
+        return f" | dropped {', '.join(parts)}" if parts else ""  # fmt: skip
+
+
+RATE_SPAN_S = 1.0  # the shortest span a progress line's rate is taken over
+
+
+class Rate:
+    """Env steps per second over the last interval: since the progress line before, or
+    before that where the line before came less than RATE_SPAN_S ago (replies come in
+    bursts: one Step answers several rollouts at once). The whole run's is the done: line's."""
+
+    def __init__(self, started: float) -> None:
+        self.marks: deque[tuple[float, int]] = deque([(started, 0)], maxlen=256)
+
+    def since(self, now: float, env_steps: int) -> str:
+        """`R env steps/s (last S s)`, and this line's mark for the next."""
+        at, before = self.marks[0]
+        for mark_at, mark_steps in reversed(self.marks):
+            if now - mark_at >= RATE_SPAN_S:
+                at, before = mark_at, mark_steps
+                break
+        self.marks.append((now, env_steps))
+        seconds = max(now - at, 1e-9)
+        return f"{(env_steps - before) / seconds:7.0f} env steps/s (last {seconds:.1f} s)"
 
 
 def run_actor(
@@ -445,14 +529,15 @@ def run_actor(
     synchronous: bool = False,
     wait_checkpoint: bool = False,
 ) -> int:
-    """Send `steps` rollouts of `rollout_len` x `num_envs` env steps (each None: as the
-    server's run, RunShape.of; or stop at the first rollout boundary `duration_s` after the
-    start) through an Interact stream, the envs in `env_groups` groups (`synchronous`: a
-    rollout's first actions wait for the previous rollout's Step); print progress, then a
-    `done:` summary line. With `wait_checkpoint`, wait (up to `reconnect_s`) until a checkpoint
-    holds every applied Step before it. A server gone for longer than `reconnect_s` stops the
-    actor (ServerGone). SIGINT or SIGTERM stops it at once: the partial rollout abandoned, the
-    Steps sent answered, the summary printed, exit code 130."""
+    """Send rollouts of `rollout_len` x `num_envs` env steps (each None: as the server's run,
+    RunShape.of), `steps` of them or (None) until the server's global step reaches its
+    train.steps, or until the first rollout boundary `duration_s` after the start, through an
+    Interact stream, the envs in `env_groups` groups (`synchronous`: a rollout's first actions
+    wait for the previous rollout's Step); print progress, then a `done:` summary line. With
+    `wait_checkpoint`, wait (up to `reconnect_s`) until a checkpoint holds every applied Step
+    before it. A server gone for longer than `reconnect_s` stops the actor (ServerGone).
+    SIGINT or SIGTERM stops it at once: the partial rollout abandoned, the Steps sent
+    answered, the summary printed, exit code 130."""
     for name, value in (
         ("--num-envs", num_envs), ("--steps", steps), ("--rollout-len", rollout_len),
         ("--log-every", log_every), ("--env-groups", env_groups),
@@ -478,51 +563,57 @@ def run_actor(
         raise ActorError(f"--env-groups: expected at most --num-envs ({shape.num_envs}), got "
                          f"{env_groups}")  # fmt: skip
     sizes = group_sizes(shape.num_envs, env_groups)
-    steps, rollout_len = shape.steps, shape.rollout_len
+    count, until = shape.rollouts, shape.until_step
     with ExitStack() as opened:
         envs = [
             opened.enter_context(open_env(env, size, lobsim, seed + group * GROUP_SEED_STRIDE))[0]
             for group, size in enumerate(sizes)
         ]
-        until = "" if shape.until_step is None else f" (until global step {shape.until_step})"
-        total = "" if steps is None else f"/{steps}"
-        print(
-            f"trident actor: env={env} obs_dim={dims.obs_dim} actions={dims.num_actions} "
-            f"rollout={rollout_len}x{shape.num_envs} groups={'+'.join(map(str, sizes))} "
-            f"steps={'until stopped' if steps is None else steps}{until} seed={seed} "
-            f"id={link.actor_id}",
-            flush=True,
-        )
+        print(shape.header(env, dims, sizes, seed, link.actor_id), flush=True)
         started = time.perf_counter()
+        rate = Rate(started)
         warned = logs.FirstOfKind()
+        drops = DropLines()
         server_step = [status.global_step]  # as the latest reply has it
+        of_count = "" if count is None else f"/{count}"
+        of_until = "" if until is None else f"/{until}"
+        ended = [False]  # the line of the reply that reached the server's end is printed
 
         def report(outcome: InteractOutcome, progress: Progress) -> None:
             reply = outcome.reply
             for warning in warned.new(reply.warnings if reply else []):
                 print(f"trident actor: the server warns (shown once): {warning}", flush=True)
-            if reply is not None:
-                server_step[0] = reply.global_step
-            if reply is None or (progress.outcomes % log_every and progress.outcomes != steps):
+            if reply is None:
+                return
+            server_step[0] = reply.global_step
+            end = until is not None and reply.global_step >= until and not ended[0]
+            ended[0] = ended[0] or end
+            if progress.outcomes % log_every and not (end or progress.outcomes == count):
                 return
             returns = [r for vec_env in envs for r in vec_env.take_returns()]
             episodes = f"{np.mean(returns):.2f} ({len(returns)})" if returns else "n/a"
             losses = " ".join(f"{k} {reply.losses[k]:.3f}" for k in loss_columns(reply.losses))
             skipped = f" | skipped: {reply.skip_reason}" if reply.skipped else ""
             print(
-                f"step {progress.outcomes:>5}{total} | global step {reply.global_step} | "
-                f"{progress.env_steps / (time.perf_counter() - started):7.0f} env steps/s | "
-                f"episode return {episodes} | {losses}{skipped}",
+                f"rollout {progress.outcomes:>5}{of_count} | global step {reply.global_step}"
+                f"{of_until} | {rate.since(time.perf_counter(), progress.env_steps)} | "
+                f"episode return {episodes} | {losses}{skipped}{drops.counts(link.counts)}",
                 flush=True,
             )
 
         with stop_signals() as stopping:
-            actor = StreamActor(link, envs, rollout_len, dims.obs_dim, report, synchronous,
-                                lines.settle)  # fmt: skip
+            actor = StreamActor(link, envs, shape.rollout_len, dims.obs_dim, report, synchronous,
+                                lines.settle, drops.dropped)  # fmt: skip
             lines.actor = actor
-            while (steps is None or actor.progress.rollouts < steps) and not stopping:
-                if shape.until_step is not None and server_step[0] >= shape.until_step:
-                    break  # other actors' Steps have run the server's schedule to its end
+            while (count is None or actor.progress.rollouts < count) and not stopping:
+                if until is not None and actor.between_rollouts:
+                    if server_step[0] >= until:
+                        break  # the server's run has ended (other actors' Steps count too)
+                    in_flight = -(-actor.unanswered // shape.per_step)  # Steps they make
+                    if server_step[0] + in_flight >= until:
+                        # What is in flight may end the run: its outcomes before more rollouts
+                        actor.catch_up()
+                        continue
                 late = duration_s is not None and time.perf_counter() - started >= duration_s
                 if late and actor.between_rollouts:
                     break
@@ -532,13 +623,15 @@ def run_actor(
                 link.wait_durable(reconnect_s)
                 lines.settle()
             progress, counts = actor.progress, link.counts
+            seconds = time.perf_counter() - started
             print(
                 f"done: {progress.outcomes} rollouts ({progress.applied} trained in "
                 f"{progress.server_steps} Steps, {counts.dropped_behind} dropped behind the "
                 f"policy lag, {counts.dropped_ahead} dropped ahead of the server's state), "
                 f"{progress.acts} Acts, {progress.env_steps} env steps "
                 f"({progress.trained_share()}, {progress.abandoned_env_steps} in unfinished "
-                f"rollouts) in {time.perf_counter() - started:.1f} s | "
+                f"rollouts) in {seconds:.1f} s at {progress.env_steps / seconds:.0f} env "
+                f"steps/s | global step {server_step[0]}{of_until} | "
                 f"{latency_ms('Step', progress.step_s)} | {latency_ms('Act', progress.act_s)} | "
                 f"{counts.rollouts} rollouts, {counts.resent} resent, {counts.replayed} replayed, "
                 f"{counts.reconnects} reconnects | {durability(counts, status)}",

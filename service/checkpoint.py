@@ -261,13 +261,28 @@ def _info(directory: Path, manifest: Mapping[str, Any]) -> CheckpointInfo:
 
 
 # ------------------------------------------------------------------------------ save
+def without_replay(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`state` (Trainer.state_dict) with an empty replay buffer: no rows, its position and
+    size 0. A trainer restored from it refills the buffer before its C51 head trains again."""
+    emptied = {}
+    for key, array in state.items():
+        if key in ("replay/position", "replay/size"):
+            array = np.zeros_like(array)
+        elif key.startswith("replay/"):
+            array = array[:0]
+        emptied[key] = array
+    return emptied
+
+
 def _state_files(
-    trainer: Trainer, ledger: StepLedger, job: Mapping[str, np.ndarray] | None
+    trainer: Trainer, ledger: StepLedger, job: Mapping[str, np.ndarray] | None, replay: bool
 ) -> dict[str, bytes]:
-    """The serialized files of a trainer: `<group>.safetensors` per state group, config.json,
-    ledger.json, and job.safetensors with `job`."""
+    """The serialized files of a trainer: `<group>.safetensors` per state group (the replay
+    buffer emptied unless `replay`), config.json, ledger.json, and job.safetensors with
+    `job`."""
     groups: dict[str, dict[str, np.ndarray]] = {}
-    for key, array in trainer.state_dict().items():
+    state = trainer.state_dict()
+    for key, array in (state if replay else without_replay(state)).items():
         group, _, rest = key.partition("/")
         groups.setdefault(group, {})[rest] = np.ascontiguousarray(array)
     files = {f"{group}.safetensors": save_tensors(tensors) for group, tensors in groups.items()}
@@ -300,11 +315,14 @@ def save_checkpoint(
     keep_last: int | None = None,
     ledger: StepLedger | None = None,
     job: Mapping[str, np.ndarray] | None = None,
+    replay: bool = True,
 ) -> CheckpointInfo:
     """Write the trainer's whole state as checkpoint `name` (default `step-<global_step>`),
     with `ledger` (a server's keys of the Steps in that state; empty for a job) and `job` (a
     training job's own arrays: `read_job_state`), then prune to the newest `keep_last`
-    (default `checkpoint.keep_last`)."""
+    (default `checkpoint.keep_last`). Without `replay` the replay buffer is saved empty (a
+    finished job's last checkpoint: nothing trains on it again, and the buffer is most of a
+    checkpoint's bytes)."""
     started = time.perf_counter()
     name = check_name(f"step-{trainer.global_step:010d}" if name is None else name)
     keep = trainer.config.checkpoint.keep_last if keep_last is None else keep_last
@@ -318,7 +336,7 @@ def save_checkpoint(
         )
     if ledger is None:
         ledger = StepLedger(trainer.config.server.step_key_window)
-    state = _state_files(trainer, ledger, job)  # in memory: what the save will write
+    state = _state_files(trainer, ledger, job, replay)  # in memory: what the save will write
     temp = root / f"{TEMP_PREFIX}{name}-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         root.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,14 @@ from service.actor import run_actor
 from service.api.messages import to_plain
 from service.client.client import DEFAULT_PORT, TridentClient, answered, channel_credentials
 from service.client.observations import load_observations
-from service.config import Config, ConfigError, documented_toml, load_config
+from service.config import (
+    BACKEND_DEFAULTS,
+    SERVE_CHECKPOINT_DIR,
+    Config,
+    ConfigError,
+    documented_toml,
+    load_config,
+)
 from service.envs import GYMNASIUM, check_env_name, fit_to_env
 from service.errors import TridentError
 from service.jobs import evaluate
@@ -140,11 +147,47 @@ def _add_client_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=30.0, help="deadline per call (s)")
 
 
+def serve_description() -> str:
+    """What a plain `trident serve` runs, from the config's defaults: a line per concern."""
+    import textwrap
+
+    config = Config()
+    model, train, checkpoint, server = config.model, config.train, config.checkpoint, config.server
+    numpy, cuda = BACKEND_DEFAULTS["numpy"], BACKEND_DEFAULTS["cuda"]
+    rows = {
+        "model": f"model.obs_dim {model.obs_dim}, num_actions {model.num_actions}, aux_dim "
+        f"{model.aux_dim} (LobSim's); hidden_dim {numpy['model.hidden_dim']:g} on NumPy, "
+        f"{cuda['model.hidden_dim']:g} on CUDA",
+        "Steps": f"train.num_envs columns at least ({numpy['train.num_envs']:g} on NumPy, "
+        f"{cuda['train.num_envs']:g} on CUDA) x train.rollout_len {train.rollout_len} env steps",
+        "run": f"train.steps {train.steps}: no end, at optim.lr ({numpy['optim.lr']:g} on NumPy, "
+        f"{cuda['optim.lr']:g} on CUDA); with train.steps N the rate anneals over N Steps, "
+        "actors stop there and the server commits a checkpoint",
+        "checkpoints": f"every {checkpoint.every_s:g} s (checkpoint.every_s) into "
+        f"{SERVE_CHECKPOINT_DIR.format(port='<port>')}, the newest {checkpoint.keep_last} "
+        "kept; SIGTERM drains and commits what is new since the last",
+        "address": f"{server.host}:{server.port}, metrics on port {server.metrics_port}; logs "
+        "are JSON lines on stderr",
+    }
+    lines = textwrap.wrap("Run the gRPC trainer service. With no settings it trains what "
+                          "`trident actor --env lobsim` sends (the main job's market maker) "
+                          "until stopped:", 96)  # fmt: skip
+    for name, text in rows.items():
+        lines += textwrap.wrap(text, 96, initial_indent=f"  {name:<12}",
+                               subsequent_indent=" " * 14)  # fmt: skip
+    lines.append("--env gymnasium:ID fits the model to another env; `trident config` lists "
+                 "every setting.")  # fmt: skip
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="trident", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"trident {trident_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    train_cmd = commands.add_parser("train", help="train in-process (LobSim or a bandit)")
+    train_cmd = commands.add_parser(
+        "train", help="train in-process: LobSim (the main job), any Gymnasium env "
+        "(--env gymnasium:ID) or the contextual bandit"
+    )  # fmt: skip
     _add_config_flags(train_cmd)
     train_cmd.add_argument(
         "--env",
@@ -241,7 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_flags(config_cmd)
 
-    serve = commands.add_parser("serve", help="run the gRPC trainer service")
+    serve = commands.add_parser(
+        "serve", help="run the gRPC trainer service", description=serve_description()
+    )
     _add_config_flags(serve)
     for flag, (setting, metavar, text) in SERVE_FLAGS.items():
         kind = int if metavar == "PORT" else str
@@ -278,12 +323,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Act from --restore NAME, without optimizer state",
     )
 
-    for name, helptext in (
-        ("status", "print the server's status as JSON: step, backend, auth mode (never the "
-         "token), configuration"),
-        ("health", "print the server's health (SERVING, NOT_SERVING); exit 0 when SERVING"),
-    ):  # fmt: skip
-        _add_client_flags(commands.add_parser(name, help=helptext))
+    status = commands.add_parser(
+        "status",
+        help="print the server's status: what it is doing, its step and rate, its clients, "
+        "its newest checkpoint and its schedule",
+        description="A summary first: state (training, idle, waiting for its first Step, "
+        "inference-only), global step, env steps per second over the last minute, Interact "
+        "streams open and the Step queue, the newest checkpoint, the learning-rate schedule, "
+        "the model and auth mode (never the token). --json prints every field as JSON, "
+        "--config the whole effective configuration.",
+    )
+    _add_client_flags(status)
+    status.add_argument("--json", action="store_true", help="every field of GetStatus as one "
+                        "JSON object (the configuration too with --config)")  # fmt: skip
+    status.add_argument("--config", action="store_true", help="also the whole effective "
+                        "configuration (JSON, by section)")  # fmt: skip
+    health = commands.add_parser(
+        "health", help="print the server's health (SERVING, NOT_SERVING); exit 0 when SERVING"
+    )
+    _add_client_flags(health)
     act = commands.add_parser("act", help="ask the server for actions; prints JSON")
     _add_client_flags(act)
     act.add_argument(
@@ -328,10 +386,11 @@ def build_parser() -> argparse.ArgumentParser:
     actor.add_argument("--env", required=True, help="lobsim or gymnasium:ID (Discrete actions)")
     actor.add_argument("--num-envs", type=int, help="environments in this process (default: "
                        "the server's train.num_envs, the Steps `trident train` makes)")  # fmt: skip
-    actor.add_argument("--steps", type=int, help="Steps to send, then exit (default: until the "
-                       "server's global step reaches its train.steps, the end of its "
-                       "learning-rate schedule, whatever other actors send; a server without "
-                       "train.steps has no end: until stopped)")  # fmt: skip
+    actor.add_argument("--steps", type=int, help="rollouts to send, then exit (default: until "
+                       "the server's global step reaches its train.steps, the end of its "
+                       "learning-rate schedule, whatever this actor's share of each Step and "
+                       "whatever other actors send; a server without train.steps has no end: "
+                       "until stopped)")  # fmt: skip
     actor.add_argument(
         "--duration",
         type=float,
@@ -341,10 +400,11 @@ def build_parser() -> argparse.ArgumentParser:
     actor.add_argument(
         "--rollout-len",
         type=int,
-        help="env steps per Step (default: the server's train.rollout_len)",
+        help="env steps per rollout (default: the server's train.rollout_len)",
     )
     actor.add_argument("--seed", type=int, default=0, help="environment seed")
-    actor.add_argument("--log-every", type=int, default=10, help="Steps between progress lines")
+    actor.add_argument("--log-every", type=int, default=10, help="answered rollouts between "
+                       "progress lines (each gives the rate since the line before)")  # fmt: skip
     actor.add_argument(
         "--env-groups",
         type=int,
@@ -709,9 +769,15 @@ def run_client(args: argparse.Namespace, client: TridentClient) -> int:
         print(health)
         return 0 if health == "SERVING" else 1
     if args.command == "status":
-        status = to_plain(client.status())
-        status["config"] = json.loads(status.pop("config_json") or "{}")
-        _print_json(status)
+        reply = client.status()
+        status = to_plain(reply)
+        config = json.loads(status.pop("config_json") or "{}")
+        if args.json:
+            _print_json({**status, "config": config} if args.config else status)
+            return 0
+        print(status_summary(reply, config, client.target))
+        if args.config:
+            print(f"config: {json.dumps(config, indent=2, sort_keys=True)}")
     elif args.command == "act":
         obs, converted_from = load_observations(args.obs)
         if converted_from is not None:
@@ -733,6 +799,58 @@ def run_client(args: argparse.Namespace, client: TridentClient) -> int:
     else:
         _print_json(to_plain(client.restore(args.name)))
     return 0
+
+
+IDLE_S = 60.0  # `trident status` calls a server idle when its newest Step is older than this
+
+
+def status_summary(status: Any, config: dict[str, Any], target: str) -> str:
+    """`trident status`'s lines: what the server is doing and how far it is, from GetStatus
+    (`status`) and its configuration."""
+    since = status.seconds_since_step if status.HasField("seconds_since_step") else None
+    if status.inference_only:
+        state = "inference-only: answers Act, trains nothing"
+    elif since is None:
+        state = "waiting for its first Step"
+    elif since <= IDLE_S:
+        state = f"training (last Step {since:.1f} s ago)"
+    else:
+        state = f"idle (last Step {_ago(since)} ago)"
+    train, model = config.get("train", {}), config.get("model", {})
+    until = f" of {train['steps']} (train.steps)" if train.get("steps") else ""
+    if status.checkpoint_name:
+        age = _ago(status.checkpoint_age_s) if status.HasField("checkpoint_age_s") else "?"
+        checkpoint = (f"{status.checkpoint_name}, {age} ago (holds every Step up to "
+                      f"{status.checkpoint_step})")  # fmt: skip
+    else:
+        every = config.get("checkpoint", {}).get("every_s", 0)
+        checkpoint = "none yet" + (f" (one every {every:g} s of training)" if every else "")
+    rows = {
+        "state": state,
+        "step": f"{status.global_step}{until}",
+        "rate": f"{status.env_steps_per_s:.0f} env steps/s over the last minute",
+        "clients": f"{status.open_streams} Interact stream{'s' * (status.open_streams != 1)} "
+        f"open; {status.step_queue_depth} waiting in the Step queue",
+        "checkpoint": checkpoint,
+        "schedule": f"{status.lr_schedule}; the next Step at learning rate "
+        f"{status.learning_rate:.3g}",
+        "model": f"obs_dim {model.get('obs_dim')}, {model.get('num_actions')} actions, aux_dim "
+        f"{model.get('aux_dim')}, hidden {model.get('hidden_dim')}; replay "
+        f"{status.replay_size} transitions",
+        "server": f"trident {status.version}, {status.backend} on {status.device}, auth "
+        f"{status.auth_mode}",
+    }
+    lines = [f"trident status of {target}:"]
+    lines += [f"  {name:<11}{text}" for name, text in rows.items()]
+    lines.append("  (--json: every field; --config: the whole configuration)")
+    return "\n".join(lines)
+
+
+def _ago(seconds: float) -> str:
+    """`12.3 s`, `4.5 min` or `6.7 h`."""
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def run_actor_command(args: argparse.Namespace, client: TridentClient) -> int:

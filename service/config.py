@@ -101,7 +101,9 @@ class _Section:
 class ModelConfig(_Section):
     """Network shape and numeric precision."""
 
-    obs_dim: int = _f(40, ge=1)  # observation features D per env step
+    # observation features D per env step; the default is LobSim's (4 · lobsim.visible_levels
+    # + 16 at its 10 levels), so a plain `trident serve` fits `trident actor --env lobsim`
+    obs_dim: int = _f(56, ge=1)
     hidden_dim: int = _f(0, ge=0)  # encoder/head hidden width (units); 0: BACKEND_DEFAULTS
     depth: int = _f(2, ge=1)  # encoder layers
     num_actions: int = _f(9, ge=1)  # discrete actions

@@ -3,6 +3,7 @@ a model that does not fit, and the Gymnasium adapter's same-step autoreset."""
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -17,11 +18,13 @@ import pytest
 from conftest import free_port, running_server, wait_until
 from serverproc import ServerProcess, clean_env, trident_cli
 
-from service.actor import OutageLines
+from service.actor import ActorError, DropLines, OutageLines, Rate, check_dims
+from service.api.trident.v1 import trainer_pb2 as pb
+from service.checkpoint import list_checkpoints
 from service.client.client import TridentClient
-from service.client.resilient import MAX_WAIT_S
-from service.config import LobsimConfig
-from service.envs import GymnasiumVectorEnv, check_env_name, make_gymnasium_env
+from service.client.resilient import MAX_WAIT_S, LinkCounts
+from service.config import Config, LobsimConfig, load_config
+from service.envs import GymnasiumVectorEnv, check_env_name, env_dims, make_gymnasium_env
 from service.errors import InvalidInput
 from service.lobsim.env import observation_dim
 from service.types import ActMode
@@ -97,10 +100,13 @@ def test_actor_trains_the_server_on_cartpole(cartpole_server: ServerProcess) -> 
     before = global_step(cartpole_server)
     code, lines, stderr = actor(cartpole_server, "gymnasium:CartPole-v1", "--steps", "3")
     assert code == 0, stderr
-    assert lines[0].startswith("trident actor: env=gymnasium:CartPole-v1 obs_dim=4 actions=2")
-    progress = [line for line in lines if line.startswith("step ")]
+    assert lines[0].startswith("trident actor: runs 4 gymnasium:CartPole-v1 environments in "
+                               "one group, rollouts of 8 steps each, 3 rollouts, then exit | "
+                               "model obs_dim 4, 2 actions | seed 0 | actor id "), lines[0]
+    progress = [line for line in lines if line.startswith("rollout ")]
     assert [line.split()[1] for line in progress] == ["1/3", "2/3", "3/3"]
-    assert all("env steps/s" in line and "episode return" in line for line in progress)
+    assert all(re.search(r"\| +\d+ env steps/s \(last [\d.]+ s\) \| episode return ", line)
+               for line in progress), progress  # fmt: skip
     assert "pi " in progress[-1] and "total " in progress[-1]
     assert global_step(cartpole_server) == before + 3
 
@@ -116,6 +122,20 @@ def test_a_model_that_does_not_fit_stops_the_actor(cartpole_server: ServerProces
     code, _, stderr = actor(cartpole_server, "gymnasium:Acrobot-v1", "--steps", "1")
     assert code == 2 and "model.obs_dim = 4, the env needs 6" in stderr
     assert global_step(cartpole_server) == before
+
+
+def test_a_misfit_is_told_the_settings_it_lacks_and_a_plain_server_fits_lobsim() -> None:
+    """A plain server's model (the config's defaults) fits `--env lobsim`; one that does not
+    is told the --env that sizes it, or the one --set that is missing, not every size."""
+    lobsim = env_dims("lobsim", LobsimConfig())
+    check_dims(pb.GetStatusResponse(config_json=json.dumps(Config().to_dict())), lobsim, "lobsim")
+    narrow = load_config(env={}, overrides=["model.obs_dim=40"]).to_dict()
+    with pytest.raises(ActorError) as refused:
+        check_dims(pb.GetStatusResponse(config_json=json.dumps(narrow)), lobsim, "lobsim")
+    assert str(refused.value).endswith(
+        f"model.obs_dim = 40, the env needs {lobsim.obs_dim}. Start the server with --env "
+        f"lobsim (it sizes the model for the env), or add --set model.obs_dim={lobsim.obs_dim}"
+    ), refused.value
 
 
 def test_an_actor_started_before_its_server_waits_for_it(tmp_path: Path) -> None:
@@ -141,7 +161,7 @@ def test_an_actor_started_before_its_server_waits_for_it(tmp_path: Path) -> None
     finally:
         early.kill()
     lines = out.lines
-    started = next(i for i, line in enumerate(lines) if " env=gymnasium:CartPole-v1 " in line)
+    started = next(i for i, line in enumerate(lines) if line.startswith("trident actor: runs "))
     waited = lines[1 : started - 1]  # the lines between the first and the answer
     attempts = [int(ATTEMPT.match(line)[1]) for line in waited]  # type: ignore[index]
     assert attempts[0] == 1 and attempts == sorted(set(attempts)), lines  # each at most once
@@ -239,7 +259,7 @@ def test_actor_trains_the_server_on_lobsim(tmp_path: Path) -> None:
         )  # fmt: skip
         assert code == 0, stderr
         assert global_step(server) == 2
-    progress = [line for line in lines if line.startswith("step ")]
+    progress = [line for line in lines if line.startswith("rollout ")]
     assert [line.split()[1] for line in progress] == ["1/2", "2/2"]
     assert "episode return n/a" not in progress[0]  # 8 steps of a 4-step horizon
     assert "bce " in progress[-1] and "aux " in progress[-1]  # the labels reached the server
@@ -286,7 +306,7 @@ def test_sigint_stops_the_actor_with_its_summary_and_no_traceback(tmp_path: Path
         try:
             assert running.stdout is not None
             for line in running.stdout:  # a Step answered: the actor is in its loop
-                if line.startswith("step "):
+                if line.startswith("rollout "):
                     break
             running.send_signal(signal.SIGINT)
             out, err = running.communicate(timeout=60)
@@ -428,18 +448,68 @@ def test_a_setting_warning_reaches_the_actor_once(tmp_path: Path) -> None:
     assert len(server.events("setting")) >= 2  # the replies carried it more than once
 
 
-def test_an_actor_without_sizes_runs_the_servers_run(tmp_path: Path) -> None:
-    """No --num-envs / --rollout-len / --steps: the server's train.num_envs x rollout_len Steps
-    until its global step reaches train.steps; an actor after that is told the run has ended."""
+def test_an_actor_runs_to_the_end_of_the_servers_run_whatever_its_share(tmp_path: Path) -> None:
+    """No --steps: the actor sends until the server's global step reaches train.steps, however
+    many of its rollouts make one Step (here three: one environment of a Step's three
+    columns). The server commits a checkpoint at its run's end, and a drain after it, with
+    nothing new, commits none; an actor after the end is told the run has ended."""
     run = ("train.num_envs=3", "train.rollout_len=4", "train.steps=5")
     with running_server(tmp_path, *CARTPOLE, *run) as server:
-        done = trident_cli("actor", "--server", server.target, "--env", "gymnasium:CartPole-v1")
+        done = trident_cli("actor", "--server", server.target, "--env", "gymnasium:CartPole-v1",
+                           "--num-envs", "1")  # fmt: skip
         assert done.returncode == 0, done.stderr
         lines = done.stdout.splitlines()
-        assert "rollout=4x3 groups=3 steps=5 (until global step 5)" in lines[0], lines[0]
-        assert lines[-1].startswith("done: 5 rollouts (5 trained in 5 Steps"), lines[-1]
+        assert ("runs 1 gymnasium:CartPole-v1 environment in one group, rollouts of 4 steps "
+                "each, until the server's global step reaches 5 (its train.steps)") in lines[0]
         assert global_step(server) == 5
+        summary = re.match(r"done: (\d+) rollouts \((\d+) trained in 5 Steps, ", lines[-1])
+        assert summary and summary[1] == summary[2], lines[-1]
+        assert "| global step 5/5 |" in lines[-1], lines[-1]
+        assert re.search(r"\| global step 5/5 \|", [line for line in lines
+                         if line.startswith("rollout ")][-1])  # fmt: skip
+        assert lines[-1].endswith(f"durable: {summary[2]} of {summary[2]} answered in a "
+                                  "checkpoint, 0 not yet"), lines[-1]  # fmt: skip
         late = trident_cli("actor", "--server", server.target, "--env", "gymnasium:CartPole-v1")
+        assert server.terminate() == 0, server.stderr()[-3000:]
     assert late.returncode == 2 and late.stdout == ""
     assert "the server's run has ended: its global step 5 has reached train.steps = 5" in \
         late.stderr  # fmt: skip
+    assert [c.name for c in list_checkpoints(server.checkpoint_dir)] == ["step-0000000005"]
+    (skipped,) = server.events("final checkpoint")
+    assert skipped["name"] is None and skipped["newest"] == "step-0000000005", skipped
+
+
+def test_a_dropped_rollout_is_said_on_the_actors_terminal_once_per_reason(
+    tmp_path: Path,
+) -> None:
+    """train.max_policy_lag = 0 and acting beside training: each rollout after the first began
+    acting before its predecessor's Step (the first and any that follows a dropped one are
+    trained), so the server drops it behind the lag. The actor says the first drop as it
+    happens, with the server's words, then counts the rest."""
+    with running_server(tmp_path, *CARTPOLE, ONE_ROLLOUT_A_STEP, "train.max_policy_lag=0") \
+            as server:  # fmt: skip
+        code, lines, stderr = actor(server, "gymnasium:CartPole-v1", "--steps", "4")
+    assert code == 0, stderr
+    said = [line for line in lines if line.startswith("trident actor: the server dropped")]
+    assert len(said) == 1, lines
+    assert said[0].startswith("trident actor: the server dropped a rollout behind the policy "
+                              "lag (acted on more than train.max_policy_lag"), said  # fmt: skip
+    assert "policy_version: expected a version in" in said[0], said
+    assert lines.index(said[0]) < len(lines) - 1  # as it happened, before the done: line
+    counted = re.match(r"done: 4 rollouts \((\d+) trained in \d+ Steps, (\d+) dropped behind",
+                       lines[-1])  # fmt: skip
+    assert counted and int(counted[1]) + int(counted[2]) == 4 and int(counted[2]) >= 1, lines[-1]
+    # Later ones: counted at the end of each progress line, by reason.
+    assert DropLines.counts(LinkCounts(dropped_behind=2)) == " | dropped 2 behind"
+    assert DropLines.counts(LinkCounts(dropped_ahead=1)) == " | dropped 1 ahead"
+    assert DropLines.counts(LinkCounts()) == ""
+
+
+def test_a_progress_lines_rate_is_the_last_intervals() -> None:
+    """Each line's rate is over the interval since the line before (not since the start); a
+    line that comes within a burst of replies takes the span back to a line a second old."""
+    rate = Rate(started=0.0)
+    assert rate.since(2.0, 2000) == "   1000 env steps/s (last 2.0 s)"
+    assert rate.since(4.0, 2500) == "    250 env steps/s (last 2.0 s)"  # slowed: said at once
+    assert rate.since(4.0, 2500) == "    250 env steps/s (last 2.0 s)"  # a burst: same span
+    assert rate.since(6.0, 6500) == "   2000 env steps/s (last 2.0 s)"

@@ -10,7 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from safetensors.numpy import load_file
+
 from service.checkpoint import list_checkpoints
+from service.jobs.run_folder import disk_bytes, megabytes
 
 
 def trident(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -80,6 +83,13 @@ def test_train_on_lobsim_compares_with_the_baselines(tmp_path: Path) -> None:
     assert (run / "eval.png").read_bytes().startswith(b"\x89PNG")
     (saved,) = list_checkpoints(run / "checkpoints")
     assert saved.global_step == 4
+    # Training is done: its checkpoint leaves out the replay buffer, and the run says its size.
+    replay = load_file(saved.path / "replay.safetensors")
+    assert int(replay["size"][0]) == 0 and replay["obs"].shape[0] == 0
+    assert lines[-1] == (f"run folder run: {megabytes(disk_bytes(run))} (checkpoints: "
+                         f"{megabytes(disk_bytes(run / 'checkpoints'))} in 1; a finished run's "
+                         "last one leaves out the replay buffer, which resuming it does not "
+                         "need)"), lines[-1]  # fmt: skip
     assert (run / "train.png").read_bytes().startswith(b"\x89PNG")
     log = (run / "train.csv").read_text().splitlines()
     assert log[0].startswith("step,elapsed_s")
@@ -95,6 +105,8 @@ def test_train_on_lobsim_compares_with_the_baselines(tmp_path: Path) -> None:
     log = (run / "train.csv").read_text().splitlines()
     assert [row.split(",")[0] for row in log[1:]] == list("123456")
     assert max(c.global_step for c in list_checkpoints(run / "checkpoints")) == 6
+    # From the empty replay it refilled at once (32 transitions a Step): the C51 head trains.
+    assert re.search(r"^step 6/6 .*\| q [\d.]+ pi ", resumed.stdout, re.M), resumed.stdout
     # an explicit checkpoint.dir wins over the run folder's
     elsewhere = trident(
         "train", "--config", "small.toml", "--run-dir", "run2", "--set", "checkpoint.dir=ckpt",

@@ -36,7 +36,7 @@ def test_serve_takes_token_file_and_tls_flags(server: ServerProcess, pki: Pki) -
     (serving,) = server.events("serving")
     assert serving["tls"] is True and serving["auth"] == "token"
     tls = ("--server", server.target, "--tls-ca", str(pki.ca.cert))
-    status = trident_cli("status", *tls, "--token", TOKEN)
+    status = trident_cli("status", *tls, "--token", TOKEN, "--json", "--config")
     assert status.returncode == 0, status.stderr
     assert TOKEN not in status.stdout
     shown = json.loads(status.stdout)

@@ -13,6 +13,7 @@ from serverproc import trident_cli
 from service.backend import cuda_available
 from service.cli import main
 from service.client.client import with_default_port
+from service.config import Config
 
 
 def help_text(capsys: pytest.CaptureFixture[str], *command: str) -> str:
@@ -67,6 +68,9 @@ def test_version_and_top_level_help() -> None:
     top = trident_cli("--help")
     assert top.returncode == 0 and "--version" in top.stdout
     assert "service/" not in top.stdout and ".py" not in top.stdout  # no source paths
+    # each command's line says what it takes: train's every env
+    train = " ".join(top.stdout.split("\n    train ")[1].split("\n    eval ")[0].split())
+    assert "LobSim" in train and "gymnasium:ID" in train and "bandit" in train, train
 
 
 def test_every_option_and_subcommand_has_help(
@@ -100,6 +104,14 @@ def test_help_shows_defaults(
                             ("--host", "127.0.0.1"), ("--backend", "auto")):  # fmt: skip
         assert entry(serve, option).endswith(f"default: {default})"), entry(serve, option)
     assert "--auth-token-file" in serve and "--tls-cert" in serve and "--tls-ca" in serve
+    # What a plain serve runs, before the options: the defaults' values, LobSim's model first.
+    model, train, every = Config().model, Config().train, Config().checkpoint.every_s
+    plain = " ".join(serve.split("options:")[0].split())
+    for said in (f"model.obs_dim {model.obs_dim}, num_actions {model.num_actions}, aux_dim "
+                 f"{model.aux_dim} (LobSim's)", f"train.rollout_len {train.rollout_len}",
+                 "train.steps 0: no end", f"every {every:g} s (checkpoint.every_s)",
+                 "runs/serve-<port>/checkpoints", "127.0.0.1:50051"):  # fmt: skip
+        assert said in plain, (said, plain)
 
 
 def test_errors_name_the_flag_given(tmp_path: Path) -> None:

@@ -43,7 +43,7 @@ def test_defaults() -> None:
     cfg = load_config(env={})
     assert cfg == Config()
     assert [f.name for f in dataclasses.fields(cfg)] == SECTIONS
-    assert cfg.model.obs_dim == 40 and cfg.model.hidden_dim == 0 and cfg.model.depth == 2
+    assert cfg.model.obs_dim == 56 and cfg.model.hidden_dim == 0 and cfg.model.depth == 2
     assert cfg.model.num_actions == 9 and cfg.model.aux_dim == 3 and cfg.model.dtype == "float32"
     assert cfg.train.backend == "auto" and cfg.train.gamma == 0.99
     assert cfg.train.steps == 0 and cfg.train.num_envs == 0  # JOB_STEPS, BACKEND_DEFAULTS

@@ -86,3 +86,10 @@ def test_lobsim_keeps_its_recorded_support_and_backend_sizes() -> None:
     assert (fitted.c51.v_min, fitted.c51.v_max) == (C51Config().v_min, C51Config().v_max)
     assert fitted.train.num_envs == 0  # the backend's (BACKEND_DEFAULTS)
     assert (fitted.model.num_actions, fitted.model.aux_dim) == (9, 3)
+
+
+def test_the_default_model_is_lobsims() -> None:
+    """A plain `trident serve` (no --env, no --set) serves `trident actor --env lobsim`: the
+    model's default sizes are what LobSim at its default settings needs."""
+    defaults = load_config(env={})
+    assert fit_to_env(defaults, "lobsim").model == defaults.model

@@ -10,8 +10,10 @@ rule, bench/README.md).
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -112,3 +114,36 @@ def test_the_tests_the_readme_names_exist() -> None:
         assert found, f"README cites {path}, which does not exist"
         if name:
             assert re.search(rf"^def {name}\(", found[0].read_text(), re.M), f"{path}::{name}"
+
+
+# Where a README command writes, by its flag (a folder ends with "/"); a command that leaves
+# the flag out writes its default.
+WRITES = {"--checkpoint-dir": "/", "--run-dir": "/", "--out": "", "--out-dir": "/"}
+DEFAULT_WRITES = {"train": "runs/x/", "serve": "runs/serve-50051/checkpoints/", "eval": "eval/"}
+
+
+def written_paths(command: str) -> set[str]:
+    """The paths, relative to the checkout, that a README command writes into."""
+    words = shlex.split(command, comments=True)
+    paths = {value.rstrip("/") + WRITES[flag]
+             for flag, value in itertools.pairwise(words) if flag in WRITES}  # fmt: skip
+    paths |= set(re.findall(r"np\.save\('([^']+)'", command))
+    if words[:1] == ["trident"] and len(words) > 1 and words[1] in DEFAULT_WRITES:
+        flag = {"train": "--run-dir", "serve": "--checkpoint-dir", "eval": "--out-dir"}[words[1]]
+        if flag not in words:
+            paths.add(DEFAULT_WRITES[words[1]])
+    return paths
+
+
+def test_what_the_readme_commands_write_is_ignored_by_git() -> None:
+    """A reader who runs the README's commands in a clone finds `git status` clean: every
+    checkpoint directory, run folder and output file they write is in .gitignore."""
+    commands = [c.split("#")[0] for block in blocks(ROOT / "README.md")
+                if block.language == "shell" for c in block.commands()]  # fmt: skip
+    paths = set().union(*(written_paths(command) for command in commands))
+    assert {"ckpt/", "ckpt-js/", "obs.npy", "policy.onnx", "runs/bandit/"} <= paths, paths
+    check = ["git", "check-ignore", "--no-index", "--verbose", "--non-matching", *sorted(paths)]
+    checked = subprocess.run(check, cwd=ROOT, capture_output=True, text=True)
+    unignored = [line.split("\t")[-1] for line in checked.stdout.splitlines()
+                 if line.startswith("::")]  # fmt: skip
+    assert not unignored, f"README commands write {unignored}, which git does not ignore"

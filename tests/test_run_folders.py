@@ -66,6 +66,7 @@ def test_serve_keeps_checkpoints_apart_from_runs_unless_told(
         expected = "mine" if explicit else "runs/serve-0/checkpoints"  # server.port 0
         assert running.engine.trainer.config.checkpoint.dir == expected
         assert running.engine.root == Path(expected)
+        running.engine.update_hyperparams({"optim.lr": 1e-3})  # something new for the drain
     finally:
         stop(running, 0.0)
     # the drain's final checkpoint lands there, where a server restarted on the port looks

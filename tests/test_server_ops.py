@@ -19,7 +19,8 @@ from serverproc import Samples, ServerProcess, scrape, trident_cli, value
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.client.client import TridentClient, step_request
-from service.types import ActMode
+from service.server.step_log import SUMMARY_S, StepSummary
+from service.types import ActMode, StepResult
 
 Code = grpc.StatusCode
 
@@ -224,7 +225,7 @@ def test_cli_against_a_running_server(
     health = trident_cli("health", "--server", server.target)
     assert health.returncode == 0 and health.stdout.strip() == "SERVING"
 
-    status = run_cli(server, "status")
+    status = run_cli(server, "status", "--json", "--config")
     assert isinstance(status, dict)
     assert status["backend"] == "numpy" and status["device"] == "cpu"
     assert status["param_digest"] == client.status().param_digest
@@ -293,3 +294,61 @@ def test_reflection_and_health(server: ServerProcess) -> None:
         assert caught.value.code() == Code.NOT_FOUND
         stub = pb_grpc.TrainerServiceStub(channel)
         assert stub.GetStatus(pb.GetStatusRequest(), timeout=10).backend == "numpy"
+
+
+def test_the_log_and_status_summarise_the_steps(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Steps at INFO: a `steps` line every train.log_every Steps (each Step is a DEBUG line),
+    the rest said by the drain; `trident status` leads with a summary, the config behind
+    --config."""
+    with running_server(tmp_path, "train.log_every=3", "checkpoint.every_s=0") as server:
+        with TridentClient(server.target) as client:
+            for _ in range(7):
+                client.step(random_rollout(rng, T=3, N=4))
+        shown = trident_cli("status", "--server", server.target)
+        with_config = trident_cli("status", "--server", server.target, "--config")
+        as_json = run_cli(server, "status", "--json")
+        assert server.terminate() == 0, server.stderr()[-3000:]
+    assert not server.events("step")  # DEBUG, below the server's INFO
+    summaries = server.events("steps")
+    assert [(e["global_step"], e["steps"], e["rollouts"]) for e in summaries] == [
+        (3, 3, 3), (6, 3, 3), (7, 1, 1)]  # the last one by the drain  # fmt: skip
+    assert all(e["env_steps"] == e["steps"] * 12 and e["env_steps_per_s"] > 0
+               and set(e["losses"]) >= {"total", "pi", "v"} and e["skipped"] == 0
+               for e in summaries), summaries  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == f"trident status of {server.target}:"
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in lines[1:-1]}
+    assert list(rows) == ["state", "step", "rate", "clients", "checkpoint", "schedule", "model",
+                          "server"]  # fmt: skip
+    assert rows["state"].startswith("training (last Step ")
+    assert rows["step"] == "7" and rows["rate"].endswith(" env steps/s over the last minute")
+    assert float(rows["rate"].split()[0]) > 0
+    assert rows["clients"] == "0 Interact streams open; 0 waiting in the Step queue"
+    assert rows["checkpoint"] == "none yet"
+    assert rows["schedule"].startswith("constant: no train.steps, a run with no end; the next")
+    assert "config" not in shown.stdout.lower().split("(--json")[0]  # the config: behind a flag
+    assert with_config.stdout.startswith(shown.stdout.split("\n")[0])
+    assert '"obs_dim": 6' in with_config.stdout and len(with_config.stdout) > 3 * len(shown.stdout)
+    assert isinstance(as_json, dict) and "config" not in as_json
+    assert as_json["global_step"] == 7 and as_json["checkpoint_name"] == ""
+
+
+def test_slow_steps_are_summarised_every_half_minute() -> None:
+    """Fewer than train.log_every Steps in SUMMARY_S seconds: the summary comes by time, its
+    rate over its own span (a made-up clock stands in for the Steps' time)."""
+    now = [0.0]
+    summary = StepSummary(lambda: 20, lambda: now[0])
+    result = StepResult(losses={"pi": 0.5, "total": 0.5}, global_step=1)
+    lines = []
+    for step in range(1, 5):
+        now[0] = step * (SUMMARY_S / 2)  # a Step every 15 s, 1 s long
+        result.global_step = step
+        lines.append(summary.add(result, samples=300, rollouts=1, ms=1000.0, lr=1e-3))
+    assert [line is not None for line in lines] == [False, False, True, False]
+    due = lines[2]  # 31 s after the first Step began (at 14 s)
+    assert due is not None and (due["steps"], due["global_step"]) == (3, 3)
+    assert due["seconds"] == SUMMARY_S + 1.0 and due["env_steps_per_s"] == round(900 / 31, 1)
+    last = summary.flush()  # a drain: the fourth Step, over the 15 s since the summary
+    assert last is not None and (last["steps"], last["seconds"]) == (1, SUMMARY_S / 2)
+    assert summary.flush() is None  # nothing since the last one

@@ -7,7 +7,7 @@
 // holds the server to the contract trainer.proto states: the rollouts re-sent as keyed Steps
 // are the same Steps (answered `replayed`, by the Step that applied them), other content under
 // a used key is ALREADY_EXISTS, Act answers a valid action per observation at the server's
-// version, a Step of Act's rollout applies, a default checkpoint name is step-<10 digits>, and
+// version, a Step of Act's rollout applies with a loss for each head that trained, a default checkpoint name is step-<10 digits>, and
 // Restore brings back the checkpoint's parameters. Any mismatch exits 1.
 import { endianness } from "node:os";
 import { dirname, join } from "node:path";
@@ -234,10 +234,17 @@ async function main() {
   }
   const stepped = await call("Step", own.request({ actor_id: actor, sequence: first + ROLLOUTS + 1 }));
   check(!stepped.replayed && stepped.global_step === last + 1, `Step applied as step ${last + 1}, got ${stepped.global_step}`);
-  check(["q", "pi", "v", "total"].every((head) => Number.isFinite(stepped.losses[head])), "finite losses");
+  // The heads that trained have losses: pi and v always, q once the replay holds
+  // replay.min_size transitions (this Step's included), bce and aux only with their labels.
+  const before = await call("GetStatus", {});
+  const minSize = JSON.parse(before.config_json).replay.min_size;
+  const heads = ["total", "pi", "v", ...(before.replay_size >= minSize ? ["q"] : [])];
+  check(JSON.stringify(Object.keys(stepped.losses).sort()) === JSON.stringify(heads.sort()),
+    `losses of ${heads} (replay ${before.replay_size} of replay.min_size ${minSize}), got ` +
+    `${Object.keys(stepped.losses)}`);
+  check(heads.every((head) => Number.isFinite(stepped.losses[head])), "finite losses");
   console.log(`Act x ${T} then Step: applied as step ${stepped.global_step}, losses ${JSON.stringify(stepped.losses)}`);
 
-  const before = await call("GetStatus", {});
   const saved = (await call("Checkpoint", {})).checkpoint;
   check(/^step-\d{10}(-\d+)?$/.test(saved.name), `a default name step-<10-digit step>, got ${saved.name}`);
   check(Number(saved.name.slice(5, 15)) === before.global_step && saved.global_step === before.global_step,

@@ -100,7 +100,8 @@ def _train_gym(
         """A checkpoint of the state as it is: the last one saved, when it holds this Step."""
         nonlocal saved
         if saved is None or saved.global_step != trainer.global_step:
-            saved = save_checkpoint(trainer, config.checkpoint.dir)
+            done = trainer.global_step >= config.train.steps  # a finished run: no replay
+            saved = save_checkpoint(trainer, config.checkpoint.dir, replay=not done)
         return saved
 
     go_on = f"trident train --env {env_name} --resume --run-dir {folder.root}"
@@ -177,6 +178,7 @@ def _train_gym(
             return 130
     print(f"learning curve -> {folder.curve_png}; evaluation -> {folder.root / 'eval.json'}",
           flush=True)  # fmt: skip
+    print(folder.size_line(config), flush=True)
     return 0
 
 
@@ -308,4 +310,6 @@ def plot_returns(log_csv: Path, png: Path, env: str, levels: dict[str, Interval]
     axes.legend(fontsize="small")
     figure.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(png, dpi=100)
+    # bbox_inches="tight": the saved area takes in every artist, the legend outside the axes
+    # and each axes' y label whatever the width of its tick labels
+    figure.savefig(png, dpi=100, bbox_inches="tight", pad_inches=0.1)

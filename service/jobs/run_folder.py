@@ -87,6 +87,20 @@ class RunFolder:
         """Where the run's checkpoints go: checkpoint.dir if set, else `checkpoints`."""
         return Path(with_checkpoint_dir(config, self.checkpoints).checkpoint.dir)
 
+    def size_line(self, config: Config) -> str:
+        """`run folder DIR: X MB (checkpoints: Y MB in N)`: what the run keeps on disk; its
+        checkpoints counted where they are (in the folder, or checkpoint.dir)."""
+        checkpoints = self.checkpoint_dir(config)
+        inside = checkpoints.resolve().is_relative_to(self.root.resolve())
+        count = sum(1 for c in checkpoints.iterdir() if (c / "manifest.json").is_file()) \
+            if checkpoints.is_dir() else 0  # fmt: skip
+        where = "" if inside else f" in {checkpoints}"
+        return (
+            f"run folder {self.root}: {megabytes(disk_bytes(self.root))} (checkpoints"
+            f"{where}: {megabytes(disk_bytes(checkpoints))} in {count}; a finished run's "
+            "last one leaves out the replay buffer, which resuming it does not need)"
+        )
+
     def prepare(self, config: Config) -> Config:
         """Create the folder, write `config` to its config.toml (without credentials) and return
         it with checkpoint.dir defaulting to `checkpoints`. The file keeps checkpoint.dir as
@@ -108,3 +122,19 @@ def commit_trained(
         print(f"checkpoint {final.name} -> {final.path} ({final.size_bytes} bytes)", flush=True)
         return final
     return saved if saved is not None and saved.global_step == global_step else None
+
+
+def disk_bytes(path: Path) -> int:
+    """The bytes of the files under `path` (0 where it does not exist)."""
+    if not path.is_dir():
+        return path.stat().st_size if path.is_file() else 0
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def megabytes(size: int) -> str:
+    """`size` bytes as `X.Y MB` (10^6 bytes).
+
+    >>> megabytes(46_100_608)
+    '46.1 MB'
+    """
+    return f"{size / 1e6:.1f} MB"

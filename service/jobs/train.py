@@ -169,15 +169,17 @@ def _train_lobsim(
     warned = logs.FirstOfKind()
     resumed_at = first if resume is not None else None
 
-    def save(elapsed: float) -> CheckpointInfo:
+    def save(elapsed: float, replay: bool = True) -> CheckpointInfo:
         state = {**next_step.state_dict(), "job/elapsed_s": np.array([elapsed])}
-        return save_checkpoint(trainer, config.checkpoint.dir, job=state)
+        return save_checkpoint(trainer, config.checkpoint.dir, job=state, replay=replay)
 
     def checkpoint_now(elapsed: float) -> CheckpointInfo:
-        """A checkpoint of the state as it is: the last one saved, when it holds this Step."""
+        """A checkpoint of the state as it is: the last one saved, when it holds this Step.
+        Once training is done the replay buffer is left out: a resume of a finished run only
+        evaluates it; one stopped before needs the buffer to go on exactly."""
         if saved is not None and saved.global_step == trainer.global_step:
             return saved
-        return save(elapsed)
+        return save(elapsed, replay=trainer.global_step < train_cfg.steps)
 
     with stop_signals() as stopping:
         with (
@@ -202,7 +204,7 @@ def _train_lobsim(
                 }  # fmt: skip
                 scalars.write(row)  # before the checkpoint: a resume cuts back what it lacks
                 if every and step % every == 0:
-                    saved = save(elapsed)
+                    saved = save(elapsed, replay=step < train_cfg.steps)
                 for warning in warned.new(result.warnings):
                     progress.log(f"warning (shown once): {warning}")
                 rate = (step - first) * samples_per_step / max(ran_s, 1e-9)
@@ -246,6 +248,7 @@ def _train_lobsim(
             print(evaluation_stopped(stop.signal, folder.root, final), flush=True)
             return 130
     print(f"learning curve -> {folder.curve_png}", flush=True)
+    print(folder.size_line(config), flush=True)
     return 0
 
 
@@ -413,6 +416,9 @@ def plot_learning_curve(
     bottom.set_ylabel("total loss")
     bottom.set_xlabel("env steps")
     top.set_title("trident train --env lobsim: training reward against the held-out returns")
+    figure.align_ylabels([top, bottom])
     figure.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(png, dpi=100)
+    # bbox_inches="tight": the saved area takes in every artist, the legend outside the axes
+    # and each axes' y label whatever the width of its tick labels
+    figure.savefig(png, dpi=100, bbox_inches="tight", pad_inches=0.1)

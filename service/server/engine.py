@@ -26,10 +26,12 @@ import logging
 import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -57,12 +59,14 @@ from service.errors import (
 from service.server.act_batcher import ActBatcher
 from service.server.metrics import Metrics
 from service.server.status import drop_reason
+from service.server.step_log import StepSummary
 from service.server.step_queue import Seat, StepQueue, Taken
 from service.step_ledger import AHEAD, StepKey, StepLedger, check_same_content
 from service.trainer import schedule
 from service.trainer.trainer import Trainer
 from service.types import ActMode, ActResult, Rollout, StepResult
 
+RATE_WINDOW_S = 60.0  # GetStatus's env steps per second: over the Steps of this long
 DIGEST_THREADS = 2  # keyed Steps hashed at once: ~0.7 GB/s of rollouts at 2.6M env steps/s
 
 
@@ -103,6 +107,11 @@ class Status:
     state_epoch: int
     learning_rate: float
     lr_schedule: str
+    env_steps_per_s: float
+    open_streams: int
+    seconds_since_step: float | None
+    checkpoint_name: str
+    checkpoint_age_s: float | None
 
 
 class Engine:
@@ -133,6 +142,11 @@ class Engine:
         self._keys_lock = threading.RLock()  # the ledger and _queued; taken inside _lock
         self._queued: dict[StepKey, _Queued] = {}
         self._checkpoint_step = 0  # global step of the newest checkpoint saved or restored
+        # The state as the newest checkpoint saved or restored holds it, its name (None: the
+        # fresh start's) and when (the clock), so that a drain with nothing new commits none
+        self._committed: tuple[tuple[object, ...], str | None, float]
+        self._committed = (self._fingerprint(), None, clock())
+        self._last_step_at: float | None = None  # the clock at the newest Step applied
         # The furthest step a Restore took this state back from (0: none did): a rollout ahead
         # of the state is said to come from before a rollback only when one is known.
         self._went_back_from = 0
@@ -154,6 +168,11 @@ class Engine:
         # the GIL go, so a Step of 131k rows costs the worker no wait for its ~30 ms of hashing.
         self._digests = ThreadPoolExecutor(DIGEST_THREADS, thread_name_prefix="trident-digest")
         self._acts = ActBatcher(self._act_batch, server.act_max_batch, server.act_max_wait_ms / 1e3)
+        # (start, end, env steps) of each Step that ended in the last RATE_WINDOW_S (the
+        # clock's), for GetStatus's rate
+        self._recent: deque[tuple[float, float, int]] = deque()
+        # The log's Steps: each at DEBUG, a summary at INFO (the Step worker's alone)
+        self._summary = StepSummary(lambda: self.trainer.config.train.log_every, clock)
         self.metrics.device_memory.set(trainer.memory_bytes())
 
     @classmethod
@@ -297,6 +316,7 @@ class Engine:
             # Every float a request brings is checked as it is decoded (server.validation), and
             # the log-probs of Interact's rollouts are the server's own: no second scan.
             result = self.trainer.step(rollout, finite=True)
+            lr = self.trainer.config.optim.lr  # the rate this Step trained at
             warning = schedule.ended(self.trainer.config.train, result.global_step)
             result.warnings += [warning] if warning and result.updates_applied else []
             self._publish()
@@ -311,23 +331,30 @@ class Engine:
                     replies.append(reply)
             by_steps = every and result.global_step % every == 0
             by_time = 0 < self._checkpoint_every_s <= self.clock() - self._checkpoint_at
-            if result.updates_applied and (by_steps or by_time):
+            run_end = result.global_step == self.trainer.config.train.steps  # a run's last Step
+            if result.updates_applied and (by_steps or by_time or run_end):
                 self._periodic_checkpoint()
             self._observe_rate()
+            self._last_step_at = self.clock()
+            self._recent.append((started, self._last_step_at, rollout.horizon * rollout.num_envs))
             for reply in replies:
                 reply.checkpoint_step, reply.state_epoch = self._checkpoint_step, self._state_epoch
         samples = rollout.horizon * rollout.num_envs
         self.metrics.observe_step(result, samples, self.clock() - started, len(trained))
         self.metrics.step_queue_depth.set(self._steps.depth)
+        ms = round(result.timings_ms.get("total", 0), 2)
+        summary = self._summary.add(result, samples, len(trained), ms, lr)
+        if summary is not None:
+            logs.event(logging.INFO, "steps", **summary)
         logs.event(
-            logging.INFO,
+            logging.DEBUG,
             "step",
             global_step=result.global_step,
             samples=samples,
             rollouts=len(trained),
             keys=[str(work.key) for _, work, _ in trained if work.key is not None] or None,
             skipped=result.skip_reason or None,
-            ms=round(result.timings_ms.get("total", 0), 2),
+            ms=ms,
         )
         for warning in result.warnings:
             logs.event(logging.WARNING, "setting", global_step=result.global_step, advice=warning)
@@ -400,9 +427,19 @@ class Engine:
             self._policy.publish()
 
     # ------------------------------------------------------------------------ state
+    def _fingerprint(self) -> tuple[object, ...]:
+        """What changes whenever training changes the state: the Steps and updates attempted
+        (every Step moves the latter, applied or skipped, keyed or not) and the settings. Acts
+        are left out: they move only the counter that picks later Acts' random draws. The
+        caller holds _lock (or constructs)."""
+        counters = self.trainer.state.counters
+        steps = (int(counters[name][0]) for name in ("global_step", "updates_attempted"))
+        return (*steps, self.trainer.config)
+
     def _save(self, name: str) -> CheckpointInfo:
         """Commit a checkpoint with the ledger; the caller holds _lock. Acts go on meanwhile
         (the state takes a copy of their counter)."""
+        before = self._fingerprint()
         try:
             with self._keys_lock:
                 info = save_checkpoint(self.trainer, self.root, name, ledger=self.ledger)
@@ -415,6 +452,7 @@ class Engine:
                        error=str(error))  # fmt: skip
             raise
         self._checkpoint_step, self._checkpoint_at = info.global_step, self.clock()
+        self._committed = (before, info.name, self.clock())
         self.metrics.observe_checkpoint(info)
         logs.event(
             logging.INFO,
@@ -447,6 +485,7 @@ class Engine:
             if info.global_step < before:
                 self._went_back_from = max(self._went_back_from, before)
             self._checkpoint_step, self._checkpoint_at = info.global_step, self.clock()
+            self._committed = (self._fingerprint(), info.name, self.clock())
             self._state_epoch = secrets.randbits(62)
             digest = self.trainer.param_digest()
             self._observe_rate()
@@ -492,7 +531,26 @@ class Engine:
                 state_epoch=self._state_epoch,
                 learning_rate=self._next_rate(),
                 lr_schedule=schedule.where(trainer.config.train, trainer.global_step),
+                **self._activity(),
             )
+
+    def _activity(self) -> dict[str, Any]:
+        """GetStatus's view of the recent work: the env steps per second of the Steps that
+        ended in the last RATE_WINDOW_S (over that, or since the first of them began where
+        that is sooner: a server that started training 5 s ago has a rate of 5 s), the streams
+        open, the newest Step's and checkpoint's ages; the caller holds _lock."""
+        now = self.clock()
+        while self._recent and self._recent[0][1] < now - RATE_WINDOW_S:
+            self._recent.popleft()
+        span = min(RATE_WINDOW_S, now - self._recent[0][0]) if self._recent else RATE_WINDOW_S
+        _, newest, committed_at = self._committed
+        return {
+            "env_steps_per_s": sum(samples for *_, samples in self._recent) / max(span, 1e-9),
+            "open_streams": self._steps.open_streams,
+            "seconds_since_step": None if self._last_step_at is None else now - self._last_step_at,
+            "checkpoint_name": newest or "",
+            "checkpoint_age_s": None if newest is None else now - committed_at,
+        }
 
     def _next_rate(self) -> float:
         """The rate the next Step trains at; the caller holds _lock."""
@@ -535,12 +593,24 @@ class Engine:
 
     def drain(self, grace_s: float = float("inf")) -> CheckpointInfo | None:
         """Finish queued Steps (those that start within `grace_s`) and Acts, then commit a
-        final checkpoint (training servers)."""
+        final checkpoint (training servers) of what is new since the newest checkpoint saved
+        or restored: a server that trained nothing and changed no setting since then (or since
+        a fresh start) commits none, so restarts leave no pile of identical checkpoints."""
         self._steps.close(grace_s)
         self._digests.shutdown()
         self._acts.close()
+        summary = self._summary.flush()  # the Steps since the last summary (the worker is done)
+        if summary is not None:
+            logs.event(logging.INFO, "steps", **summary)
         if self.inference_only:
             return None
         with self._lock:
+            state, newest, _ = self._committed
+            if self._fingerprint() == state:
+                since = "the start" if newest is None else f"checkpoint {newest}"
+                logs.event(logging.INFO, "final checkpoint", name=None, newest=newest,
+                           reason=f"nothing new since {since}",
+                           step=self.trainer.global_step)  # fmt: skip
+                return None
             name = f"final-{self.trainer.global_step:010d}-{int(time.time() * 1000)}"
             return self._save(name)

@@ -218,6 +218,12 @@ class StepQueue(Generic[Work]):
                 self._cond.notify_all()
 
     @property
+    def open_streams(self) -> int:
+        """Interact streams holding a seat now."""
+        with self._cond:
+            return len(self._seats)
+
+    @property
     def depth(self) -> int:
         """Rollouts and requests' Steps waiting to be applied."""
         return len(self._jobs)

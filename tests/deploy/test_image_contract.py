@@ -1,7 +1,8 @@
 """The image's runtime contract without Docker: the wheel the Dockerfile builds, installed into
 a fresh virtualenv, started the way the image starts it (its ENTRYPOINT and ENV, from the parsed
 Dockerfile), passes the image's HEALTHCHECK command, serves metrics on the bind-all host, and on
-SIGTERM exits 0 after writing the final checkpoint into TRIDENT_CHECKPOINT__DIR.
+SIGTERM exits 0 after writing the final checkpoint (of a Step's state) into
+TRIDENT_CHECKPOINT__DIR.
 
 What it cannot show: the base images, the CUDA variant, the non-root user, BuildKit itself.
 """
@@ -18,9 +19,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
+from conftest import random_rollout
 
 from service.checkpoint import list_checkpoints
+from service.client.client import TridentClient
 
 from .tools import REPO, final_stage
 
@@ -125,6 +129,9 @@ def test_installed_wheel_runs_as_the_image_runs_it(tmp_path: Path) -> None:
         url = f"http://127.0.0.1:{event['metrics_port']}/metrics"
         with urllib.request.urlopen(url, timeout=10) as response:
             assert b"trident_steps_total" in response.read()
+        # A Step: the drain has something new to commit.
+        with TridentClient(f"127.0.0.1:{event['port']}") as client:
+            assert client.step(random_rollout(np.random.default_rng(0))).global_step == 1
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, log.read_text()

@@ -22,6 +22,7 @@ from .tools import (
     ALERTS,
     COMPOSE,
     DASHBOARD,
+    DEPLOY,
     DOCKERFILE,
     K8S_BASE,
     K8S_CPU,
@@ -162,6 +163,16 @@ def compose_command() -> list[str] | None:
         if probe.returncode == 0:
             return [docker, "compose"]
     return None
+
+
+def test_the_readme_names_the_compose_versions_the_file_is_checked_with() -> None:
+    """The compose section asks for a Compose that runs the file: v2, or v1 from 1.28 (the
+    first with profiles and GPU reservations), such as Debian's docker-compose, which
+    test_compose_config_validates runs."""
+    readme = " ".join((DEPLOY / "README.md").read_text().split())
+    section = readme.split("## One host: compose")[1].split("```")[0]
+    assert "Docker Compose v2 (`docker compose`) or v1 from 1.28 on (`docker-compose`" in section
+    assert "1.29.2" in section and "profiles" in section
 
 
 def test_compose_config_validates() -> None:

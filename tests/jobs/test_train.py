@@ -18,6 +18,7 @@ from service.jobs.train import (
     HELD_OUT,
     job_stepper,
     lobsim_model,
+    plot_learning_curve,
     run_train_lobsim,
     smoothed,
 )
@@ -107,3 +108,29 @@ def test_a_linear_lr_schedule_sets_each_steps_rate() -> None:
     assert [lr for lr, _ in runs[False]] == [3e-3] * 4
     assert runs[True][0][1] == runs[False][0][1]
     assert runs[True][1][1] != runs[False][1][1]
+
+
+def test_the_learning_curve_is_drawn_whole(tmp_path: Path) -> None:
+    """Every label of train.png lies inside the image: nothing is drawn on its outermost
+    pixels, though the lower axes' tick labels (-0.025) are wider than the upper's (-60), which
+    a layout fitted to the upper would leave past the left edge with the 'total loss' label."""
+    from matplotlib.image import imread
+
+    log, png = tmp_path / "train.csv", tmp_path / "train.png"
+    steps = np.arange(1, 101)
+    with log.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, CSV_COLUMNS)
+        writer.writeheader()
+        for step in steps:
+            writer.writerow({column: "" for column in CSV_COLUMNS} | {
+                "step": step, "env_steps": step * 8192,
+                "reward_per_step": (-60 + 0.8 * step) / 400,
+                "episode_return": -25 + 0.4 * step if step % 12 == 0 else "",
+                "loss_total": -0.018 + 0.2 * (step == 1) + 0.16 * (step % 20 == 0)})  # fmt: skip
+    levels = {"trained (greedy-π)": 15.2, "hold": 0.0, "random": -213.0, "quote(0,0)": -15.3,
+              "inventory-skew": 16.8, "avellaneda-stoikov": 8.3}  # fmt: skip
+    plot_learning_curve(log, png, horizon=400, rollout_len=32, levels=levels)
+    pixels = imread(png)[..., :3]
+    edges = (pixels[:2], pixels[-2:], pixels[:, :2], pixels[:, -2:])
+    frame = np.concatenate([edge.reshape(-1, 3) for edge in edges])
+    assert frame.min() > 0.95, "something is drawn on the image's edge: cut off"

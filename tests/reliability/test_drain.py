@@ -1,6 +1,7 @@
 """SIGTERM with exactly 8 Steps in flight: health turns NOT_SERVING at once, new calls get
 UNAVAILABLE, the 8 Steps finish OK, a final checkpoint is committed holding all 8, and the
-process exits 0 within server.shutdown_grace_s + 2 s."""
+process exits 0 within server.shutdown_grace_s + 2 s. A server resumed from it that trains
+nothing commits no other when it drains."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ SLOW = "ppo.epochs=96"  # with 16x16 rollouts, Steps of ~0.5 s on the NumPy back
 
 @pytest.mark.slow
 def test_sigterm_with_eight_steps_in_flight(tmp_path: Path, rng: np.random.Generator) -> None:
-    settings = (f"server.shutdown_grace_s={GRACE_S}", f"server.step_queue_size={IN_FLIGHT}", SLOW)
+    settings = (f"server.shutdown_grace_s={GRACE_S}", f"server.step_queue_size={IN_FLIGHT}", SLOW,
+                "server.log_level=DEBUG")  # every Step's own line  # fmt: skip
     server = running_server(tmp_path, *settings)
     rollouts = [random_rollout(rng, T=16, N=16) for _ in range(IN_FLIGHT)]
     # What happened, in order: ("signal", ""), ("health", status name), ("reply", Step index).
@@ -114,6 +116,12 @@ def test_sigterm_with_eight_steps_in_flight(tmp_path: Path, rng: np.random.Gener
     for index in sorted(steps, key=steps.__getitem__):
         replayed.step(rollouts[index])
     assert replayed.param_digest() == restored.param_digest()
+    # Restarted from it, trained nothing, drained again: no second final checkpoint.
+    again = running_server(tmp_path, *settings, extra_args=("--resume",))
+    assert again.terminate() == 0, again.stderr()[-3000:]
+    assert [c.name for c in list_checkpoints(server.checkpoint_dir)] == [final.name]
+    (said,) = again.events("final checkpoint")
+    assert said["name"] is None and said["newest"] == final.name, said
 
 
 def queued(server: ServerProcess) -> Samples | None:

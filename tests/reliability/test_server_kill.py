@@ -25,6 +25,7 @@ PERIOD_S = 1.0
 CARTPOLE = ("model.obs_dim=4", "model.num_actions=2", "model.aux_dim=0", "train.num_envs=8")
 # What the image and the manifests set, as environment variables (deploy/Dockerfile).
 DEPLOYED = {"TRIDENT_CHECKPOINT__RESUME": "true", "TRIDENT_CHECKPOINT__EVERY_S": str(PERIOD_S)}
+EVERY_STEP = {"TRIDENT_SERVER__LOG_LEVEL": "DEBUG"}  # each Step's own line: what a kill lost
 
 
 def serve(tmp_path: Path, life: int, port: int) -> ServerProcess:
@@ -33,7 +34,7 @@ def serve(tmp_path: Path, life: int, port: int) -> ServerProcess:
         list(CARTPOLE),
         checkpoint_dir=tmp_path / "checkpoints",
         extra_args=["--port", str(port)],
-        env=DEPLOYED,
+        env={**DEPLOYED, **EVERY_STEP},
     )
 
 
@@ -90,4 +91,5 @@ def test_a_killed_server_restarts_from_its_last_period(tmp_path: Path) -> None:
     gaps = [b["ts"] - a["ts"] for a, b in itertools.pairwise(saved)]
     assert all(gap >= PERIOD_S * 0.9 for gap in gaps), gaps
     assert actor.returncode == 130, err[-3000:]
-    assert any("steps=until stopped" in line for line in out.splitlines()), out[:500]
+    header = out.splitlines()[0]
+    assert "until stopped (the server's run has no end: no train.steps)" in header, out[:500]

@@ -288,7 +288,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("global_step", "backend", "device", "config_json", "param_digest", "inference_only", "step_queue_depth", "replay_size", "version", "kernel_abi_version", "auth_mode", "auth_token_set", "checkpoint_step", "state_epoch", "learning_rate", "lr_schedule")
+    __slots__ = ("global_step", "backend", "device", "config_json", "param_digest", "inference_only", "step_queue_depth", "replay_size", "version", "kernel_abi_version", "auth_mode", "auth_token_set", "checkpoint_step", "state_epoch", "learning_rate", "lr_schedule", "env_steps_per_s", "open_streams", "seconds_since_step", "checkpoint_name", "checkpoint_age_s")
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
@@ -305,6 +305,11 @@ class GetStatusResponse(_message.Message):
     STATE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
     LR_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    ENV_STEPS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    OPEN_STREAMS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_SINCE_STEP_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_NAME_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_AGE_S_FIELD_NUMBER: _ClassVar[int]
     global_step: int
     backend: str
     device: str
@@ -321,7 +326,12 @@ class GetStatusResponse(_message.Message):
     state_epoch: int
     learning_rate: float
     lr_schedule: str
-    def __init__(self, global_step: _Optional[int] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., config_json: _Optional[str] = ..., param_digest: _Optional[str] = ..., inference_only: _Optional[bool] = ..., step_queue_depth: _Optional[int] = ..., replay_size: _Optional[int] = ..., version: _Optional[str] = ..., kernel_abi_version: _Optional[int] = ..., auth_mode: _Optional[str] = ..., auth_token_set: _Optional[bool] = ..., checkpoint_step: _Optional[int] = ..., state_epoch: _Optional[int] = ..., learning_rate: _Optional[float] = ..., lr_schedule: _Optional[str] = ...) -> None: ...
+    env_steps_per_s: float
+    open_streams: int
+    seconds_since_step: float
+    checkpoint_name: str
+    checkpoint_age_s: float
+    def __init__(self, global_step: _Optional[int] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., config_json: _Optional[str] = ..., param_digest: _Optional[str] = ..., inference_only: _Optional[bool] = ..., step_queue_depth: _Optional[int] = ..., replay_size: _Optional[int] = ..., version: _Optional[str] = ..., kernel_abi_version: _Optional[int] = ..., auth_mode: _Optional[str] = ..., auth_token_set: _Optional[bool] = ..., checkpoint_step: _Optional[int] = ..., state_epoch: _Optional[int] = ..., learning_rate: _Optional[float] = ..., lr_schedule: _Optional[str] = ..., env_steps_per_s: _Optional[float] = ..., open_streams: _Optional[int] = ..., seconds_since_step: _Optional[float] = ..., checkpoint_name: _Optional[str] = ..., checkpoint_age_s: _Optional[float] = ...) -> None: ...
 
 class UpdateHyperparamsRequest(_message.Message):
     __slots__ = ("values",)
