@@ -44,8 +44,9 @@ from service.vector_env import EnvStep
 
 ENV, OBS_DIM, ACTIONS = "gymnasium:Acrobot-v1", 6, 3
 NUM_ENVS, T = 4, 8  # each actor's rollouts
-SHAPE = ("model.num_actions=3", "model.aux_dim=0", "train.num_envs=8",
-         "server.step_max_wait_ms=60000")  # fmt: skip
+# DEBUG: each Step's own log line, with its rollouts' keys
+SHAPE = ("model.obs_dim=6", "model.num_actions=3", "model.aux_dim=0", "train.num_envs=8",
+         "server.step_max_wait_ms=60000", "server.log_level=DEBUG")  # fmt: skip
 STORM = Path(__file__).resolve().parents[1] / "storm.py"
 WAIT_S = 60.0
 
@@ -69,8 +70,8 @@ def actors(server: ServerProcess, count: int, *sizes: int) -> Iterator[list[Acto
             proc = subprocess.Popen([*command, "--num-envs", str(envs), "--seed", str(seed)],
                                     env=clean_env(), stdout=subprocess.PIPE, text=True)  # fmt: skip
             header = proc.stdout.readline()  # type: ignore[union-attr]
-            assert " id=" in header, header
-            started.append(Actor(proc, header.rsplit(" id=", 1)[1].split()[0]))
+            assert " | actor id " in header, header
+            started.append(Actor(proc, header.rsplit(" | actor id ", 1)[1].split()[0]))
         yield started
     finally:
         for actor in started:
