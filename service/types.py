@@ -141,7 +141,10 @@ class Rollout(_TimeMajor):
             if arrays[0] is None:
                 return None
             shape = (arrays[0].shape[0], N, *arrays[0].shape[2:])
-            return np.concatenate(arrays, axis=1, out=empty(shape, arrays[0].dtype))
+            # unsafe: flags come as bool (a stream's) or as uint8 in {0, 1} (a request's,
+            # validated), the same values either way
+            return np.concatenate(arrays, axis=1, out=empty(shape, arrays[0].dtype),
+                                  casting="unsafe")  # fmt: skip
 
         final_obs, final_index = [], []
         for part, start in zip(parts, starts, strict=False):

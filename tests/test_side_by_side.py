@@ -56,3 +56,15 @@ def test_parts_without_truncations_or_labels(rng: np.random.Generator) -> None:
 def test_one_part_is_the_step_itself(rng: np.random.Generator) -> None:
     part = random_rollout(rng)
     assert Rollout.side_by_side([part], np.empty) is part
+
+
+def test_flags_as_bool_and_as_uint8_join(rng: np.random.Generator) -> None:
+    """A stream's flags are bool, a request's may come as uint8 in {0, 1}: the same values."""
+    stream, request = random_rollout(rng, T=3, N=2), random_rollout(rng, T=3, N=4)
+    as_bytes = {name: getattr(request, name).astype(np.uint8)
+                for name in ("terminated", "truncated", "bce_labels")}  # fmt: skip
+    merged = Rollout.side_by_side([stream, dataclasses.replace(request, **as_bytes)], np.empty)
+    validate_rollout(merged, small_config())
+    for name in as_bytes:
+        expected = np.concatenate([getattr(stream, name), getattr(request, name)], axis=1)
+        np.testing.assert_array_equal(getattr(merged, name), expected, err_msg=name)

@@ -1,6 +1,6 @@
 """StepQueue: the learner's Steps from the queued rollouts (gathered side by side in arrival
-order up to a Step's columns, a request's own Step alone, a Step that may start before one
-still gathering); which streams size a Step (those
+order up to a Step's columns, a request's Step alone unless streams of its layout produce, a
+Step that may start before one still gathering, clients in turn); which streams size a Step (those
 producing at about the others' pace: not idle, stopped or far slower ones); when a Step starts
 (full, nothing more expected, the oldest rollout's wait, a drain); room (every client's first
 job, then the shared room in line) and refusals; and the drain: Steps that start within the
@@ -21,6 +21,7 @@ from service.server.step_queue import MAX_GRACE_S, MIN_GRACE_S, Seat, StepQueue
 
 FOREVER = 3600.0  # a max wait no test reaches
 LAYOUT = (5, 6, True, 3)  # any hashable: rollouts of one layout are gathered together
+OWN = (7, 6, False, None)  # the requests' layout where no stream sends one like it
 WAIT_S = 10.0  # for a condition that holds at once on any machine
 
 
@@ -73,9 +74,10 @@ def stream(steps: StepQueue, seat: Seat, work: str, columns: int, layout: Hashab
     return steps.submit(work, waiting, columns, seat, layout, must_fit=False)  # type: ignore[arg-type]
 
 
-def own(steps: StepQueue, work: object, columns: int = 1, client: str = "unary"):
-    """A request's own Step (a unary Step) of `client`."""
-    return steps.submit(work, here, columns, client)  # type: ignore[arg-type]
+def own(steps: StepQueue, work: object, columns: int = 1, client: str = "unary",
+        layout: Hashable = OWN):  # fmt: skip
+    """A request's Step (a unary Step) of `client`: of a layout no stream sends, unless told."""
+    return steps.submit(work, here, columns, client, layout)  # type: ignore[arg-type]
 
 
 def test_rollouts_fill_a_step_of_the_learners_size_in_arrival_order() -> None:
@@ -229,6 +231,20 @@ def test_other_layouts_and_requests_own_steps_are_not_gathered() -> None:
     # "own" first: its client had no Step yet, the stream's just had one
     assert trainer.steps[:2] == [["first"], ["own"]]
     assert sorted(trainer.steps[2:]) == [["a", "b"], ["other layout"]]
+    steps.close()
+
+
+def test_a_request_joins_the_step_of_the_streams_producing_its_layout() -> None:
+    trainer = Recorder()
+    steps = queue(trainer, base=4)
+    seat = steps.open_seat(2)
+    own(steps, "alone", 2, layout=LAYOUT)  # no stream has sent one yet: a Step of its own
+    wait_until(lambda: trainer.steps, WAIT_S, "the request's own Step")
+    stream(steps, seat, "a", 2)  # the stream is producing now: its Step waits for 4 columns
+    request = own(steps, "joins", 2, layout=LAYOUT)  # and the request fills it
+    assert request.result(WAIT_S) == "joins"
+    assert trainer.steps == [["alone"], ["a", "joins"]]
+    seat.close()
     steps.close()
 
 

@@ -203,10 +203,11 @@ class Engine:
         seat: Seat | None = None,
         client: Hashable = None,
     ) -> Future[StepResult]:
-        """Queue a validated rollout. Alone it is a Step of its own, `client`'s (its key's
-        actor when it has a key), and a full queue raises QueueFull (RESOURCE_EXHAUSTED) at
-        once; with an Interact stream's `seat` it is trained side by side with other streams'
-        rollouts, and a full queue is waited out. A `key` applied before is answered with its
+        """Queue a validated rollout. A request's (`client`'s, or its key's actor's) is a Step
+        of its own, or joins the streams' Step while streams of its layout are producing, and a
+        full queue raises QueueFull (RESOURCE_EXHAUSTED) at once; an Interact stream's (its
+        `seat`) is trained side by side with other streams' rollouts, and a full queue is
+        waited out. A `key` applied before is answered with its
         result (`replayed`), one still queued is joined; ForgottenStepKey when the key is older
         than the ledger remembers, KeyReused when it names other content, StalePolicy when its
         policy version is outside the lag the learner takes (checked again when its Step
@@ -233,14 +234,12 @@ class Engine:
         seat: Seat | None,
         client: Hashable,
     ) -> Future[StepResult]:
-        columns = rollout.num_envs
+        columns, layout = rollout.num_envs, rollout.layout
         if seat is not None:  # outside the keys' lock: the Step worker takes it
-            layout: Hashable | None = rollout.layout
-            self._steps.wait_for_room(seat, columns, rollout.layout, caller_waiting)
+            self._steps.wait_for_room(seat, columns, layout, caller_waiting)
             client = seat
-        else:
-            layout = None
-            client = key.actor if key is not None else client
+        elif key is not None:
+            client = key.actor
         if key is None:
             self._check_lag(rollout.policy_version)
             future = self._steps.submit(_Work(rollout, None, None), caller_waiting, columns,

@@ -72,10 +72,16 @@ class _Job(Generic[Work]):
     work: Work
     caller_waiting: Callable[[], bool]
     columns: int
-    layout: Hashable | None  # None: a Step of its own; else gathered with jobs of this layout
+    layout: Hashable  # gathered with jobs of this layout (Rollout.layout)
     client: Hashable  # whose it is: a Seat, or a request's client
     enqueued: float  # the queue's clock when it joined
     future: Future[StepResult] = field(default_factory=Future)
+
+    @property
+    def request(self) -> bool:
+        """A request's Step (not a stream's rollout): alone unless streams of its layout are
+        producing."""
+        return not isinstance(self.client, Seat)
 
 
 class Seat:
@@ -176,12 +182,12 @@ class StepQueue(Generic[Work]):
         caller_waiting: Callable[[], bool],
         columns: int,
         client: Hashable,
-        layout: Hashable | None = None,
+        layout: Hashable,
         must_fit: bool = True,
     ) -> Future[StepResult]:
-        """Queue `work` of `client` (a rollout of `columns` environments; with a `layout`,
-        gathered with others of that layout). QueueFull at once when it does not fit and
-        `must_fit`; Unavailable once the queue is closing."""
+        """Queue `work` of `client` (a Seat, or a request's client): a rollout of `columns`
+        environments, gathered with others of its `layout`. QueueFull at once when it does not
+        fit and `must_fit`; Unavailable once the queue is closing."""
         with self._cond:
             self._check_accepting()
             if must_fit and not self._admits(client, columns, in_line=not self._line):
@@ -291,12 +297,15 @@ class StepQueue(Generic[Work]):
             self._cond.notify_all()
 
     # ------------------------------------------------------------------------ the worker
-    def _gather(self, layout: Hashable, size: int) -> tuple[list[_Job[Work]], bool]:
-        """The jobs of `layout`'s next Step, in arrival order, and whether it is full."""
+    def _gather(
+        self, layout: Hashable, size: int, requests: bool
+    ) -> tuple[list[_Job[Work]], bool]:
+        """The jobs of `layout`'s next Step (with `requests`: requests' too), in arrival order,
+        and whether it is full."""
         batch: list[_Job[Work]] = []
         columns = 0
         for job in self._jobs:
-            if job.layout != layout:
+            if job.layout != layout or (job.request and not requests):
                 continue
             if batch and columns + job.columns > size:
                 return batch, True  # the next rollout would not fit: this Step is full
@@ -311,17 +320,18 @@ class StepQueue(Generic[Work]):
         first job's client was served longest ago (the earliest to arrive of those tied), and
         else when to look again."""
         producing = self._producing(now)
+        streamed = {seat.layout for seat in producing}  # requests of these join streams' Steps
         wake, seen = float("inf"), set()
         chosen: tuple[int, list[_Job[Work]]] | None = None
         for head in self._jobs:
-            if head.layout is None:
+            if head.request and head.layout not in streamed:
                 batch = [head]
             elif head.layout in seen:
                 continue
             else:
                 seen.add(head.layout)
                 size = self._step_columns(producing, head.layout)
-                batch, full = self._gather(head.layout, size)
+                batch, full = self._gather(head.layout, size, head.layout in streamed)
                 expected = [s for s in producing if s.layout == head.layout and not s.waits]
                 due = head.enqueued + self._max_wait_s
                 if not (full or not expected or not self._accepting or now >= due):
