@@ -1,17 +1,18 @@
 """The learner's queue: rollouts in, Steps of the learner's size out, applied one at a time by
 one worker thread (SEED RL's learner batch, Sample Factory's Batcher).
 
-What a Step holds. The rollouts of Interact streams (gathered jobs) are taken whole, in arrival
-order, side by side into one Step of `step_columns` environment columns; a request's own Step (a
-unary Step, StreamStep, a rollout an actor sends again) is applied alone. Of the Steps that may
-start (a request's own Step may at once; one still gathering holds none back), the next is the
-one whose first job's client was served longest ago, the earliest to arrive of those tied:
-round-robin by client, so a client that sends one Step at a time is not passed over by streams
-whose next rollouts queue while their last one trains. The size
-is `max(base, the columns of the streams producing now)`: at least the configured one
-(train.num_envs), and large enough that each producing stream adds about one rollout per Step,
-so that a rollout is a Step or two behind the policy that trains on it however many actors
-there are.
+What a Step holds. The rollouts of Interact streams are taken whole, in arrival order, side by
+side into one Step of `step_columns` environment columns. A request's rollout (a unary Step,
+StreamStep, a rollout an actor sends again) joins that Step while streams of its layout are
+producing, and its caller waiting on it starts the Step as soon as the learner is free, with
+the streams' rollouts that have arrived: a request never waits for a Step to fill, and never
+makes the streams' gathered rollouts stale by Steps of its own. With no stream of its layout
+producing, a request's rollout is a Step of its own, as sent. Of the Steps that may start, the
+next is the one whose first job's client was served longest ago, the earliest to arrive of
+those tied: round-robin by client. The size is `max(base, the columns of the streams producing
+now)`: at least the configured one (train.num_envs), and large enough that each producing
+stream adds about one rollout per Step, so that a rollout is a Step or two behind the policy
+that trains on it however many actors there are.
 
 Which streams are producing. A stream counts from its first whole rollout on, for as long as
 its next one is due: its pace (the median of its last PACE_SAMPLES intervals between rollouts;
@@ -25,6 +26,7 @@ and never hold one back.
 When a Step starts: as soon as one of these holds
 - its columns are in: the gathered rollouts fill it, or the next one of its layout would not
   fit (a rollout larger than a Step is a Step of its own);
+- it holds a request's rollout;
 - nothing more is expected: every stream producing its layout waits (for room, or for its own
   Steps), or none does;
 - its oldest rollout has waited `max_wait_s` (server.step_max_wait_ms);
@@ -334,7 +336,8 @@ class StepQueue(Generic[Work]):
                 batch, full = self._gather(head.layout, size, head.layout in streamed)
                 expected = [s for s in producing if s.layout == head.layout and not s.waits]
                 due = head.enqueued + self._max_wait_s
-                if not (full or not expected or not self._accepting or now >= due):
+                asked = any(job.request for job in batch)  # a request's caller waits on it
+                if not (full or asked or not expected or not self._accepting or now >= due):
                     wake = min(wake, due, *(seat.due_until(self._step_s) for seat in expected))
                     continue
             served = self._served.get(head.client, -1)
