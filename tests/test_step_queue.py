@@ -1,5 +1,5 @@
-"""StepQueue: the learner's Steps from the queued rollouts (gathered side by side in arrival
-order up to a Step's columns, a request's Step alone unless streams of its layout produce, a
+"""StepQueue: the learner's Steps from the queued rollouts (gathered side by side in turn by
+client up to a Step's columns, a request's Step alone unless streams of its layout produce, a
 Step that may start before one still gathering, clients in turn); which streams size a Step (those
 producing at about the others' pace: not idle, stopped or far slower ones); when a Step starts
 (full, nothing more expected, the oldest rollout's wait, a drain); room (every client's first
@@ -80,15 +80,21 @@ def own(steps: StepQueue, work: object, columns: int = 1, client: str = "unary",
     return steps.submit(work, here, columns, client, layout)  # type: ignore[arg-type]
 
 
-def test_rollouts_fill_a_step_of_the_learners_size_in_arrival_order() -> None:
+def test_rollouts_fill_a_step_of_the_learners_size_in_turn_by_client() -> None:
     trainer = Recorder()
+    trainer.gate.clear()
     steps = queue(trainer, base=4)
     one, two = steps.open_seat(1), steps.open_seat(2)
-    futures = [stream(steps, one, name, 1) for name in "abc"]
-    futures.append(stream(steps, one, "d", 1))  # the fourth column: the Step is full
-    futures += [stream(steps, two, name, 2) for name in "ef"]
-    wait_until(lambda: len(trainer.steps) == 2, WAIT_S, "two full Steps")
-    assert trainer.steps == [["a", "b", "c", "d"], ["e", "f"]]
+    own(steps, "first", 4)  # a Step of its own that holds the learner while the rest queue
+    assert trainer.entered.wait(WAIT_S)
+    futures = [stream(steps, one, name, 1) for name in "abcd"]  # a full Step's worth
+    futures += [stream(steps, two, name, 2) for name in "ef"]  # queued after them
+    trainer.gate.set()
+    for seat in (one, two):
+        seat.close()
+    wait_until(lambda: len(trainer.steps) == 3, WAIT_S, "the Steps of both streams")
+    # each client's first, then each one's second...; then the client served earlier first
+    assert trainer.steps[1:] == [["a", "e", "b"], ["c", "f", "d"]]
     assert [future.result(WAIT_S) for future in futures] == list("abcdef")
     steps.close()
 
@@ -176,7 +182,8 @@ def test_a_far_slower_stream_does_not_size_steps_but_its_rollouts_join_them() ->
         # Counted in, the slow stream would hold each Step back for its rollout: two queued.
         wait_until(lambda: steps.depth <= 1, WAIT_S, "the round's Steps without the slow one")
     assert steps.step_columns() == 2  # the fast ones alone
-    assert ["slow10", "f0.11"] in trainer.steps  # its rollout joined the next Step gathered
+    for name in ("slow10", "slow20"):  # its rollouts joined Steps gathered with the fast ones'
+        assert any(name in step and len(step) == 2 for step in trainer.steps), trainer.steps
     for seat in (*fast, slow):
         seat.close()
     steps.close()
@@ -262,6 +269,28 @@ def test_clients_take_turns_however_many_rollouts_one_has_queued() -> None:
     seat.close()
     wait_until(lambda: len(trainer.steps) == 4, WAIT_S, "every Step")
     assert trainer.steps == [["s0"], ["u0"], ["s1"], ["s2"]]
+    steps.close()
+
+
+def test_a_request_beside_streams_with_rollouts_piled_up_is_in_the_next_step() -> None:
+    trainer = Recorder()
+    trainer.gate.clear()
+    steps = queue(trainer, base=4)
+    a, b = steps.open_seat(2), steps.open_seat(2)
+    stream(steps, a, "a1", 2)
+    stream(steps, b, "b1", 2)  # a full Step, held in the trainer while the rest queue
+    assert trainer.entered.wait(WAIT_S)
+    for name in ("a2", "a3"):
+        stream(steps, a, name, 2)
+    for name in ("b2", "b3"):
+        stream(steps, b, name, 2)
+    request = own(steps, "u", 2, layout=LAYOUT)  # one at a time, after the streams' two each
+    trainer.gate.set()
+    assert request.result(WAIT_S) == "u"
+    for seat in (a, b):
+        seat.close()
+    wait_until(lambda: len(trainer.steps) == 4, WAIT_S, "every Step")
+    assert trainer.steps == [["a1", "b1"], ["u", "a2"], ["b2", "a3"], ["b3"]]
     steps.close()
 
 

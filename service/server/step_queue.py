@@ -1,18 +1,23 @@
 """The learner's queue: rollouts in, Steps of the learner's size out, applied one at a time by
 one worker thread (SEED RL's learner batch, Sample Factory's Batcher).
 
-What a Step holds. The rollouts of Interact streams are taken whole, in arrival order, side by
-side into one Step of `step_columns` environment columns. A request's rollout (a unary Step,
-StreamStep, a rollout an actor sends again) joins that Step while streams of its layout are
-producing, and its caller waiting on it starts the Step as soon as the learner is free, with
-the streams' rollouts that have arrived: a request never waits for a Step to fill, and never
-makes the streams' gathered rollouts stale by Steps of its own. With no stream of its layout
-producing, a request's rollout is a Step of its own, as sent. Of the Steps that may start, the
-next is the one whose first job's client was served longest ago, the earliest to arrive of
-those tied: round-robin by client. The size is `max(base, the columns of the streams producing
-now)`: at least the configured one (train.num_envs), and large enough that each producing
-stream adds about one rollout per Step, so that a rollout is a Step or two behind the policy
-that trains on it however many actors there are.
+What a Step holds. The rollouts of Interact streams are taken whole, side by side into one Step
+of `step_columns` environment columns, in turn by client: each client's earliest queued rollout
+first (the clients served longest ago first, then in arrival order), then each one's second,
+and so on; a client's own rollouts keep their order. A client with rollouts piled up behind a
+busy learner thus takes no more of a Step than one with a single rollout queued. A request's
+rollout (a unary Step, StreamStep, a rollout an actor sends again) joins that Step while
+streams of its layout are producing, and waits for it as their rollouts do: Steps keep the
+streams' pace, so a client sending requests as fast as they are answered does not advance the
+policy past the streams' gathering rollouts (a Step started for each request would, on a fast
+learner, leave every stream's rollout more Steps behind than the policy lag allows), and taken
+in turn by client it is in about every Step. With no stream of its layout producing, a
+request's rollout is a Step of its own, as sent. Of the Steps that may start, the next is the
+one whose first job's client was served longest ago, the earliest to arrive of those tied:
+round-robin by client. The size is `max(base, the columns of the streams producing now)`: at
+least the configured one (train.num_envs), and large enough that each producing stream adds
+about one rollout per Step, so that a rollout is a Step or two behind the policy that trains on
+it however many actors there are.
 
 Which streams are producing. A stream counts from its first whole rollout on, for as long as
 its next one is due: its pace (the median of its last PACE_SAMPLES intervals between rollouts;
@@ -26,7 +31,6 @@ and never hold one back.
 When a Step starts: as soon as one of these holds
 - its columns are in: the gathered rollouts fill it, or the next one of its layout would not
   fit (a rollout larger than a Step is a Step of its own);
-- it holds a request's rollout;
 - nothing more is expected: every stream producing its layout waits (for room, or for its own
   Steps), or none does;
 - its oldest rollout has waited `max_wait_s` (server.step_max_wait_ms);
@@ -302,13 +306,11 @@ class StepQueue(Generic[Work]):
     def _gather(
         self, layout: Hashable, size: int, requests: bool
     ) -> tuple[list[_Job[Work]], bool]:
-        """The jobs of `layout`'s next Step (with `requests`: requests' too), in arrival order,
+        """The jobs of `layout`'s next Step (with `requests`: requests' too), in turn by client,
         and whether it is full."""
         batch: list[_Job[Work]] = []
         columns = 0
-        for job in self._jobs:
-            if job.layout != layout or (job.request and not requests):
-                continue
+        for job in self._in_turn(layout, requests):
             if batch and columns + job.columns > size:
                 return batch, True  # the next rollout would not fit: this Step is full
             batch.append(job)
@@ -316,6 +318,19 @@ class StepQueue(Generic[Work]):
             if columns >= size:
                 return batch, True
         return batch, False
+
+    def _in_turn(self, layout: Hashable, requests: bool) -> list[_Job[Work]]:
+        """The queued jobs of `layout` (with `requests`: requests' too) in turn by client: every
+        client's first, those served longest ago first and then by arrival, then every client's
+        second, and so on."""
+        turn: Counter[Hashable] = Counter()
+        ranked = []
+        for arrival, job in enumerate(self._jobs):
+            if job.layout != layout or (job.request and not requests):
+                continue
+            ranked.append((turn[job.client], self._served.get(job.client, -1), arrival, job))
+            turn[job.client] += 1
+        return [job for *_, job in sorted(ranked, key=lambda rank: rank[:3])]
 
     def _ready(self, now: float) -> tuple[list[_Job[Work]] | None, float]:
         """Of the Steps that may start now (a request's own Step may at once), the one whose
@@ -336,8 +351,7 @@ class StepQueue(Generic[Work]):
                 batch, full = self._gather(head.layout, size, head.layout in streamed)
                 expected = [s for s in producing if s.layout == head.layout and not s.waits]
                 due = head.enqueued + self._max_wait_s
-                asked = any(job.request for job in batch)  # a request's caller waits on it
-                if not (full or asked or not expected or not self._accepting or now >= due):
+                if not (full or not expected or not self._accepting or now >= due):
                     wake = min(wake, due, *(seat.due_until(self._step_s) for seat in expected))
                     continue
             served = self._served.get(head.client, -1)

@@ -89,7 +89,7 @@ class TrainerServiceServicer:
     def Step(self, request, context):
         """Step applies one rollout: GAE, PPO epochs x minibatches, C51 on replay, AdamW. While
         Interact streams of its shape are training, it is trained side by side with their rollouts
-        in the learner's next Step (its reply is that Step's); else it is a Step of its own.
+        in a Step of theirs, at their pace (its reply is that Step's); else it is a Step of its own.
         INVALID_ARGUMENT: a tensor of the wrong shape or dtype, a non-finite value, an action out
         of range, a malformed idempotency_key.
         RESOURCE_EXHAUSTED: the Step queue is full (server.step_queue_size Steps' worth of
