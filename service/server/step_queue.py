@@ -303,9 +303,7 @@ class StepQueue(Generic[Work]):
             self._cond.notify_all()
 
     # ------------------------------------------------------------------------ the worker
-    def _gather(
-        self, layout: Hashable, size: int, requests: bool
-    ) -> tuple[list[_Job[Work]], bool]:
+    def _gather(self, layout: Hashable, size: int, requests: bool) -> tuple[list[_Job[Work]], bool]:
         """The jobs of `layout`'s next Step (with `requests`: requests' too), in turn by client,
         and whether it is full."""
         batch: list[_Job[Work]] = []
