@@ -65,8 +65,12 @@ def test_two_streams_rollouts_train_as_one_step(tmp_path: Path, seed: int) -> No
     settings = (f"train.num_envs={2 * N}",)
     with running_server(tmp_path, *settings) as server, TridentClient(server.target) as client:
         first, second = Stream(client, "actor-a", seed), Stream(client, "actor-b", seed + 1)
-        first.turns(T)  # its rollout is queued before this reply: it comes first in the Step
-        second.turns(T)  # the second fills the Step: it trains now
+        # Side by side, so that the first is still producing (its next rollout due) when the
+        # second's arrives however slow this machine is: the Step waits for it, and is full.
+        first.turns(T - 1)
+        second.turns(T - 1)
+        first.turns(1)  # its rollout is queued before this reply: it comes first in the Step
+        second.turns(1)  # the second fills the Step: it trains now
         outcomes = first.close() + second.close()
         assert [(o.sequence, o.code) for o in outcomes] == [(0, None), (0, None)]
         replies = [o.reply for o in outcomes]
