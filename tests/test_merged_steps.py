@@ -7,10 +7,11 @@ once per stream and reason, then summed when the stream ends."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from conftest import running_server, small_config
+from conftest import running_server, small_config, wait_until
 from serverproc import scrape, value
 from test_interact import D, ScriptedEnv
 
@@ -23,6 +24,7 @@ from service.unroll import GroupStep, Unroller
 from service.vector_env import EnvStep
 
 T, N = 4, 3
+WAIT_S = 30.0  # for a condition that holds within a Step or two on any machine
 
 
 class Stream:
@@ -65,12 +67,26 @@ def test_two_streams_rollouts_train_as_one_step(tmp_path: Path, seed: int) -> No
     settings = (f"train.num_envs={2 * N}",)
     with running_server(tmp_path, *settings) as server, TridentClient(server.target) as client:
         first, second = Stream(client, "actor-a", seed), Stream(client, "actor-b", seed + 1)
+
         # Side by side, so that the first is still producing (its next rollout due) when the
         # second's arrives however slow this machine is: the Step waits for it, and is full.
+        # Each rollout is seen queued before the next goes: the streams' sends race, and the
+        # Step's columns follow the order its rollouts arrived in (the twin's below).
+        def queued(depth: int) -> Callable[[], bool]:
+            def check() -> bool:
+                status = client.status()
+                return status.step_queue_depth == depth or status.global_step == 1
+
+            return check
+
         first.turns(T - 1)
         second.turns(T - 1)
-        first.turns(1)  # its rollout is queued before this reply: it comes first in the Step
+        first.turns(1)
+        wait_until(queued(1), WAIT_S, "the first stream's rollout queued")
         second.turns(1)  # the second fills the Step: it trains now
+        # A half-closed stream waits for its Steps and so is no longer expected: close only once
+        # the second's rollout is in (queued beside the first's, or trained with it).
+        wait_until(queued(2), WAIT_S, "the second stream's rollout in")
         outcomes = first.close() + second.close()
         assert [(o.sequence, o.code) for o in outcomes] == [(0, None), (0, None)]
         replies = [o.reply for o in outcomes]
