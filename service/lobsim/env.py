@@ -41,6 +41,7 @@ import numpy as np
 
 from service.backend.philox import Stream, below, random_bits, random_bits_span, seed_key
 from service.config import LobsimConfig
+from service.lobsim import compiled
 from service.lobsim.book import (
     AGENT,
     ASK,
@@ -137,11 +138,17 @@ class LobSim:
         seed: int,
         backend: str = "numpy",
         market: MarketKernel | None = None,
+        engine: str = "auto",
     ) -> None:
         """`market` runs each step's market events in place of the NumPy engine, over books
-        on the backend (`backend="cuda"` makes its own: kernels/lobsim.cu on the GPU)."""
+        on the backend (`backend="cuda"` makes its own: kernels/lobsim.cu on the GPU). On the
+        host `engine` picks who runs them when `market` is None: "numba" (compiled.py, the
+        kernel's loop compiled by Numba), "numpy" (`_events`, vectorised over the markets) or
+        "auto" (numba where Numba imports); both give the same integer state."""
         if backend not in ("numpy", "cuda"):
             raise ValueError(f"backend: expected 'numpy' or 'cuda', got {backend!r}")
+        if engine not in ("auto", "numba", "numpy"):
+            raise ValueError(f"engine: expected 'auto', 'numba' or 'numpy', got {engine!r}")
         self.cfg, self.num_envs = cfg, num_envs
         self.key = seed_key(seed)
         if backend == "cuda":  # every array on the device; the market events in kernels/lobsim.cu
@@ -177,6 +184,8 @@ class LobSim:
             from service.lobsim.cuda_market import CudaMarket
 
             self._market = CudaMarket(self.books, cfg.visible_levels, self.key)
+        elif market is None and engine != "numpy" and (engine == "numba" or compiled.available()):
+            self._market = compiled.CompiledMarket(self.key)
         self._reset()
         self._last_obs = self._observe(xp.zeros(num_envs), xp.zeros(num_envs))
 
@@ -364,9 +373,13 @@ class LobSim:
         sizes = 1 + ((words[:, : 2 * depth] * np.uint64(cfg.max_order_lots))
                      >> np.uint64(32)).astype(xp.int64)  # fmt: skip
         spread = cfg.randomize_pct
-        factors = 100 - spread + (
-            (words[:, 2 * depth : 2 * depth + 3] * np.uint64(2 * spread + 1)) >> np.uint64(32)
-        ).astype(xp.int64)
+        factors = (
+            100
+            - spread
+            + (
+                (words[:, 2 * depth : 2 * depth + 3] * np.uint64(2 * spread + 1)) >> np.uint64(32)
+            ).astype(xp.int64)
+        )
         centre = cfg.price_levels // 2
         books.lots[...] = 0
         books.lots[BID][:, centre - 1 - xp.arange(depth)] = sizes[:, :depth]
