@@ -179,6 +179,9 @@ class LobSim:
             [QUOTES.get(a, (0, 0)) for a in range(NUM_ACTIONS)], dtype=xp.int64
         )
         self._limit_weights = xp.asarray(limit_weights(cfg))
+        self._label_columns = xp.asarray(
+            [feature_column(cfg, name) for name in ("spread", "imbalance_l1", "volatility")]
+        )
         self._market = market
         if backend == "cuda" and market is None:
             from service.lobsim.cuda_market import CudaMarket
@@ -258,7 +261,7 @@ class LobSim:
         flow = flow / (cfg.events_per_step * cfg.max_order_lots)
         self.flow_ema = FLOW_EMA_DECAY * self.flow_ema + (1.0 - FLOW_EMA_DECAY) * flow
         obs = self._observe(change, flow)
-        labels = self._labels(change)
+        labels = self._labels(obs)
         info = {
             "bce_prev": change > 0,  # did the mid rise after obs_{t-1}
             "aux_prev": labels,
@@ -417,6 +420,8 @@ class LobSim:
         xp, books, P = self.xp, self.books, self.cfg.price_levels
         shift = self.mid2 // 2 - P // 2
         shift = xp.where(xp.abs(shift) > self.cfg.recentre_ticks, shift, 0)
+        if xp is np and not shift.any():  # nothing moves (on the device: no read to know it)
+            return
         source = xp.arange(P)[None, :] + shift[:, None]  # new index i holds old index i + shift
         inside = (source >= 0) & (source < P)
         clipped = xp.clip(source, 0, P - 1)
@@ -573,15 +578,10 @@ class LobSim:
             [bid_offset, bid_lots / scale, ask_offset, ask_lots / scale, scalars], axis=1
         ).astype(xp.float32)
 
-    def _labels(self, change: np.ndarray) -> np.ndarray:
+    def _labels(self, obs: np.ndarray) -> np.ndarray:
         """Aux targets for the previous observation: spread, L1 imbalance and realised
-        volatility now."""
-        xp = self.xp
-        bid_lots, bid = self._levels(BID)
-        ask_lots, ask = self._levels(ASK)
-        spread = xp.where((bid >= 0) & (ask >= 0), ask - bid, 0) / self.cfg.visible_levels
-        imbalance = _imbalance(bid_lots[:, 0], ask_lots[:, 0])
-        return xp.stack([spread, imbalance, xp.sqrt(self.variance)], axis=1).astype(xp.float32)
+        volatility now, the columns of the observation `obs` of this state."""
+        return obs[:, self._label_columns]
 
 
 def _imbalance(bid: np.ndarray, ask: np.ndarray) -> np.ndarray:
