@@ -5,10 +5,13 @@
 
 One env step = one agent action per market plus `lobsim.events_per_step` (13) background
 events. Per N: --warmup untimed steps, then --steps timed steps; env steps/s = N · steps /
-wall time, and background events/s = that × 13. Backends: `numpy` (service/lobsim/env.py) and
-`cuda` (kernels/lobsim.cu runs the market events, one thread per market; the environment
-around them runs in CuPy on the device; actions come from the host each step), which reads
-"not available" where CuPy sees no GPU.
+wall time, and background events/s = that × 13. Backends: `numpy` (service/lobsim/env.py, the
+NumPy engine: one vectorised `Books.apply` per event over all markets), `numba` (the same
+markets, their events run by service/lobsim/compiled.py, what LobSim runs on the host where
+Numba imports; "not available" elsewhere; 4 × --steps timed, its warm-up steps include the
+first step's compile or cache load) and `cuda` (kernels/lobsim.cu runs the market events, one
+thread per market; the environment around them runs in CuPy on the device; actions come from
+the host each step), which reads "not available" where CuPy sees no GPU.
 
 The integrated loop (--loop-sizes; 0 to skip): `trident train`'s Act -> market step -> Step
 with the default model and PPO settings, N markets × `train.rollout_len` steps per Step and
@@ -49,6 +52,7 @@ from service.backend.blas import blas_thread_counts, single_blas_thread
 from service.config import Config, LobsimConfig, load_config
 from service.jobs.device_loop import DeviceLoop
 from service.jobs.train import lobsim_model, make_stepper
+from service.lobsim import compiled
 from service.lobsim.env import NUM_ACTIONS, LobSim
 from service.trainer.trainer import Trainer
 
@@ -56,7 +60,11 @@ DEFAULT_SIZES = (256, 1024, 4096, 16384, 65536)
 
 
 def time_backend(backend: str, N: int, steps: int, warmup: int, seed: int) -> dict:
-    env = LobSim(N, LobsimConfig(), seed=seed, backend=backend)
+    """`backend`: numpy (the NumPy engine), numba (the compiled host market) or cuda."""
+    if backend == "cuda":
+        env = LobSim(N, LobsimConfig(), seed=seed, backend="cuda")
+    else:
+        env = LobSim(N, LobsimConfig(), seed=seed, engine=backend)
     rng = np.random.default_rng(seed)
     actions = rng.integers(0, NUM_ACTIONS, (warmup + steps, N))
     for t in range(warmup):
@@ -134,7 +142,12 @@ def loop_config(backend: str, N: int, seed: int, *model: str) -> Config:
 
 
 def time_loop(
-    backend: str, N: int, steps: int, seed: int, env: str = "lobsim", sets: tuple[str, ...] = (),
+    backend: str,
+    N: int,
+    steps: int,
+    seed: int,
+    env: str = "lobsim",
+    sets: tuple[str, ...] = (),
     blas: str = "one",
 ) -> dict:
     """The integrated loop's env steps/s on `backend` with N markets (or N CartPoles), the
@@ -246,20 +259,27 @@ def main(argv: list[str] | None = None) -> None:
         "loop": [],
         "cartpole_loop": [],
     }
-    print(f"{'N':>7} | {'numpy env steps/s':>18} | {'numpy events/s':>15} | cuda")
+    print(f"{'N':>7} | {'numpy env steps/s':>18} | {'numpy events/s':>15} | "
+          f"{'numba env steps/s':>18} | cuda")  # fmt: skip
     cuda_reason = cuda_unavailable()
     for N in args.sizes:
         steps = args.steps or max(3, int(2.0 * 30_000 / N))  # about 2 s at 3e4 steps/s
         numpy_result = time_backend("numpy", N, steps, args.warmup, args.seed)
+        if compiled.available():
+            numba = time_backend("numba", N, 4 * steps, args.warmup, args.seed)
+            numba_cell = f"{numba['env_steps_per_s']:>18,.0f}"
+        else:
+            numba = {"available": False, "reason": "not available: Numba does not import"}
+            numba_cell = f"{'not available':>18}"
         if cuda_reason is None:
             cuda = time_backend("cuda", N, max(steps, 20), args.warmup, args.seed)
             cuda_cell = f"{cuda['env_steps_per_s']:,.0f} env steps/s"
         else:
             cuda, cuda_cell = {"available": False, "reason": cuda_reason}, cuda_reason
-        record["results"].append({"N": N, "numpy": numpy_result, "cuda": cuda})
+        record["results"].append({"N": N, "numpy": numpy_result, "numba": numba, "cuda": cuda})
         print(
             f"{N:>7} | {numpy_result['env_steps_per_s']:>18,.0f} | "
-            f"{numpy_result['events_per_s']:>15,.0f} | {cuda_cell}"
+            f"{numpy_result['events_per_s']:>15,.0f} | {numba_cell} | {cuda_cell}"
         )
     for env, sizes, key in (("lobsim", args.loop_sizes, "loop"),
                             ("cartpole", args.cartpole_sizes, "cartpole_loop")):  # fmt: skip

@@ -41,6 +41,7 @@ import numpy as np
 
 from service.backend.philox import Stream, below, random_bits, random_bits_span, seed_key
 from service.config import LobsimConfig
+from service.lobsim import compiled
 from service.lobsim.book import (
     AGENT,
     ASK,
@@ -137,11 +138,17 @@ class LobSim:
         seed: int,
         backend: str = "numpy",
         market: MarketKernel | None = None,
+        engine: str = "auto",
     ) -> None:
         """`market` runs each step's market events in place of the NumPy engine, over books
-        on the backend (`backend="cuda"` makes its own: kernels/lobsim.cu on the GPU)."""
+        on the backend (`backend="cuda"` makes its own: kernels/lobsim.cu on the GPU). On the
+        host `engine` picks who runs them when `market` is None: "numba" (compiled.py, the
+        kernel's loop compiled by Numba), "numpy" (`_events`, vectorised over the markets) or
+        "auto" (numba where Numba imports); both give the same integer state."""
         if backend not in ("numpy", "cuda"):
             raise ValueError(f"backend: expected 'numpy' or 'cuda', got {backend!r}")
+        if engine not in ("auto", "numba", "numpy"):
+            raise ValueError(f"engine: expected 'auto', 'numba' or 'numpy', got {engine!r}")
         self.cfg, self.num_envs = cfg, num_envs
         self.key = seed_key(seed)
         if backend == "cuda":  # every array on the device; the market events in kernels/lobsim.cu
@@ -172,11 +179,16 @@ class LobSim:
             [QUOTES.get(a, (0, 0)) for a in range(NUM_ACTIONS)], dtype=xp.int64
         )
         self._limit_weights = xp.asarray(limit_weights(cfg))
+        self._label_columns = xp.asarray(
+            [feature_column(cfg, name) for name in ("spread", "imbalance_l1", "volatility")]
+        )
         self._market = market
         if backend == "cuda" and market is None:
             from service.lobsim.cuda_market import CudaMarket
 
             self._market = CudaMarket(self.books, cfg.visible_levels, self.key)
+        elif market is None and engine != "numpy" and (engine == "numba" or compiled.available()):
+            self._market = compiled.CompiledMarket(self.key)
         self._reset()
         self._last_obs = self._observe(xp.zeros(num_envs), xp.zeros(num_envs))
 
@@ -249,7 +261,7 @@ class LobSim:
         flow = flow / (cfg.events_per_step * cfg.max_order_lots)
         self.flow_ema = FLOW_EMA_DECAY * self.flow_ema + (1.0 - FLOW_EMA_DECAY) * flow
         obs = self._observe(change, flow)
-        labels = self._labels(change)
+        labels = self._labels(obs)
         info = {
             "bce_prev": change > 0,  # did the mid rise after obs_{t-1}
             "aux_prev": labels,
@@ -364,9 +376,13 @@ class LobSim:
         sizes = 1 + ((words[:, : 2 * depth] * np.uint64(cfg.max_order_lots))
                      >> np.uint64(32)).astype(xp.int64)  # fmt: skip
         spread = cfg.randomize_pct
-        factors = 100 - spread + (
-            (words[:, 2 * depth : 2 * depth + 3] * np.uint64(2 * spread + 1)) >> np.uint64(32)
-        ).astype(xp.int64)
+        factors = (
+            100
+            - spread
+            + (
+                (words[:, 2 * depth : 2 * depth + 3] * np.uint64(2 * spread + 1)) >> np.uint64(32)
+            ).astype(xp.int64)
+        )
         centre = cfg.price_levels // 2
         books.lots[...] = 0
         books.lots[BID][:, centre - 1 - xp.arange(depth)] = sizes[:, :depth]
@@ -404,6 +420,8 @@ class LobSim:
         xp, books, P = self.xp, self.books, self.cfg.price_levels
         shift = self.mid2 // 2 - P // 2
         shift = xp.where(xp.abs(shift) > self.cfg.recentre_ticks, shift, 0)
+        if xp is np and not shift.any():  # nothing moves (on the device: no read to know it)
+            return
         source = xp.arange(P)[None, :] + shift[:, None]  # new index i holds old index i + shift
         inside = (source >= 0) & (source < P)
         clipped = xp.clip(source, 0, P - 1)
@@ -560,15 +578,10 @@ class LobSim:
             [bid_offset, bid_lots / scale, ask_offset, ask_lots / scale, scalars], axis=1
         ).astype(xp.float32)
 
-    def _labels(self, change: np.ndarray) -> np.ndarray:
+    def _labels(self, obs: np.ndarray) -> np.ndarray:
         """Aux targets for the previous observation: spread, L1 imbalance and realised
-        volatility now."""
-        xp = self.xp
-        bid_lots, bid = self._levels(BID)
-        ask_lots, ask = self._levels(ASK)
-        spread = xp.where((bid >= 0) & (ask >= 0), ask - bid, 0) / self.cfg.visible_levels
-        imbalance = _imbalance(bid_lots[:, 0], ask_lots[:, 0])
-        return xp.stack([spread, imbalance, xp.sqrt(self.variance)], axis=1).astype(xp.float32)
+        volatility now, the columns of the observation `obs` of this state."""
+        return obs[:, self._label_columns]
 
 
 def _imbalance(bid: np.ndarray, ask: np.ndarray) -> np.ndarray:

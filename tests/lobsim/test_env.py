@@ -53,7 +53,7 @@ def test_invariants_over_random_steps_on_64_markets() -> None:
 def check_random_run(cfg: LobsimConfig, steps: int, num_envs: int = 64) -> None:
     """`steps` uniformly random actions on fresh markets: the book invariants after every
     step, the agent's account equal to the signed sum of its fills, lots traded counted."""
-    env = LobSim(num_envs, cfg, seed=fresh_seed())
+    env = LobSim(num_envs, cfg, seed=fresh_seed(), engine="numpy")  # books.apply recorded
     recorder = Recorder(env.books)
     rng = np.random.default_rng(fresh_seed())
     books = env.books
@@ -106,7 +106,7 @@ def test_env_message_stream_equals_reference_engine() -> None:
     """Every message the env sends (background flow and the agent's orders) applied to
     scalar reference markets gives the same fills (stream hash) and the same books."""
     cfg = LobsimConfig(horizon=10_000, random_latency=True, recentre_ticks=0)  # messages only
-    env = LobSim(32, cfg, seed=fresh_seed())
+    env = LobSim(32, cfg, seed=fresh_seed(), engine="numpy")  # books.apply recorded
     markets = mirror_initial_books(env)
     recorder = Recorder(env.books)
     rng = np.random.default_rng(fresh_seed())
@@ -169,7 +169,9 @@ def test_observation_shape_and_episode_end() -> None:
 def test_quote_keeps_priority_until_its_price_changes() -> None:
     """HOLD and a repeated quote at unchanged prices send nothing: each resting quote keeps
     its place (lots ahead of it only shrink). A re-sent order would go to the back."""
-    env = LobSim(16, LobsimConfig(latency_events=0, horizon=1000), seed=fresh_seed())
+    env = LobSim(
+        16, LobsimConfig(latency_events=0, horizon=1000), seed=fresh_seed(), engine="numpy"
+    )  # books.apply recorded
     env.step(np.full(16, 2))  # QUOTE(0, 0)
     assert (env.books.agent_px >= 0).any()
     for action in (0, 2, 0, 2):
@@ -190,7 +192,7 @@ def test_quote_keeps_priority_until_its_price_changes() -> None:
 @pytest.mark.parametrize(("action", "limit"), [(7, 1), (8, -1)])
 def test_market_orders_masked_at_the_inventory_limit(action: int, limit: int) -> None:
     cfg = LobsimConfig(max_inventory=3, horizon=1000)
-    env = LobSim(4, cfg, seed=2)
+    env = LobSim(4, cfg, seed=2, engine="numpy")  # books.apply recorded
     env.books.inventory[:] = limit * cfg.max_inventory
     assert not env.action_mask()[:, action].any()
     recorder = Recorder(env.books)
@@ -201,7 +203,7 @@ def test_market_orders_masked_at_the_inventory_limit(action: int, limit: int) ->
 
 def market_orders_per_step(hawkes: bool, seed: int) -> np.ndarray:
     cfg = LobsimConfig(horizon=10_000, hawkes=hawkes, market_weight=20)
-    env = LobSim(64, cfg, seed=seed)
+    env = LobSim(64, cfg, seed=seed, engine="numpy")  # books.apply recorded
     recorder = Recorder(env.books)
     counts = []
     for _ in range(150):

@@ -30,10 +30,21 @@ pytestmark = pytest.mark.skipif(
     [
         {},
         {"hawkes": True, "random_latency": True, "latency_events": 5, "max_order_lots": 9},
-        {"price_levels": 24, "visible_levels": 4, "initial_depth": 11, "cancel_weight": 9,
-         "recentre_ticks": 2, "market_size": 3},
-        {"informed_pct": 40, "informed_flip_permille": 300, "hawkes": True,
-         "random_latency": True, "latency_events": 5},
+        {
+            "price_levels": 24,
+            "visible_levels": 4,
+            "initial_depth": 11,
+            "cancel_weight": 9,
+            "recentre_ticks": 2,
+            "market_size": 3,
+        },
+        {
+            "informed_pct": 40,
+            "informed_flip_permille": 300,
+            "hawkes": True,
+            "random_latency": True,
+            "latency_events": 5,
+        },
     ],
     ids=["default", "hawkes-random-latency", "narrow-recentring", "informed-flipping"],
 )
@@ -42,7 +53,7 @@ def test_host_built_kernel_steps_markets_as_numpy_does(settings: dict, tmp_path:
     cfg = LobsimConfig(horizon=45, **settings)
     N = 67
     lib = build(cfg.price_levels, cfg.visible_levels, tmp_path)
-    numpy_engine = LobSim(N, cfg, seed)
+    numpy_engine = LobSim(N, cfg, seed, engine="numpy")
     kernel = LobSim(N, cfg, seed, market=HostMarket(lib, numpy_engine.key))
     rng = np.random.default_rng(seed)
     for step in range(100):  # two episode ends: liquidation and reset
