@@ -1,12 +1,12 @@
 """StepQueue: the learner's Steps from the queued rollouts (gathered side by side in turn by
 client up to a Step's columns, a request's Step alone unless streams of its layout produce, a
-Step that may start before one still gathering, clients in turn); which streams size a Step (those
-producing at about the others' pace: not idle, stopped or far slower ones); when a Step starts
-(full, nothing more expected, the oldest rollout's wait, a drain); room (every client's first
-job, then the shared room in line) and refusals; and the drain: Steps that start within the
-grace are applied in order, later ones are answered UNAVAILABLE without touching the trainer,
-and new ones are refused. The queue runs on a clock the tests move, so no outcome depends on
-how fast this machine is."""
+Step that may start before one still gathering, clients in turn); which streams and request
+clients size a Step (those producing at about the others' pace: not idle, stopped or far slower
+ones); when a Step starts (full, nothing more expected, the oldest rollout's wait, a drain);
+room (every client's first job, then the shared room in line) and refusals; and the drain:
+Steps that start within the grace are applied in order, later ones are answered UNAVAILABLE
+without touching the trainer, and new ones are refused. The queue runs on a clock the tests
+move, so no outcome depends on how fast this machine is."""
 
 from __future__ import annotations
 
@@ -291,6 +291,41 @@ def test_a_request_beside_streams_with_rollouts_piled_up_is_in_the_next_step() -
         seat.close()
     wait_until(lambda: len(trainer.steps) == 4, WAIT_S, "every Step")
     assert trainer.steps == [["a1", "b1"], ["u", "a2"], ["b2", "a3"], ["b3"]]
+    steps.close()
+
+
+def test_a_client_sending_requests_as_fast_as_answered_sizes_steps_like_a_stream() -> None:
+    trainer = Recorder()
+    trainer.gate.clear()
+    clock = Clock()
+    steps = queue(trainer, base=2, clock=clock)
+    a, b = steps.open_seat(2), steps.open_seat(2)
+    clock.now += 1.0
+    own(steps, "u0", 2, layout=LAYOUT)  # no stream produces yet: a Step of its own, held
+    assert trainer.entered.wait(WAIT_S)
+    stream(steps, a, "a0", 2)
+    stream(steps, b, "b0", 2)
+    assert steps.step_columns(LAYOUT) == 4  # one request says nothing of the next
+    clock.now += 1.0
+    u1 = own(steps, "u1", 2, layout=LAYOUT)  # its second, a second later: it is producing
+    stream(steps, a, "a1", 2)
+    stream(steps, b, "b1", 2)
+    assert steps.step_columns(LAYOUT) == 6
+    trainer.gate.set()
+    assert u1.result(WAIT_S) == "u1"
+    # the request takes no stream's place, and the next Step waits for its next request
+    assert trainer.steps == [["u0"], ["a0", "b0", "u1"]]
+    clock.now += 1.0
+    own(steps, "u2", 2, layout=LAYOUT).result(WAIT_S)
+    assert trainer.steps[-1] == ["a1", "b1", "u2"]
+    clock.now += 1.0 + 0.5 + 0.01  # past the request client's pace and grace: it stopped
+    stream(steps, a, "a2", 2)  # while the streams go on
+    stream(steps, b, "b2", 2)
+    assert steps.step_columns(LAYOUT) == 4
+    wait_until(lambda: len(trainer.steps) == 4, WAIT_S, "the streams' Step without it")
+    assert trainer.steps[-1] == ["a2", "b2"]
+    for seat in (a, b):
+        seat.close()
     steps.close()
 
 

@@ -14,10 +14,11 @@ learner, leave every stream's rollout more Steps behind than the policy lag allo
 in turn by client it is in about every Step. With no stream of its layout producing, a
 request's rollout is a Step of its own, as sent. Of the Steps that may start, the next is the
 one whose first job's client was served longest ago, the earliest to arrive of those tied:
-round-robin by client. The size is `max(base, the columns of the streams producing now)`: at
-least the configured one (train.num_envs), and large enough that each producing stream adds
-about one rollout per Step, so that a rollout is a Step or two behind the policy that trains on
-it however many actors there are.
+round-robin by client. The size is `max(base, the columns of the clients producing now)`: at
+least the configured one (train.num_envs), and large enough that each producing stream (and
+each client producing requests of the streams' layout) adds about one rollout per Step, so that
+a rollout is a Step or two behind the policy that trains on it however many actors there are,
+and a request's rollout takes no stream's place in the Step.
 
 Which streams are producing. A stream counts from its first whole rollout on, for as long as
 its next one is due: its pace (the median of its last PACE_SAMPLES intervals between rollouts;
@@ -26,7 +27,11 @@ MAX_GRACE_S], plus the latest Step's time (its rollout may have been due while a
 stream that has sent no whole rollout (idle, or cancelled halfway), or has stopped (paused, not
 reading its replies, gone quiet) counts for nothing, and so does one whose pace is more than
 SLOW_FACTOR times the producing streams' median: its rollouts join the Steps that are gathering
-and never hold one back.
+and never hold one back. A client sending requests (its key's actor, else its connection) is
+producing in the same way from its second request on, while its next is due by its own pace,
+and it waits while a request of its is queued or in a Step: a client sending requests as fast
+as they are answered is counted like a stream of its columns; one that sends now and then, or
+stops, counts for nothing.
 
 When a Step starts: as soon as one of these holds
 - its columns are in: the gathered rollouts fill it, or the next one of its layout would not
@@ -71,6 +76,7 @@ MIN_GRACE_S = 0.1  # how late a stream's rollout may be before it stops counting
 MAX_GRACE_S = 1.0  # ...and at most (besides the latest Step's time)
 SLOW_FACTOR = 4.0  # a stream this many times slower than the median does not size Steps
 FORGET_AFTER_STEPS = 1024  # a client with nothing queued and no Step in this many is forgotten
+REQUESTER_MEMORY_S = 60.0  # a request client's pace is kept this long after its latest request
 
 
 @dataclass(eq=False)
@@ -133,6 +139,18 @@ class Seat:
         return self.latest + pace + min(max(pace / 2, MIN_GRACE_S), MAX_GRACE_S) + step_s
 
 
+class _Requester(Seat):
+    """A request client's place: paced by its requests, from its second on (a single request
+    says nothing of when the next comes), waiting while one of its requests is not answered."""
+
+    def due_until(self, step_s: float) -> float:
+        return super().due_until(step_s) if self.intervals else float("-inf")
+
+    def forgotten(self, now: float) -> bool:
+        """Whether it has waited for nothing and sent nothing for REQUESTER_MEMORY_S."""
+        return not self.waits and self.latest is not None and now - self.latest > REQUESTER_MEMORY_S
+
+
 # What a Step's worker hands to `apply`: each rollout's work and its time in the queue (ms).
 Taken = list[tuple[Work, float]]
 Apply = Callable[[Taken], list["StepResult | Exception"]]
@@ -160,6 +178,7 @@ class StepQueue(Generic[Work]):
         self._held_by: Counter[Hashable] = Counter()  # queued jobs per client
         self._line: deque[object] = deque()  # streams' rollouts waiting for room, in order
         self._seats: set[Seat] = set()
+        self._requesters: dict[Hashable, _Requester] = {}  # request clients, while producing
         self._served: dict[Hashable, int] = {}  # client -> the latest Step taken with its job
         self._steps_taken = 0
         self._step_s = 0.0  # how long the latest Step took
@@ -202,6 +221,8 @@ class StepQueue(Generic[Work]):
             self._jobs.append(job)
             self._held += columns
             self._held_by[client] += 1
+            if job.request:
+                self._request_arrived(job)
             self._cond.notify_all()
         return job.future
 
@@ -255,10 +276,24 @@ class StepQueue(Generic[Work]):
         if not self._accepting:
             raise Unavailable("the server is draining and takes no new Steps")
 
+    def _request_arrived(self, job: _Job[Work]) -> None:
+        """Note a request's pace; its client waits until the request is answered."""
+        requester = self._requesters.get(job.client)
+        if requester is None:
+            requester = self._requesters[job.client] = _Requester(self, job.columns, job.enqueued)
+        requester.columns = job.columns
+        requester.arrived(job.enqueued, job.layout)
+        requester.waits += 1
+        job.future.add_done_callback(lambda _: self._seat_waits(requester, -1))
+
     def _producing(self, now: float) -> list[Seat]:
-        """The streams whose rollouts size a Step now: those whose next rollout is due, less
-        those far slower than their median."""
-        due = [seat for seat in self._seats if now <= seat.due_until(self._step_s)]
+        """The streams and request clients whose rollouts size a Step now: those whose next
+        rollout is due, less those far slower than their median. A request client that sent
+        nothing for REQUESTER_MEMORY_S is forgotten."""
+        self._requesters = {client: requester for client, requester in self._requesters.items()
+                            if not requester.forgotten(now)}  # fmt: skip
+        seats = [*self._seats, *self._requesters.values()]
+        due = [seat for seat in seats if now <= seat.due_until(self._step_s)]
         if len(due) < 2:
             return due
         median = statistics.median(seat.pace() for seat in due)
@@ -335,7 +370,8 @@ class StepQueue(Generic[Work]):
         first job's client was served longest ago (the earliest to arrive of those tied), and
         else when to look again."""
         producing = self._producing(now)
-        streamed = {seat.layout for seat in producing}  # requests of these join streams' Steps
+        # requests of these layouts join streams' Steps
+        streamed = {seat.layout for seat in producing if not isinstance(seat, _Requester)}
         wake, seen = float("inf"), set()
         chosen: tuple[int, list[_Job[Work]]] | None = None
         for head in self._jobs:
