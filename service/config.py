@@ -30,6 +30,7 @@ __all__ = [
     "TrainConfig",
     "documented_toml",
     "load_config",
+    "lobsim_job_sized",
     "setting_docs",
     "sized_for",
     "with_checkpoint_dir",
@@ -669,6 +670,19 @@ BACKEND_DEFAULTS: dict[str, dict[str, float]] = {
 # An in-process job's Steps where train.steps is 0 (job_sized). Not a trainer's setting: a
 # server left without train.steps runs with no end.
 JOB_STEPS: dict[str, int] = {"numpy": 100, "cuda": 200}
+# A fresh LobSim main job's own settings on each backend (`trident train`, not a resume: a run
+# goes on with its config.toml), where the command leaves them to it: at 0 (train.steps,
+# train.num_envs, optim.lr: these win over JOB_STEPS and BACKEND_DEFAULTS) or at the field's
+# default (train.rollout_len, ppo.gae_lambda; as envs.fit_to_env treats c51.v_min / v_max).
+# On NumPy the job has a 2-core machine's two minutes, a few million env steps: it learns
+# most from fewer markets with longer rollouts, a longer GAE horizon and a lower rate than a
+# server's or a Gymnasium job's defaults. The CUDA job is the backend's defaults as they are.
+# bench/README.md ("learning.py") has the sweep over seeds these come from.
+LOBSIM_JOB: dict[str, dict[str, float]] = {
+    "numpy": {"train.steps": 500, "train.num_envs": 128, "train.rollout_len": 64,
+              "optim.lr": 2e-3, "ppo.gae_lambda": 0.98},
+    "cuda": {},
+}  # fmt: skip
 
 
 def left_to_backend(cfg: Config) -> list[str]:
@@ -688,6 +702,17 @@ def job_sized(cfg: Config, backend: str) -> Config:
     always ends."""
     cfg = sized_for(cfg, backend)
     return cfg if cfg.train.steps else with_overrides(cfg, [f"train.steps={JOB_STEPS[backend]}"])
+
+
+def lobsim_job_sized(cfg: Config, backend: str) -> Config:
+    """`cfg` with each LOBSIM_JOB setting of `backend` it leaves to the job (at its field's
+    default) set to the job's value."""
+    defaults, picks = Config(), []
+    for key, value in LOBSIM_JOB[backend].items():
+        section, name = key.split(".")
+        if getattr(getattr(cfg, section), name) == getattr(getattr(defaults, section), name):
+            picks.append(f"{key}={value!r}")
+    return with_overrides(cfg, picks) if picks else cfg
 
 
 def with_overrides(cfg: Config, overrides: Sequence[str]) -> Config:

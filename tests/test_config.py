@@ -10,12 +10,14 @@ import pytest
 from service.config import (
     BACKEND_DEFAULTS,
     JOB_STEPS,
+    LOBSIM_JOB,
     Config,
     ConfigError,
     ModelConfig,
     job_sized,
     left_to_backend,
     load_config,
+    lobsim_job_sized,
     sized_for,
     with_overrides,
 )
@@ -430,6 +432,25 @@ def test_backend_defaults_fill_only_what_was_left_to_the_backend(
         assert sized_for(mine, backend) == mine  # idempotent
     envs_of = {backend: picks["train.num_envs"] for backend, picks in BACKEND_DEFAULTS.items()}
     assert int(envs_of["cuda"]) >= 10 * int(envs_of["numpy"])
+
+
+def test_the_lobsim_job_fills_only_what_was_left_to_it() -> None:
+    """A fresh main job's own settings (LOBSIM_JOB) where the command leaves them at their
+    defaults, before the backend's; a setting given otherwise is kept, and the CUDA job is the
+    backend's defaults as they are."""
+    assert LOBSIM_JOB["cuda"] == {}
+    assert lobsim_job_sized(load_config(env={}), "cuda") == load_config(env={})
+    job = job_sized(lobsim_job_sized(load_config(env={}), "numpy"), "numpy")
+    for key, value in LOBSIM_JOB["numpy"].items():
+        section, name = key.split(".")
+        assert getattr(getattr(job, section), name) == value, key
+    assert job.model.hidden_dim == BACKEND_DEFAULTS["numpy"]["model.hidden_dim"]
+    mine_sets = ["train.steps=7", "train.num_envs=16", "train.rollout_len=8", "optim.lr=0.0125",
+                 "ppo.gae_lambda=0.9"]  # fmt: skip
+    mine = load_config(env={}, overrides=mine_sets)
+    assert lobsim_job_sized(mine, "numpy") == mine
+    job = lobsim_job_sized(job, "numpy")
+    assert lobsim_job_sized(job, "numpy") == job  # idempotent
 
 
 def test_a_tensor_core_precision_on_numpy_is_refused_naming_the_setting() -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from service import logs
+from service.backend import resolve_name
 from service.backend.blas import single_blas_thread
 from service.checkpoint import (
     CheckpointInfo,
@@ -38,7 +39,7 @@ from service.checkpoint import (
     resumable,
     save_checkpoint,
 )
-from service.config import Config, LobsimConfig, with_overrides
+from service.config import Config, LobsimConfig, lobsim_job_sized, with_overrides
 from service.envs import LobSimVectorEnv
 from service.errors import InvalidInput
 from service.jobs import evaluate
@@ -82,7 +83,10 @@ def run_train_lobsim(
 ) -> int:
     """The main job into the run folder `run_dir`; `resume`: "latest" or a checkpoint name
     under checkpoint.dir, checked before anything is written; `tensorboard`: a directory for
-    TensorBoard events too."""
+    TensorBoard events too. A fresh run takes the settings it leaves to the job from
+    config.LOBSIM_JOB; a resumed one goes on with its own."""
+    if resume is None:
+        config = lobsim_job_sized(config, resolve_name(config.train.backend))
     trainer, folder, name = start_run(lobsim_model(config), run_dir, resume)
     with single_blas_thread(trainer.backend.name):
         return _train_lobsim(trainer, folder, write_checkpoint, name, tensorboard)
