@@ -5,7 +5,7 @@ packages (so `pip install .` installs Trident alone), and runs every shell and P
 that needs nothing outside the machine, ports and paths as written. It also checks what the
 first command promises: the main job's agent beats every baseline but the inventory-skew rule
 on held-out markets (measured: it beats all four on seeds 0-2, and ties or trails the skew
-rule, bench/README.md).
+rule, docs/benchmarks/learning.md).
 """
 
 from __future__ import annotations
@@ -102,16 +102,18 @@ def installed(venv: Path) -> bool:
     return (venv / "bin" / "trident").exists() and any(records)
 
 
-def test_the_tests_the_readme_names_exist() -> None:
-    """Every `tests/...py` file and `file.py::test_name` the README cites (its Reliability
-    section names one per guarantee) exists; a bare `test_x.py` is looked for under tests/."""
-    text = (ROOT / "README.md").read_text()
+def test_the_tests_the_readme_and_the_docs_name_exist() -> None:
+    """Every `tests/...py` file and `file.py::test_name` the README or a docs page cites (the
+    operations page's Reliability section names one per guarantee) exists; a bare `test_x.py`
+    is looked for under tests/."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    text = "\n".join(page.read_text() for page in pages if "_build" not in page.parts)
     cited = re.findall(r"`((?:tests/[\w/]+/)?test_\w+\.py)(?:::(\w+))?`", text)
     assert len(cited) >= 10, cited
     for path, name in cited:
         found = [ROOT / path] if "/" in path else sorted((ROOT / "tests").rglob(path))
         found = [candidate for candidate in found if candidate.is_file()]
-        assert found, f"README cites {path}, which does not exist"
+        assert found, f"the docs cite {path}, which does not exist"
         if name:
             assert re.search(rf"^def {name}\(", found[0].read_text(), re.M), f"{path}::{name}"
 
