@@ -6,9 +6,9 @@ episode ends, final observations of truncated episodes and, for LobSim, the perc
 and gets its actions back; the server assembles the time-major rollouts [T, N] and trains each
 as a keyed Step, side by side with other actors' rollouts in the learner's own Steps.
 `--env-groups G` splits the environments into G groups (Sample Factory's double buffering): one
-group steps while another's actions are in flight. The default is one group: on the H200 host
-12 LobSim actors trained 314k env steps/s with one and 224k with two (bench/README.md,
-served.py), their round trip being small beside the markets' step.
+group steps while another's actions are in flight. The default is one group: where the round trip
+is small beside the envs' step (LobSim's markets) there is little to overlap, and a second
+group costs the actor CPU for every env step.
 
 `--env lobsim` runs LobSim markets (the `lobsim` settings of --config / --set), `--env
 gymnasium:ID` runs `gymnasium.make_vec(ID, num_envs=N, vectorization_mode="sync")` for any env

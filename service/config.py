@@ -255,7 +255,7 @@ class ServerConfig(_Section):
     # extra wait to fill an Act batch (ms); 0 batches what queued during the previous forward
     act_max_wait_ms: float = _f(0.0, ge=0)
     # how long a thread keeps the GIL while another waits for it (ms; Python's own is 5): the
-    # gRPC handlers, the act batcher and the Step worker take turns sooner (bench/README.md)
+    # gRPC handlers, the act batcher and the Step worker take turns sooner
     gil_switch_interval_ms: float = _f(0.5, gt=0, le=1000)
     # client authentication to enforce, checked at start-up: 'auto' (what auth_token and
     # tls_client_ca turn on) or exactly 'none', 'token', 'mtls' or 'token+mtls' (TLS: tls_cert)
@@ -660,8 +660,8 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
 
 # What a setting left at 0 stands for on each backend: the main job trains in a few minutes on
 # a 2-core CPU, or takes tens of millions of env steps on one GPU, where a wider network costs
-# little time; each backend's learning rate is the best of its recorded sweep (bench/README.md,
-# "learning.py", has the sweeps these come from).
+# little time; each backend's learning rate is the best of its recorded sweep
+# (docs/benchmarks/learning.md has the sweeps these come from).
 BACKEND_DEFAULTS: dict[str, dict[str, float]] = {
     "numpy": {"train.num_envs": 256, "model.hidden_dim": 128, "optim.lr": 3e-3},
     "cuda": {"train.num_envs": 8192, "model.hidden_dim": 256, "optim.lr": 2e-3},

@@ -2,7 +2,7 @@
 protos/ at run time) runs a random walk through Interact and calls Act, Step, Checkpoint and
 Restore against a real server, exiting non-zero on anything the contract does not say.
 
-The server and the walk run as README.md's "From another language" block shows them, every
+The server and the walk run as README.md's "A client in another language" block shows them, every
 argument as written but the addresses (ports the OS picks), the checkpoint directory (this
 test's own) and the backend (the CPU suite's NumPy, GPU or not): no setting of the tests'
 small model, so the walk meets the defaults a reader meets (a C51 head that has not trained

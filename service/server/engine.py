@@ -67,7 +67,7 @@ from service.trainer.trainer import Trainer
 from service.types import ActMode, ActResult, Rollout, StepResult
 
 RATE_WINDOW_S = 60.0  # GetStatus's env steps per second: over the Steps of this long
-DIGEST_THREADS = 2  # keyed Steps hashed at once: ~0.7 GB/s of rollouts at 2.6M env steps/s
+DIGEST_THREADS = 2  # keyed Steps hashed at once, off the Step worker
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ class Engine:
             clock,
         )
         # Keyed Steps' content digests (Rollout.digest), hashed off the Step worker: sha256 lets
-        # the GIL go, so a Step of 131k rows costs the worker no wait for its ~30 ms of hashing.
+        # the GIL go, so a large Step costs the worker no wait for its hashing.
         self._digests = ThreadPoolExecutor(DIGEST_THREADS, thread_name_prefix="trident-digest")
         self._acts = ActBatcher(self._act_batch, server.act_max_batch, server.act_max_wait_ms / 1e3)
         # (start, end, env steps) of each Step that ended in the last RATE_WINDOW_S (the
