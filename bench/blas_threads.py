@@ -22,8 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import host_report
+from service.testing import host_report
 
 VARIANTS = ("default", "pinned")
 

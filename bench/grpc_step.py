@@ -40,13 +40,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import host_report
 import numpy as np
 from prometheus_client import CollectorRegistry
-
-sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' server harness
-from serverproc import ServerProcess
-from serverproc import scrape as scrape_samples
 
 from service import logs
 from service.api.tensors import decode, encode
@@ -57,6 +52,9 @@ from service.server.engine import Engine
 from service.server.metrics import Metrics
 from service.server.servicer import TrainerServicer
 from service.server.validation import rollout_from_request
+from service.testing import host_report
+from service.testing.serverproc import ServerProcess
+from service.testing.serverproc import scrape as scrape_samples
 from service.trainer.trainer import Trainer
 from service.types import ActMode, ActResult, Rollout
 

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import pytest
-from serverproc import ServerProcess, TlsFiles
 
 from service.config import Config, load_config
+from service.testing.serverproc import ServerProcess, TlsFiles
 from service.types import Rollout, StepResult
 
 if TYPE_CHECKING:

@@ -16,7 +16,6 @@ import gymnasium
 import numpy as np
 import pytest
 from conftest import free_port, running_server, wait_until
-from serverproc import ServerProcess, clean_env, trident_cli
 
 from service.actor import ActorError, DropLines, OutageLines, Rate, check_dims
 from service.api.trident.v1 import trainer_pb2 as pb
@@ -27,6 +26,7 @@ from service.config import Config, LobsimConfig, load_config
 from service.envs import GymnasiumVectorEnv, check_env_name, env_dims, make_gymnasium_env
 from service.errors import InvalidInput
 from service.lobsim.env import observation_dim
+from service.testing.serverproc import ServerProcess, clean_env, trident_cli
 from service.types import ActMode
 from service.vector_env import collect_rollout
 

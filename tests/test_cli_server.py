@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import SERVING, SMALL, running_server
 from pki import Pki, make_pki
-from serverproc import ServerProcess, clean_env, serve_command, trident_cli
+
+from service.testing.serverproc import ServerProcess, clean_env, serve_command, trident_cli
 
 TOKEN = "token-from-a-file-0123456789"
 

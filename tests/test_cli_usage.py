@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from serverproc import trident_cli
 
 from service.backend import cuda_available
 from service.cli import main
 from service.client.client import with_default_port
 from service.config import Config
+from service.testing.serverproc import trident_cli
 
 
 def help_text(capsys: pytest.CaptureFixture[str], *command: str) -> str:

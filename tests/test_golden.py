@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 from golden_record import PINNED_ARITHMETIC, arithmetic_pinnable
-from serverproc import clean_env
+
+from service.testing.serverproc import clean_env
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden" / "trainer_numpy.json"

@@ -10,11 +10,11 @@ import grpc
 import numpy as np
 import pytest
 from conftest import running_server, wait_until
-from serverproc import scrape, trident_cli, value
 
 from service.client.client import TridentClient
 from service.errors import InvalidInput
 from service.step_ledger import StepKey
+from service.testing.serverproc import scrape, trident_cli, value
 from service.unroll import GroupStep, Unroller
 from service.vector_env import EnvStep, collect_rollout
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from serverproc import clean_env
+from service.testing.serverproc import clean_env
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 from readme_shell import blocks
-from serverproc import ServerProcess
+
+from service.testing.serverproc import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT = ROOT / "clients/js"

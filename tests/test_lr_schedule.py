@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import random_rollout, running_server, small_config
-from serverproc import scrape, value
 
 from service.client.client import TridentClient
 from service.config import load_config
+from service.testing.serverproc import scrape, value
 from service.trainer.schedule import COOLDOWN, ended, learning_rate, schedule_next_step, where
 from service.trainer.trainer import Trainer
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 from conftest import running_server, small_config, wait_until
-from serverproc import scrape, value
 from test_interact import D, ScriptedEnv
 
 from service.client.client import TridentClient
 from service.client.interact import InteractOutcome, InteractStream
 from service.step_ledger import StepKey
+from service.testing.serverproc import scrape, value
 from service.trainer.trainer import Trainer
 from service.types import Rollout
 from service.unroll import GroupStep, Unroller

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 from readme_shell import Block, Session, blocks, tracked_files
-from serverproc import clean_env
+
+from service.testing.serverproc import clean_env
 
 ROOT = Path(__file__).resolve().parents[1]
 READMES = (ROOT / "README.md", ROOT / "deploy" / "README.md")

@@ -10,7 +10,8 @@ import pytest
 from conftest import running_server
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from serverproc import ServerProcess
+
+from service.testing.serverproc import ServerProcess
 
 V1 = "grpc.reflection.v1.ServerReflection"
 V1ALPHA = "grpc.reflection.v1alpha.ServerReflection"

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 from conftest import SERVING, SMALL, free_port, random_rollout, small_config
-from serverproc import ServerProcess, clean_env
 
 from service.checkpoint import list_checkpoints, load_policy, restore_checkpoint
 from service.client.client import TridentClient
+from service.testing.serverproc import ServerProcess, clean_env
 from service.trainer.trainer import Trainer
 
 

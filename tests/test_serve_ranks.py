@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import random_rollout, running_server, small_config
-from serverproc import trident_cli
 
 from service.checkpoint import load_policy, restore_checkpoint
 from service.client.client import TridentClient
+from service.testing.serverproc import trident_cli
 from service.trainer.trainer import Trainer
 from service.types import ActMode
 

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import SMALL
-from serverproc import clean_env
+
+from service.testing.serverproc import clean_env
 
 pytestmark = pytest.mark.slow
 

@@ -13,13 +13,13 @@ import grpc
 import numpy as np
 import pytest
 from conftest import fresh_seed, random_rollout, running_server, wait_until
-from serverproc import ServerProcess, scrape, value
 
 from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.client.client import TridentClient, step_request
 from service.client.resilient import ahead
+from service.testing.serverproc import ServerProcess, scrape, value
 from service.types import ActMode, Rollout
 
 Code = grpc.StatusCode

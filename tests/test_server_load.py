@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from conftest import random_rollout, running_server, small_config, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from serverproc import scrape, value
 
 from service.checkpoint import list_checkpoints, read_manifest, restore_checkpoint
 from service.client.client import TridentClient
+from service.testing.serverproc import scrape, value
 from service.trainer.trainer import Trainer
 from service.types import ActMode, Rollout
 

@@ -14,12 +14,12 @@ import pytest
 from conftest import random_rollout, running_server
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from serverproc import Samples, ServerProcess, scrape, trident_cli, value
 
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.client.client import TridentClient, step_request
 from service.server.step_log import SUMMARY_S, StepSummary
+from service.testing.serverproc import Samples, ServerProcess, scrape, trident_cli, value
 from service.types import ActMode, StepResult
 
 Code = grpc.StatusCode

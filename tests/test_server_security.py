@@ -13,11 +13,11 @@ import grpc
 import numpy as np
 import pytest
 from conftest import random_rollout, running_server
-from serverproc import ServerProcess, scrape, trident_cli, value
 
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.client.client import TridentClient
+from service.testing.serverproc import ServerProcess, scrape, trident_cli, value
 
 Code = grpc.StatusCode
 TOKEN = "secret"

@@ -4,7 +4,8 @@
 `--set`) on ports picked by the OS, waits for its `"event": "serving"` log line and keeps reading
 its stderr, so the pipe never fills; as a context manager it is stopped on exit (SIGTERM, then
 SIGKILL after a timeout). Tests start it through `conftest.running_server`, which adds the tests'
-small model; the benches put `tests/` on `sys.path` and call `ServerProcess.start` themselves.
+small model; the benches import it (`service.testing.serverproc`) and call `ServerProcess.start`
+themselves.
 """
 
 from __future__ import annotations

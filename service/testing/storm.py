@@ -1,6 +1,7 @@
-"""A storm of abusive Interact clients, as a process of its own (`python tests/storm.py TARGET
-COUNT [OBS_DIM ENVS]`): the storm tests' and the benches' one way to make one. Each client's
-stream declares ENVS environments (4) of OBS_DIM observations (6: the tests' small model).
+"""A storm of abusive Interact clients, as a process of its own (`python -m service.testing.storm
+TARGET COUNT [OBS_DIM ENVS]`, `command` builds it): the storm tests' and the benches' one way
+to make one. Each client's stream declares ENVS environments (4) of OBS_DIM observations (6:
+the tests' small model).
 
 Each client has a channel (a connection) of its own and opens an Interact stream; by `i % 3`:
 - "half": sends its InteractStart and half a rollout of env steps, never reads a reply, and
@@ -23,8 +24,6 @@ import sys
 
 import grpc
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb
@@ -85,6 +84,12 @@ async def storm(target: str, count: int, obs_dim: int = OBS_DIM, envs: int = ENV
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until stdin closes
     os._exit(0)  # vanish: no stream closed, no GOAWAY
 
+
+
+def command(target: str, count: int, *sizes: int) -> list[str]:
+    """The command line of a storm process: `count` clients against `target`, and optionally
+    OBS_DIM and ENVS."""
+    return [sys.executable, "-m", "service.testing.storm", target, str(count), *map(str, sizes)]
 
 if __name__ == "__main__":
     asyncio.run(storm(sys.argv[1], *map(int, sys.argv[2:5])))
