@@ -1,4 +1,5 @@
-"""Sphinx configuration of Trident's reference site (`make docs`; tests/test_docs.py builds it).
+"""Sphinx configuration of Trident's reference site (`make docs`; tests/project/test_docs.py
+builds it).
 
 Why Sphinx with MyST rather than MkDocs: Sphinx is kept by an active team with regular releases
 (MkDocs' core has had none since 1.6.1), and `-W -n` fails the build on any warning, a broken

@@ -14,7 +14,7 @@ from service.checkpoint import list_checkpoints
 from service.config import LobsimConfig
 from service.jobs import evaluate
 from service.lobsim.env import LobSim
-from tests.test_cli import trident
+from tests.cli.test_cli import trident
 
 SMALL_TOML = (
     '[model]\nhidden_dim = 32\n[train]\nbackend = "numpy"\nsteps = 2\nlog_every = 2\n'

@@ -1,5 +1,6 @@
 """The main job on the CPU: its run folder, its learning curve, its lr schedule. That the
-default job beats the baselines is checked where the README runs it (tests/test_readme.py)."""
+default job beats the baselines is checked where the README runs it
+(tests/project/test_readme.py)."""
 
 from __future__ import annotations
 

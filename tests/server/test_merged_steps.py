@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 from conftest import running_server, small_config, wait_until
-from test_interact import D, ScriptedEnv
 
 from service.client.client import TridentClient
 from service.client.interact import InteractOutcome, InteractStream
@@ -22,6 +21,7 @@ from service.trainer.trainer import Trainer
 from service.types import Rollout
 from service.unroll import GroupStep, Unroller
 from service.vector_env import EnvStep
+from tests.server.test_interact import D, ScriptedEnv
 
 T, N = 4, 3
 WAIT_S = 30.0  # for a condition that holds within a Step or two on any machine

@@ -18,7 +18,7 @@ from golden_record import PINNED_ARITHMETIC, arithmetic_pinnable
 
 from service.testing.serverproc import clean_env
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/: the record and its script
 GOLDEN = HERE / "golden" / "trainer_numpy.json"
 
 

@@ -23,8 +23,8 @@ import pytest
 from service.backend.cuda import loader
 from service.backend.philox import below, philox4x32, uniform01
 
-KERNELS = Path(__file__).resolve().parents[1] / "kernels"
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+KERNELS = Path(__file__).resolve().parents[2] / "kernels"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 CU_FILES = sorted(p.name for p in KERNELS.glob("*.cu"))
 CU_PATHS = sorted([*KERNELS.glob("*.cu"), *(BENCH / "kernels").glob("*.cu")])  # bench's too
 SOURCES = sorted([*CU_PATHS, *KERNELS.glob("*.cuh")])

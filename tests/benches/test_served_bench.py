@@ -23,7 +23,7 @@ from service.testing.serverproc import clean_env
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LOADS = ("loadgen", "cartpole")
 ACTORS = (1, 2)
 # The small model's settings but its obs_dim: each load sets the shape its env needs. Steps of

@@ -21,7 +21,7 @@ from readme_shell import blocks
 
 from service.testing.serverproc import ServerProcess
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLIENT = ROOT / "clients/js"
 NPM_CACHE = ROOT / ".ci/npm-cache"  # ignored, like .ci/node: kept between runs
 PLACES = {"--port", "--metrics-port", "--checkpoint-dir"}  # the harness picks these

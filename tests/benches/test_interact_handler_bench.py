@@ -11,7 +11,7 @@ from pathlib import Path
 
 from service.testing.serverproc import clean_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_handler_bench_answers_every_request(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-TRAINER = Path(__file__).resolve().parents[1] / "service" / "trainer"
+TRAINER = Path(__file__).resolve().parents[2] / "service" / "trainer"
 # Device plumbing the backend's executor owns, as code spells it: CuPy, CUDA calls, tests of
 # which backend runs, streams, events and graph capture.
 DEVICE_PLUMBING = re.compile(

@@ -11,7 +11,7 @@ import pytest
 
 from service.api.trident.v1 import trainer_pb2 as pb
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STUBS = ("trainer_pb2.py", "trainer_pb2.pyi", "trainer_pb2_grpc.py")
 
 

@@ -24,7 +24,7 @@ from readme_shell import Block, Session, blocks, tracked_files
 
 from service.testing.serverproc import clean_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 READMES = (ROOT / "README.md", ROOT / "deploy" / "README.md")
 # Commands a README shows that this test does not run, each with why.
 NOT_RUN = {

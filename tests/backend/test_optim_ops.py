@@ -1,5 +1,5 @@
 """Optimizer-side ops: AdamW against torch.optim.AdamW, the ok guard, target refresh and
-the finiteness check (the op set itself: tests/test_opset.py).
+the finiteness check (the op set itself: tests/backend/test_opset.py).
 
 Random inputs are fresh each run; the seed is printed (shown on failure) and can be pinned
 with TRIDENT_TEST_SEED=<seed>.

@@ -43,7 +43,7 @@ from service.step_ledger import StepKey, StepLedger
 from service.trainer.trainer import HOT_KEYS, Trainer
 from service.types import ActMode, StepResult
 
-WRITER = Path(__file__).with_name("checkpoint_writer.py")
+WRITER = Path(__file__).resolve().parents[1] / "checkpoint_writer.py"
 FILES = [
     "config.json",
     "counters.safetensors",
@@ -611,7 +611,7 @@ def test_listing_ignores_temporaries_and_garbage(tmp_path: Path, config: Config,
 
 
 # ------------------------------------------------------------------------------ formats
-FIXTURES = Path(__file__).with_name("fixtures") / "checkpoints"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoints"
 FIXTURE_SETTINGS = ("replay.capacity=64", "train.seed=7")  # tests/fixtures/checkpoints/README.md
 
 

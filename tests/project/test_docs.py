@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from readme_shell import blocks
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 README_MAX_LINES = 250
 # A result says how to make it again: these four fields, on a page's list, each.
@@ -78,7 +78,8 @@ def test_the_readme_is_a_front_door_that_links_into_the_docs() -> None:
 
 def test_the_pages_commands_are_the_readmes_which_run_in_ci() -> None:
     """A reference page names commands inline and leaves runnable blocks to the README's tour,
-    which tests/test_readme.py runs; the benchmark pages' blocks are the scripts' own, long."""
+    which tests/project/test_readme.py runs; the benchmark pages' blocks are the scripts' own,
+    long."""
     pages = sorted(DOCS.glob("*.md"))
     assert len(pages) >= 8, pages
     runnable = {page.name: len(blocks(page)) for page in pages if blocks(page)}
