@@ -23,7 +23,8 @@ from service.api.messages import to_plain
 from service.cli.parser import SERVE_FLAGS, build_parser
 from service.client.client import DEFAULT_PORT, TridentClient, answered, channel_credentials
 from service.client.observations import load_observations
-from service.config import Config, ConfigError, documented_toml, load_config
+from service.config import Config, ConfigError, load_config
+from service.config_docs import documented_toml
 from service.envs import GYMNASIUM, check_env_name, fit_to_env
 from service.errors import TridentError
 from service.jobs import evaluate

@@ -196,7 +196,8 @@ def test_config_lists_every_setting_with_its_default_and_doc(
 ) -> None:
     """`trident config` is TOML that reads back to the defaults, every setting under its doc;
     with --set, the value set and the default beside it; never the auth token."""
-    from service.config import Config, load_config, setting_docs
+    from service.config import Config, load_config
+    from service.config_docs import setting_docs
 
     assert main(["config"]) == 0
     printed = capsys.readouterr().out
