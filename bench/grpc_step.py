@@ -46,7 +46,7 @@ from prometheus_client import CollectorRegistry
 from service import logs
 from service.api.tensors import decode, encode
 from service.api.trident.v1 import trainer_pb2 as pb
-from service.client.client import StepReply, TridentClient, step_request
+from service.client.client import StepReply, TridentClient, step_reply, step_request
 from service.config import Config, ServerConfig, load_config, with_overrides
 from service.server.engine import Engine
 from service.server.metrics import Metrics
@@ -213,7 +213,7 @@ class Direct:
 
     def step(self, rollout: Rollout) -> StepReply:
         reply = self.servicer.Step(step_request(rollout), self.context)  # type: ignore[arg-type]
-        return StepReply.from_message(reply)
+        return step_reply(reply)
 
     def act(self, obs: np.ndarray) -> ActResult:
         request = pb.ActRequest(obs=encode(np.asarray(obs, "<f4")), mode=pb.ACT_MODE_SAMPLE)
