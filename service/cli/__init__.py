@@ -2,7 +2,7 @@
 
 `trident train` runs the main job in-process; `trident serve` runs the gRPC trainer service;
 `status`, `act`, `checkpoint` and `health` talk to a running server; `trident actor` runs
-environments that a running server trains on (service/actor.py); `trident config` prints every
+environments that a running server trains on (service/actor/); `trident config` prints every
 setting with its default and doc.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from service.actor import run_actor
+from service.actor import ActorOptions, run_actor
 from service.api.messages import to_plain
 from service.cli.parser import SERVE_FLAGS, build_parser
 from service.client.client import DEFAULT_PORT, TridentClient, answered, channel_credentials
@@ -420,10 +420,7 @@ def _ago(seconds: float) -> str:
 
 def run_actor_command(args: argparse.Namespace, client: TridentClient) -> int:
     lobsim = load_config(args.config, overrides=args.overrides).lobsim
-    return run_actor(
-        client,
-        args.env,
-        lobsim,
+    options = ActorOptions(
         num_envs=args.num_envs,
         steps=args.steps,
         rollout_len=args.rollout_len,
@@ -435,6 +432,7 @@ def run_actor_command(args: argparse.Namespace, client: TridentClient) -> int:
         synchronous=args.synchronous,
         wait_checkpoint=args.wait_checkpoint,
     )
+    return run_actor(client, args.env, lobsim, options)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
