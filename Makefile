@@ -36,7 +36,8 @@ lock:
 	$(LOCK) --extra cuda -o deploy/requirements-cuda.lock
 
 # The reference site (docs/, Sphinx + MyST) into DOCS_OUT, every warning an error (-W), broken
-# cross-references included (-n); tests/project/test_docs.py runs this target. `pip install '.[docs]'`.
+# cross-references included (-n); tests/project/test_docs.py runs this recipe as written.
+# `pip install '.[docs]'`.
 DOCS_OUT ?= docs/_build/html
 docs:
 	python3 -m sphinx -W --keep-going -n -q -b html docs $(DOCS_OUT)
