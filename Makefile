@@ -1,8 +1,8 @@
-# Long-running checks; each documents itself in bench/README.md and records its last result in
-# bench/results/. PYTHONPATH: the scripts import `service` from this checkout, installed or not.
+# Long-running checks; each documents itself in its page under docs/benchmarks/ and records its
+# last result in bench/results/. PYTHONPATH: the scripts import `service` from this checkout, installed or not.
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: soak crash long lock served
+.PHONY: soak crash long lock served docs
 
 # 16 actors train one server for 10 minutes (NumPy backend): errors, Step accounting, RSS drift,
 # promtool on the scrape; writes bench/results/soak.json, exits 1 if a criterion fails.
@@ -11,7 +11,7 @@ soak:
 
 # The served path: one trident serve and K = 1, 3, 6, 12 actor processes (LobSim, CartPole, a
 # no-env load generator over Interact); env steps/s trained, Act latency, CPU, GPU busy
-# (bench/README.md); writes bench/results/served.json. On a GPU host: SERVED_SET=--set
+# (docs/benchmarks/served.md); writes bench/results/served.json. On a GPU host: SERVED_SET=--set
 # train.backend=cuda.
 served:
 	python3 bench/served.py $(SERVED_SET)
@@ -34,3 +34,10 @@ LOCK = uv pip compile pyproject.toml --generate-hashes --python-version 3.12 \
 lock:
 	$(LOCK) -o deploy/requirements-cpu.lock
 	$(LOCK) --extra cuda -o deploy/requirements-cuda.lock
+
+# The reference site (docs/, Sphinx + MyST) into DOCS_OUT, every warning an error (-W), broken
+# cross-references included (-n); tests/project/test_docs.py runs this recipe as written.
+# `pip install '.[docs]'`.
+DOCS_OUT ?= docs/_build/html
+docs:
+	python3 -m sphinx -W --keep-going -n -q -b html docs $(DOCS_OUT)

@@ -22,8 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import host_report
+from service.testing import host_report
 
 VARIANTS = ("default", "pinned")
 
@@ -31,7 +30,8 @@ VARIANTS = ("default", "pinned")
 def child(variant: str, steps: int) -> dict:
     """One variant in this process: seconds for `steps` Steps after a warm-up Step."""
     from service.backend.blas import blas_thread_counts, single_blas_thread
-    from service.config import load_config, sized_for
+    from service.config import load_config
+    from service.config_sizes import sized_for
     from service.jobs.train import lobsim_model, make_stepper
     from service.trainer.trainer import Trainer
 

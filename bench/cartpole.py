@@ -6,7 +6,7 @@ The dynamics are Gymnasium's (`gymnasium/envs/classic_control/cartpole.py`, Eule
 float64 state, float32 observations, reward 1 per step, terminated past ±2.4 m or ±12°,
 truncated at 500 steps like CartPole-v1's TimeLimit) with same-step autoreset: an env that ends
 is reset within the step, `info["final_obs"]` holds the observation it ended on and
-`info["episode_return"]` the return of the episode that ended. tests/test_cartpole_bench.py
+`info["episode_return"]` the return of the episode that ended. tests/benches/test_cartpole_bench.py
 steps it beside Gymnasium's own env from the same states.
 """
 

@@ -50,7 +50,7 @@ ENV_VARS = (
     "MKL_NUM_THREADS",
     "GOMP_SPINCOUNT",
     "MALLOC_MMAP_THRESHOLD_",  # glibc malloc knobs: they decide the page-fault cost of
-    "MALLOC_TRIM_THRESHOLD_",  # NumPy's large temporaries (see bench/README.md)
+    "MALLOC_TRIM_THRESHOLD_",  # NumPy's large temporaries (see docs/benchmarks/cpu_step.md)
     "MALLOC_TOP_PAD_",
     "GLIBC_TUNABLES",
 )

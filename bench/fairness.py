@@ -9,7 +9,7 @@ train.num_envs and rollout_len; or --num-envs, --rollout-len). After --warmup s,
 window of --window s with the actors alone; then the mix's other clients join (or act) and,
 --settle s later, a second window of --window s:
 
-- idle: a storm (tests/storm.py) of --idle-streams Interact streams of --idle-envs
+- idle: a storm (service/testing/storm.py) of --idle-streams Interact streams of --idle-envs
   environments each: a third send half a rollout and fall silent, never reading; a third send
   half a rollout and drop their connection; a third send nothing;
 - paused: actor 0 is stopped (SIGSTOP) through the window, then goes on (SIGCONT);
@@ -46,16 +46,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # served, host_report
-import host_report
 import served
 from served import LOADS, LoadProcess, child_env, spawn, stop
-from serverproc import ServerProcess, scrape
 
 from service.client.client import TridentClient
+from service.testing import host_report
+from service.testing.serverproc import ServerProcess, scrape
+from service.testing.storm import command as storm_command
 
-STORM = Path(__file__).resolve().parents[1] / "tests" / "storm.py"
 HEADER = re.compile(r"runs (?P<N>\d+) .*, rollouts of (?P<T>\d+) steps .* \| actor id (?P<id>\S+)")
 MIXES = ("idle", "paused", "slow", "unary", "restores", "gpu")
 CPU_MIXES = MIXES[:5]
@@ -195,8 +193,7 @@ def start_storm(mix: Mix) -> None:
     with TridentClient(mix.server.target) as client:
         obs_dim = json.loads(client.status().config_json)["model"]["obs_dim"]
     mix.storm = subprocess.Popen(
-        [sys.executable, str(STORM), mix.server.target, str(mix.args.idle_streams),
-         str(obs_dim), str(mix.args.idle_envs)],
+        storm_command(mix.server.target, mix.args.idle_streams, obs_dim, mix.args.idle_envs),
         env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     said = json.loads(mix.storm.stdout.readline())  # type: ignore[union-attr]

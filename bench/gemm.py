@@ -23,8 +23,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-import host_report
 import numpy as np
+
+from service.testing import host_report
 
 D, H, AZ = 40, 256, 9 * 51
 

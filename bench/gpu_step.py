@@ -76,9 +76,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import host_report
 import numpy as np
 from torch_update import TorchUpdate, make_torch_update
+
+from service.testing import host_report
 
 D, H, DEPTH, A, Z, K = 40, 256, 2, 9, 51, 3
 DEFAULT_SIZES = (256, 1024, 4096, 16384)

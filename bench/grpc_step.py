@@ -40,23 +40,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import host_report
 import numpy as np
 from prometheus_client import CollectorRegistry
-
-sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' server harness
-from serverproc import ServerProcess
-from serverproc import scrape as scrape_samples
 
 from service import logs
 from service.api.tensors import decode, encode
 from service.api.trident.v1 import trainer_pb2 as pb
-from service.client.client import StepReply, TridentClient, step_request
+from service.client.client import StepReply, TridentClient, step_reply, step_request
 from service.config import Config, ServerConfig, load_config, with_overrides
 from service.server.engine import Engine
 from service.server.metrics import Metrics
 from service.server.servicer import TrainerServicer
 from service.server.validation import rollout_from_request
+from service.testing import host_report
+from service.testing.serverproc import ServerProcess
+from service.testing.serverproc import scrape as scrape_samples
 from service.trainer.trainer import Trainer
 from service.types import ActMode, ActResult, Rollout
 
@@ -215,7 +213,7 @@ class Direct:
 
     def step(self, rollout: Rollout) -> StepReply:
         reply = self.servicer.Step(step_request(rollout), self.context)  # type: ignore[arg-type]
-        return StepReply.from_message(reply)
+        return step_reply(reply)
 
     def act(self, obs: np.ndarray) -> ActResult:
         request = pb.ActRequest(obs=encode(np.asarray(obs, "<f4")), mode=pb.ACT_MODE_SAMPLE)

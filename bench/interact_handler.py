@@ -23,7 +23,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import host_report
 import numpy as np
 from grpc_step import DirectContext  # the servicer's context, without gRPC
 from prometheus_client import CollectorRegistry
@@ -35,6 +34,7 @@ from service.lobsim.env import LABEL_DIM
 from service.server.engine import Engine
 from service.server.metrics import Metrics
 from service.server.servicer import TrainerServicer, method_handlers
+from service.testing import host_report
 from service.trainer.trainer import Trainer
 from service.vector_env import EnvStep
 

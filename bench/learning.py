@@ -46,18 +46,16 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' server harness
-import host_report
-from serverproc import ServerProcess
-
 from service.actor import GROUP_SEED_STRIDE, StreamActor, group_sizes
 from service.backend import resolve_name
 from service.client.client import TridentClient
 from service.client.resilient import ResilientLink
-from service.config import job_sized, load_config
+from service.config import load_config
+from service.config_sizes import job_sized
 from service.envs import HOST_NUM_ENVS, GymnasiumVectorEnv, LobSimVectorEnv, make_gymnasium_env
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
+from service.testing import host_report
+from service.testing.serverproc import ServerProcess
 from service.types import ActMode
 from service.vector_env import collect_rollout
 

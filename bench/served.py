@@ -58,16 +58,13 @@ from typing import Any
 import grpc
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # host_report, also as bench.served
-sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' server harness
-import host_report
-from serverproc import Samples, ServerProcess, clean_env, die_with_parent, scrape
-
 from service.actor import HEADER
 from service.client.client import TridentClient
 from service.config import LobsimConfig
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
 from service.step_ledger import StepKey
+from service.testing import host_report
+from service.testing.serverproc import Samples, ServerProcess, clean_env, die_with_parent, scrape
 from service.types import ActMode, ActResult
 from service.vector_env import EnvStep, collect_rollout
 

@@ -25,11 +25,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import host_report
 import numpy as np
 
 from service.config import LobsimConfig, load_config
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
+from service.testing import host_report
 from service.trainer.trainer import Trainer
 from service.types import ActMode, Rollout
 

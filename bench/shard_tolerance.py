@@ -19,18 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from conftest import nudged, random_rollout, small_config
-from gpu.test_sharding_cuda import SHARDS
-from gpu.test_trainer_cuda import GPU_SIZES
-
+from service.testing.models import GPU_SIZES, SHARDS, nudged, random_rollout, small_config
 from service.trainer.trainer import Trainer
 
 

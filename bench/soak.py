@@ -52,13 +52,10 @@ from typing import IO, Any
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # host_report, also as bench.soak
-sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' server harness
-import host_report
-from serverproc import ServerProcess, clean_env, die_with_parent
-
 from service.config import LobsimConfig
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, observation_dim
+from service.testing import host_report
+from service.testing.serverproc import ServerProcess, clean_env, die_with_parent
 
 TEN_MINUTES_S = 600.0
 PEAK_BIN_S = 3.0  # the RSS line has a point every such span (rss_drift)

@@ -29,13 +29,11 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' server harness
-from serverproc import ServerProcess, clean_env, scrape, value
-
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
+from service.testing.serverproc import ServerProcess, clean_env, scrape, value
+from service.testing.storm import command as storm_command
 
-STORM = Path(__file__).resolve().parents[1] / "tests" / "storm.py"
 SMALL = ("train.backend=numpy", "model.obs_dim=6", "model.hidden_dim=16")
 
 
@@ -62,7 +60,7 @@ def settled_rss(server: ServerProcess) -> float:
 
 
 def one_storm(server: ServerProcess, clients: int) -> dict:
-    storm = subprocess.Popen([sys.executable, str(STORM), server.target, str(clients)],
+    storm = subprocess.Popen(storm_command(server.target, clients),
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                              env=clean_env())  # fmt: skip
     answers = {"health": {}, "status": {}}

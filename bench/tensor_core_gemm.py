@@ -2,7 +2,7 @@
 accuracy (3xTF32), the encoder's epilogues fused, for bench/gemm.py.
 
 The product does not use it: bench/gemm.py measured it slower than cuBLAS SGEMM at the
-update's K = 256 products, and the update on it slower than on cuBLAS (bench/README.md). It
+update's K = 256 products, and the update on it slower than on cuBLAS (docs/benchmarks/gemm.md). It
 compiles with the product's NVRTC options (`loader.COMPILE_OPTIONS`: IEEE arithmetic, no
 contraction) and the product's kernel directory on the include path (`common.cuh`).
 """

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate the Python stubs of protos/trident/v1/*.proto into service/api/trident/v1/.
 # Pinned generator (see pyproject's `test` extra): its stubs need grpcio >= 1.84 and
-# protobuf >= 7.35 at run time, which the GPU hosts have too. tests/test_protos.py fails when
+# protobuf >= 7.35 at run time, which the GPU hosts have too. tests/server/test_protos.py fails when
 # the checked-in stubs differ from what this script writes.
 # The files are compiled from protos/, so each registers (and reflection serves) the name a
 # client in any language imports, trident/v1/trainer.proto; the stubs live in the package

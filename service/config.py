@@ -1,6 +1,6 @@
 """Typed Trident configuration.
 
-Layering, lowest to highest precedence: dataclass defaults < TOML file <
+Layering, lowest to highest precedence: dataclass defaults < a job's own settings < TOML file <
 environment ``TRIDENT_<SECTION>__<KEY>`` < ``--set section.key=value`` overrides.
 Each field declares its constraint once, next to it (``_f(default, ge=..., choices=...)``);
 every section validates itself on construction, so invalid configs cannot exist.
@@ -26,13 +26,8 @@ __all__ = [
     "PPOConfig",
     "ReplayConfig",
     "ServerConfig",
-    "SettingDoc",
     "TrainConfig",
-    "documented_toml",
     "load_config",
-    "lobsim_job_sized",
-    "setting_docs",
-    "sized_for",
     "with_checkpoint_dir",
     "with_overrides",
 ]
@@ -256,7 +251,7 @@ class ServerConfig(_Section):
     # extra wait to fill an Act batch (ms); 0 batches what queued during the previous forward
     act_max_wait_ms: float = _f(0.0, ge=0)
     # how long a thread keeps the GIL while another waits for it (ms; Python's own is 5): the
-    # gRPC handlers, the act batcher and the Step worker take turns sooner (bench/README.md)
+    # gRPC handlers, the act batcher and the Step worker take turns sooner
     gil_switch_interval_ms: float = _f(0.5, gt=0, le=1000)
     # client authentication to enforce, checked at start-up: 'auto' (what auth_token and
     # tls_client_ca turn on) or exactly 'none', 'token', 'mtls' or 'token+mtls' (TLS: tls_cert)
@@ -647,10 +642,13 @@ def _build(raw: Mapping[str, Mapping[str, Any]]) -> Config:
 
 def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None,
                 overrides: Sequence[str] = (),
-                flags: Mapping[str, tuple[str, str]] | None = None) -> Config:
-    """Defaults < TOML file at ``path`` < ``env`` (default os.environ) < ``overrides`` (``--set``)
-    < ``flags``: options that stand for one setting, ``{"--port": ("server.port", "70000")}``."""
+                flags: Mapping[str, tuple[str, str]] | None = None,
+                base: Sequence[str] = ()) -> Config:
+    """Defaults < ``base`` (a job's own ``section.key=value`` settings) < TOML file at ``path``
+    < ``env`` (default os.environ) < ``overrides`` (``--set``) < ``flags``: options that stand
+    for one setting, ``{"--port": ("server.port", "70000")}``."""
     raw: dict[str, dict[str, Any]] = {}
+    _merge_overrides(raw, base)
     if path is not None:
         _merge_tables(raw, _read_toml(path), source=f"config file {os.fspath(path)}")
     _merge_env(raw, os.environ if env is None else env)
@@ -659,157 +657,8 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
     return _build(raw)
 
 
-# What a setting left at 0 stands for on each backend: the main job trains in a few minutes on
-# a 2-core CPU, or takes tens of millions of env steps on one GPU, where a wider network costs
-# little time; each backend's learning rate is the best of its recorded sweep (bench/README.md,
-# "learning.py", has the sweeps these come from).
-BACKEND_DEFAULTS: dict[str, dict[str, float]] = {
-    "numpy": {"train.num_envs": 256, "model.hidden_dim": 128, "optim.lr": 3e-3},
-    "cuda": {"train.num_envs": 8192, "model.hidden_dim": 256, "optim.lr": 2e-3},
-}
-# An in-process job's Steps where train.steps is 0 (job_sized). Not a trainer's setting: a
-# server left without train.steps runs with no end.
-JOB_STEPS: dict[str, int] = {"numpy": 100, "cuda": 200}
-# A fresh LobSim main job's own settings on each backend (`trident train`, not a resume: a run
-# goes on with its config.toml), where the command leaves them to it: at 0 (train.steps,
-# train.num_envs, optim.lr: these win over JOB_STEPS and BACKEND_DEFAULTS) or at the field's
-# default (train.rollout_len, ppo.gae_lambda; as envs.fit_to_env treats c51.v_min / v_max).
-# On NumPy the job has a 2-core machine's two minutes, a few million env steps: it learns
-# most from fewer markets with longer rollouts, a longer GAE horizon and a lower rate than a
-# server's or a Gymnasium job's defaults. The CUDA job is the backend's defaults as they are.
-# bench/README.md ("learning.py") has the sweep over seeds these come from.
-LOBSIM_JOB: dict[str, dict[str, float]] = {
-    "numpy": {"train.steps": 500, "train.num_envs": 128, "train.rollout_len": 64,
-              "optim.lr": 2e-3, "ppo.gae_lambda": 0.98},
-    "cuda": {},
-}  # fmt: skip
-
-
-def left_to_backend(cfg: Config) -> list[str]:
-    """The BACKEND_DEFAULTS settings `cfg` leaves at 0 (a trainer's config has none)."""
-    sections = (key.split(".") for key in BACKEND_DEFAULTS["numpy"])
-    return [f"{s}.{k}" for s, k in sections if getattr(getattr(cfg, s), k) == 0]
-
-
-def sized_for(cfg: Config, backend: str) -> Config:
-    """`cfg` with each BACKEND_DEFAULTS setting still at 0 set to `backend`'s value."""
-    picks = [f"{key}={BACKEND_DEFAULTS[backend][key]!r}" for key in left_to_backend(cfg)]
-    return with_overrides(cfg, picks) if picks else cfg
-
-
-def job_sized(cfg: Config, backend: str) -> Config:
-    """`sized_for`, and an in-process job's train.steps left at 0 set to JOB_STEPS: a job
-    always ends."""
-    cfg = sized_for(cfg, backend)
-    return cfg if cfg.train.steps else with_overrides(cfg, [f"train.steps={JOB_STEPS[backend]}"])
-
-
-def lobsim_job_sized(cfg: Config, backend: str) -> Config:
-    """`cfg` with each LOBSIM_JOB setting of `backend` it leaves to the job (at its field's
-    default) set to the job's value."""
-    defaults, picks = Config(), []
-    for key, value in LOBSIM_JOB[backend].items():
-        section, name = key.split(".")
-        if getattr(getattr(cfg, section), name) == getattr(getattr(defaults, section), name):
-            picks.append(f"{key}={value!r}")
-    return with_overrides(cfg, picks) if picks else cfg
-
-
 def with_overrides(cfg: Config, overrides: Sequence[str]) -> Config:
     """A copy of ``cfg`` with ``section.key=value`` overrides applied and re-validated."""
     raw = cfg.to_dict()
     _merge_overrides(raw, overrides)
     return _build(raw)
-
-
-# ------------------------------------------------------------------ every setting, documented
-@dataclass(frozen=True)
-class SettingDoc:
-    """One setting as `trident config` lists it: its default, what it allows and its doc (the
-    comment beside the field, or the comment lines just above it)."""
-
-    section: str
-    key: str
-    type: str
-    default: Any
-    allowed: str  # "" where any value of the type is
-    help: str
-
-
-def _field_comments(cls: type) -> dict[str, str]:
-    """Each field of `cls` -> its comment in the source: the one on its line, else the block
-    of comment lines directly above it; {} where the source cannot be read (a frozen app)."""
-    import ast
-    import inspect
-    import io
-    import textwrap
-    import tokenize
-
-    try:
-        source = textwrap.dedent(inspect.getsource(cls))
-    except (OSError, TypeError):
-        return {}
-    comments: dict[int, tuple[str, bool]] = {}  # line -> (text, whole line)
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type == tokenize.COMMENT:
-            text = token.string.lstrip("#").strip().removesuffix("fmt: skip").strip()
-            comments[token.start[0]] = (text, token.line[: token.start[1]].strip() == "")
-    lines = source.splitlines()
-    docs = {}
-    for node in ast.parse(source).body[0].body:  # type: ignore[attr-defined]
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-            continue
-        line = node.lineno
-        text, whole = comments.get(node.end_lineno or line, ("", True))
-        if not text or whole:
-            above = []
-            while line - 1 in comments and comments[line - 1][1] and lines[line - 2].strip():
-                line -= 1
-                above.insert(0, comments[line][0])
-            text = " ".join(above)
-        docs[node.target.id] = text
-    return docs
-
-
-def setting_docs() -> list[SettingDoc]:
-    """Every setting of every section, in the order the config declares them."""
-    docs = []
-    for section, cls in _SECTIONS.items():
-        comments = _field_comments(cls)
-        for f in fields(cls):
-            rule: _Rule | None = f.metadata.get("rule")
-            allowed = rule.describe() if rule is not None else ""
-            typ = f.type if isinstance(f.type, str) else f.type.__name__
-            docs.append(SettingDoc(section, f.name, typ, f.default, allowed,
-                                   comments.get(f.name, "")))  # fmt: skip
-    return docs
-
-
-def documented_toml(cfg: Config | None = None, width: int = 100) -> str:
-    """Every setting as TOML, each under its doc and what it allows, wrapped to `width`: the
-    defaults, or `cfg`'s values with the default beside each that differs. server.auth_token
-    is never shown (a secret): set, it stays commented out."""
-    import textwrap
-
-    current = (cfg or Config()).to_dict()
-    lines = [
-        "# Every Trident setting with its doc, in TOML as --config FILE reads it. Layered:",
-        "# defaults < --config FILE < TRIDENT_<SECTION>__<KEY> < --set section.key=value.",
-    ]
-    section = ""
-    for doc in setting_docs():
-        if doc.section != section:
-            section = doc.section
-            what = (_SECTIONS[section].__doc__ or "").strip().splitlines()[0]
-            lines += ["", f"[{section}]  # {what}"]
-        about = doc.help + (f" ({doc.type}, {doc.allowed})" if doc.allowed else f" ({doc.type})")
-        lines += textwrap.wrap(about, width, initial_indent="# ", subsequent_indent="# ")
-        value = current[section][doc.key]
-        if section == "server" and doc.key == "auth_token" and value:
-            lines.append("# auth_token = (set; not shown)")
-            continue
-        entry = f"{doc.key} = {_toml_value(value)}"
-        if value != doc.default:
-            entry += f"  # default: {_toml_value(doc.default)}"
-        lines.append(entry)
-    return "\n".join(lines) + "\n"

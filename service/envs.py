@@ -14,7 +14,7 @@ percentiles of the rewards of steps that did not end an episode (a terminal bonu
 each rounded outward to two significant digits: CartPole [0, 100], Acrobot [-100, 0],
 LunarLander [-510, 690]. Not LobSim: a random market maker's rewards never show a good one's
 profits (its probe gives [-320, 0], which would clip every positive return); its support stays
-the recorded default [-10, 10] (bench/README.md, learning.py).
+the recorded default [-10, 10] (docs/benchmarks/learning.md).
 """
 
 from __future__ import annotations

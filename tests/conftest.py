@@ -1,6 +1,7 @@
 """What the tests share: fresh random draws (`seed`, `rng`), the small model the CPU suite trains
 (`SMALL`, `small_config`), random rollouts for it and Steps on them (`random_rollout`,
-`random_steps`), a real server running it (`running_server`) and `wait_until`, the one way a
+`random_steps`; the model and the rollouts come from service/testing/models.py, which the
+benches share), a real server running it (`running_server`) and `wait_until`, the one way a
 test waits for something.
 
 Test modules import the plain helpers (`from conftest import random_rollout`); pytest puts this
@@ -9,7 +10,6 @@ directory on `sys.path` before it imports them.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import secrets
 import socket
@@ -20,28 +20,16 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import pytest
-from serverproc import ServerProcess, TlsFiles
 
-from service.config import Config, load_config
-from service.types import Rollout, StepResult
+from service.testing.models import SMALL, random_rollout, small_config
+from service.testing.serverproc import ServerProcess, TlsFiles
+from service.types import StepResult
 
 if TYPE_CHECKING:
     from service.trainer.trainer import Trainer
 
 Found = TypeVar("Found")
 
-# The tests' small model, as `--set` settings.
-SMALL = (
-    "train.backend=numpy",  # the CPU suite tests the NumPy backend, GPU or not
-    "model.obs_dim=6",
-    "model.hidden_dim=16",
-    "replay.min_size=16",
-    "replay.batch_size=8",
-    "ppo.num_minibatches=2",
-    # A constant rate: a server's Steps then equal a bare Trainer's (a served trainer anneals
-    # over train.steps otherwise; test_lr_schedule.py checks that against a scheduled Trainer).
-    "train.lr_schedule=constant",
-)
 # Test-server settings that do not touch the math: a short drain, so shutdown is quick.
 SERVING = ("server.shutdown_grace_s=5",)
 
@@ -68,48 +56,6 @@ def seed() -> int:
 @pytest.fixture
 def rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
-
-
-def small_config(*overrides: str) -> Config:
-    """The small model plus `overrides`: what an in-process Trainer needs to match a server
-    started by `running_server` with the same overrides."""
-    return load_config(env={}, overrides=[*SMALL, *overrides])
-
-
-def random_rollout(
-    rng: np.random.Generator,
-    T: int = 5,
-    N: int = 6,
-    D: int = 6,
-    A: int = 9,
-    K: int = 3,
-    policy_version: int | None = None,
-    extras: bool = True,
-) -> Rollout:
-    """A random rollout with some truncated steps (and their final observations), BCE labels
-    and aux targets (when `extras`)."""
-    truncated = rng.random((T, N)) < 0.15
-    terminated = (rng.random((T, N)) < 0.15) & ~truncated
-    index = np.flatnonzero(truncated.reshape(-1))
-    return Rollout(
-        obs=rng.standard_normal((T + 1, N, D)).astype(np.float32),
-        actions=rng.integers(0, A, (T, N)).astype(np.int32),
-        rewards=rng.standard_normal((T, N)).astype(np.float32),
-        terminated=terminated,
-        truncated=truncated,
-        behavior_log_probs=(np.log(1 / A) + 0.3 * rng.standard_normal((T, N))).astype(np.float32),
-        final_obs=rng.standard_normal((index.size, D)).astype(np.float32),
-        final_obs_index=index,
-        bce_labels=rng.integers(0, 2, (T, N)).astype(np.uint8) if extras else None,
-        aux_targets=rng.standard_normal((T, N, K)).astype(np.float32) if extras else None,
-        policy_version=policy_version,
-    )
-
-
-def nudged(rollout: Rollout, towards: float) -> Rollout:
-    """`rollout` with every observation one ulp towards `towards` (±inf): a rounding-sized
-    difference in what a trainer sees."""
-    return dataclasses.replace(rollout, obs=np.nextafter(rollout.obs, np.float32(towards)))
 
 
 def committed(root: Path, *names: str) -> None:

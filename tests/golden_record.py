@@ -3,7 +3,8 @@
 A fixed config and seed, 20 Steps of rollouts drawn from Philox (not from NumPy's Generator,
 whose streams may change between NumPy versions), `param_digest` after each Step, then Act in
 every mode on fixed observations (actions, and the bytes of log-probs and values). A refactor
-that changes what the trainer computes changes this record; `tests/test_golden.py` compares it
+that changes what the trainer computes changes this record; `tests/trainer/test_golden.py`
+compares it
 with `tests/golden/trainer_numpy.json`.
 
 The NumPy record is made under one arithmetic on every x86-64 machine (`PINNED_ARITHMETIC`):

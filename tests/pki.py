@@ -13,9 +13,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from serverproc import ServerProcess
 
 from service.client.client import TridentClient, channel_credentials
+from service.testing.serverproc import ServerProcess
 
 Authority = tuple["Pem", x509.Certificate, ec.EllipticCurvePrivateKey]
 

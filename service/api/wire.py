@@ -2,14 +2,14 @@
 the bytes gRPC received, not a copy.
 
 protobuf's Python runtime (upb) copies a message's bytes when it parses it, and again every time
-a `bytes` field is read. An Interact request of 4,096 LobSim observations (0.9 MiB) was copied
-three times under the GIL before NumPy saw it; on the H200 server under 12 load generators the
-parse and the read of `Tensor.data` held the GIL for 23 % of py-spy's samples (`--profile-gil`,
-bench/README.md). `parse` walks the wire format of a message that holds Tensors: a Tensor's
-`data` stays a memoryview of the received bytes, a nested message that holds Tensors is walked
-the same way, and every other field is decoded as protobuf decodes it (message fields by
-protobuf itself). The result answers what the servicer asks of a request (attributes,
-`HasField`) as the generated class does.
+a `bytes` field is read. An Interact request's observations were copied three times under the
+GIL before NumPy saw them, and under many load generators the parse and the reads of
+`Tensor.data` held the GIL for much of the server's time (py-spy `--profile-gil`;
+docs/benchmarks/interact_handler.md has the handler's cost). `parse` walks the wire format of a
+message that holds Tensors: a Tensor's `data` stays a memoryview of the received bytes, a nested
+message that holds Tensors is walked the same way, and every other field is decoded as protobuf
+decodes it (message fields by protobuf itself). The result answers what the servicer asks of a
+request (attributes, `HasField`) as the generated class does.
 
 Malformed bytes raise `DecodeError`, as protobuf's parser does; the server's handlers
 (service/server/servicer.py `method_handlers`) turn that into INVALID_ARGUMENT with a request id.

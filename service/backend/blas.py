@@ -3,7 +3,7 @@
 The update's matrices are small (a few hundred rows by at most a few hundred columns): split
 over threads, a GEMM spends more on synchronisation than it saves, and on a machine with few
 cores the BLAS pool's waiting threads take cores from the environments. So the jobs that train
-on the NumPy backend run with one BLAS thread (bench/README.md has the before / after times).
+on the NumPy backend run with one BLAS thread (docs/benchmarks/blas_threads.md has the times).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 An update allocates and frees the same large temporaries every time. By default glibc serves
 blocks over 128 KiB-32 MiB with mmap and unmaps them on free, so the next update faults in fresh
-zeroed pages: at B=4096 about 7,600 page faults and a fifth of the update's time
-(bench/README.md). Raising the mmap threshold and the trim threshold makes those blocks come
+zeroed pages, a large share of the update's time (bench/cpu_step.py --profile counts
+them). Raising the mmap threshold and the trim threshold makes those blocks come
 back from the heap. Process-wide, once; a no-op where the C library is not glibc.
 
 `limit_malloc_arenas` (the server calls it at start-up) caps glibc's per-thread arenas; see

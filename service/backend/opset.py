@@ -4,7 +4,7 @@
 module `numpy_ops` is an `OpSet[np.ndarray]` and `cuda.ops.CudaOps` an `OpSet[cupy.ndarray]`.
 `numpy_ops` holds what each op computes (its docstrings and code are the reference); a CUDA
 op may accept more (a float64 device scalar wherever the twin takes a float), never less.
-mypy proves both conform (`.ci/run`); `tests/test_opset.py` also compares the parameter
+mypy proves both conform (`.ci/run`); `tests/backend/test_opset.py` also compares the parameter
 names, which mypy does not check for positional parameters.
 """
 

@@ -13,7 +13,6 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -26,7 +25,7 @@ from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.config import ServerConfig
 from service.step_ledger import StepKey
-from service.types import ActMode, ActResult, Rollout
+from service.types import ActMode, ActResult, Rollout, StepResult
 
 if TYPE_CHECKING:
     from service.client.interact import InteractStream
@@ -46,45 +45,24 @@ MODES = {
 }
 
 
-@dataclass(frozen=True)
-class StepReply:
-    losses: dict[str, float]
-    grad_norm: float
-    entropy: float
-    approx_kl: float
-    clip_fraction: float
-    skipped: bool
-    skip_reason: str
-    global_step: int
-    policy_lag: int
-    timings_ms: dict[str, float]
-    updates_applied: int
-    updates_skipped: int
-    replayed: bool  # answered from the server's ledger: this key was applied before
-    checkpoint_step: int  # the server's newest checkpoint holds every Step up to this one
-    state_epoch: int  # the server's id of its current state: new at each start and Restore
-    warnings: list[str]  # setting advice, "kind: ..." (StepResponse.warnings)
+# A Step's reply is the Step's StepResult: the server writes every StepResponse field from the
+# StepResult attribute of the same name (servicer.step_response) and `step_reply` reads them back,
+# so a new field is the proto's and StepResult's, nothing here.
+StepReply = StepResult
 
-    @classmethod
-    def from_message(cls, message: pb.StepResponse) -> StepReply:
-        return cls(
-            losses=dict(message.losses),
-            grad_norm=message.grad_norm,
-            entropy=message.entropy,
-            approx_kl=message.approx_kl,
-            clip_fraction=message.clip_fraction,
-            skipped=message.skipped,
-            skip_reason=message.skip_reason,
-            global_step=message.global_step,
-            policy_lag=message.policy_lag,
-            timings_ms=dict(message.timings_ms),
-            updates_applied=message.updates_applied,
-            updates_skipped=message.updates_skipped,
-            replayed=message.replayed,
-            checkpoint_step=message.checkpoint_step,
-            state_epoch=message.state_epoch,
-            warnings=list(message.warnings),
-        )
+
+def step_reply(message: pb.StepResponse) -> StepResult:
+    """The StepResult a StepResponse carries: each field into the attribute of its name (maps
+    as dicts, repeated fields as lists); what the proto does not carry keeps its default."""
+    values: dict[str, Any] = {}
+    for name in (f.name for f in pb.StepResponse.DESCRIPTOR.fields):
+        value = getattr(message, name)
+        if isinstance(value, Mapping):
+            value = dict(value)
+        elif not isinstance(value, str | bytes | int | float):
+            value = list(value)
+        values[name] = value
+    return StepResult(**values)
 
 
 def step_request(rollout: Rollout, key: StepKey | None = None) -> pb.StepRequest:
@@ -242,13 +220,13 @@ class TridentClient:
             timeout_s=timeout_s,
             retryable=self.RETRYABLE_KEYED,
         )
-        return StepReply.from_message(reply)
+        return step_reply(reply)
 
     def stream_step(self, rollouts: Iterable[Rollout]) -> Iterator[StepReply]:
         """One reply per rollout, in order, over one stream."""
         requests = (pb.StreamStepRequest(step=step_request(r)) for r in rollouts)
         for reply in self._stub.StreamStep(requests, metadata=self._metadata()):
-            yield StepReply.from_message(reply.step)
+            yield step_reply(reply.step)
 
     def interact(
         self,

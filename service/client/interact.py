@@ -13,7 +13,7 @@ import numpy as np
 
 from service.api.tensors import decode, encode
 from service.api.trident.v1 import trainer_pb2 as pb
-from service.client.client import StepReply
+from service.client.client import StepReply, step_reply
 from service.vector_env import EnvStep
 
 _CLOSE = None  # ends the request iterator: the client's half-close
@@ -63,7 +63,7 @@ def interact_request(group: int, obs: np.ndarray, outcome: EnvStep | None) -> pb
 
 def _outcome(message: pb.InteractOutcome) -> InteractOutcome:
     if message.HasField("step"):
-        return InteractOutcome(message.sequence, StepReply.from_message(message.step), None, "")
+        return InteractOutcome(message.sequence, step_reply(message.step), None, "")
     code = CODES.get(message.error_code, grpc.StatusCode.UNKNOWN)
     return InteractOutcome(message.sequence, None, code, message.error_message)
 

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from service.backend.blas import single_blas_thread
-from service.checkpoint import CheckpointInfo, save_checkpoint
+from service.checkpoint import save_checkpoint
 from service.config import Config
-from service.jobs.loop import LoopProgress, train
-from service.jobs.progress import Episodes, Progress
-from service.jobs.run_folder import RunFolder
+from service.jobs.device_loop import LoopStep
+from service.jobs.loop import Checkpoints, TrainingLoop, header, rollout_step
+from service.jobs.progress import Episodes
+from service.jobs.run_folder import RunFolder, commit_trained
 from service.signals import stop_signals
 from service.synthetic import ContextualBandit
 from service.trainer.sizing import sized_backend
@@ -45,59 +46,40 @@ def _train_bandit(trainer: Trainer, folder: RunFolder, write_checkpoint: bool) -
         train_cfg.num_envs, config.model.obs_dim, config.model.num_actions, train_cfg.seed
     )
     samples_per_step = train_cfg.num_envs * train_cfg.rollout_len
-    every = config.checkpoint.every_steps
-    print(
-        f"trident train: backend={trainer.backend.name} env=bandit steps={train_cfg.steps} "
-        f"rollout={train_cfg.rollout_len}x{train_cfg.num_envs} seed={train_cfg.seed}\n"
-        f"run folder {folder.root}: config.toml"
-        + (f"; checkpoints in {config.checkpoint.dir}" if write_checkpoint or every else ""),
-        flush=True,
-    )
-    started = time.perf_counter()
-    saved: list[CheckpointInfo] = []  # the last checkpoint saved
-    ended = Episodes()  # since the last log line; each env step is a one-step episode
+    saves = write_checkpoint or bool(config.checkpoint.every_steps)
+    print(header(trainer, "bandit", "", folder, "config.toml", saves), flush=True)
 
-    def checkpoint_now() -> CheckpointInfo:
-        """A checkpoint of the state as it is: the last one saved, when it holds this Step."""
-        if not saved or saved[-1].global_step != trainer.global_step:
-            saved.append(save_checkpoint(trainer, config.checkpoint.dir))
-        return saved[-1]
+    def next_step() -> LoopStep:
+        """Each env step is a one-step episode: the rollout's every reward is an episode's."""
+        done = rollout_step(trainer, env, train_cfg.rollout_len)
+        return replace(done, episodes=samples_per_step,
+                       return_sum=done.mean_reward * samples_per_step)  # fmt: skip
 
-    def report(done: LoopProgress) -> None:
-        step, result = done.step, done.result
-        if every and step % every == 0:
-            checkpoint_now()
-        elapsed = time.perf_counter() - started
-        ended.add(samples_per_step, done.mean_reward * samples_per_step)
-        rate = f"{step * samples_per_step / elapsed:.0f} samples/s"
-        bar.step(f"{rate} | reward {done.mean_reward:.3f}")
-        if step % train_cfg.log_every and step != train_cfg.steps:
-            return
+    def status(done: LoopStep, rate: float, ended: Episodes) -> str:
+        return f"{rate:.0f} samples/s | reward {done.mean_reward:.3f}"
+
+    def detail(done: LoopStep, ended: Episodes) -> str:
+        result = done.result
         losses = " ".join(f"{k} {v:.3f}" for k, v in result.losses.items())
         skipped = f" | skipped: {result.skip_reason}" if result.skipped else ""
-        episodes, total = ended.take()
-        bar.log(
-            f"step {step}/{train_cfg.steps} | {rate} | reward {total / episodes:.3f} over the "
-            f"{episodes} one-step episodes since the last line | {losses}"
-            f" | greedy-π {greedy_accuracy(trainer, env, ActMode.GREEDY_PI):.1%}"
-            f" greedy-Q {greedy_accuracy(trainer, env, ActMode.GREEDY_Q):.1%}{skipped}"
-        )
+        pi, q = (greedy_accuracy(trainer, env, mode) for mode in (ActMode.GREEDY_PI,
+                                                                   ActMode.GREEDY_Q))  # fmt: skip
+        return (f" | reward {ended.total / ended.count:.3f} over the {ended.count} one-step "
+                f"episodes since the last line | {losses} | greedy-π {pi:.1%} "
+                f"greedy-Q {q:.1%}{skipped}")  # fmt: skip
 
-    with Progress(train_cfg.steps) as bar, stop_signals() as stopping:
-        train(trainer, env, train_cfg.steps, train_cfg.rollout_len, report, lambda: bool(stopping))
-        if stopping:
-            info = checkpoint_now()
-            print(f"trident train: stopped by {stopping[0]} at step {trainer.global_step}/"
-                  f"{train_cfg.steps}; checkpoint {info.name} (the bandit job starts afresh: "
-                  "--resume is for --env lobsim)", flush=True)  # fmt: skip
+    save = lambda elapsed, replay: save_checkpoint(trainer, config.checkpoint.dir)  # noqa: E731
+    checkpoints = Checkpoints(trainer, save)
+    resume = " (the bandit job starts afresh: --resume is for --env lobsim)"
+    loop = TrainingLoop(trainer, next_step, checkpoints, config.optim.lr, status, detail, resume)
+    with stop_signals() as stopping:
+        if loop.run(stopping):
             return 130
-        elapsed = time.perf_counter() - started
-        if write_checkpoint:  # the trained state, before the greedy Acts of the last line
-            info = checkpoint_now()
-            print(f"checkpoint {info.name} -> {info.path} ({info.size_bytes} bytes)", flush=True)
+        # the trained state, before the greedy Acts of the last line
+        commit_trained(checkpoints.now if write_checkpoint else None, None, trainer.global_step)
     print(
         f"done: {trainer.global_step} steps, {trainer.global_step * samples_per_step} samples "
-        f"in {elapsed:.1f} s | greedy-π {greedy_accuracy(trainer, env, ActMode.GREEDY_PI):.1%} "
+        f"in {loop.ran_s:.1f} s | greedy-π {greedy_accuracy(trainer, env, ActMode.GREEDY_PI):.1%} "
         f"greedy-Q {greedy_accuracy(trainer, env, ActMode.GREEDY_Q):.1%} | "
         f"param_digest {trainer.param_digest()[:16]}",
         flush=True,

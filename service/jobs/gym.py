@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,21 +27,20 @@ from typing import TextIO
 
 import numpy as np
 
-from service import logs
 from service.backend.blas import single_blas_thread
 from service.checkpoint import CheckpointInfo, restore_checkpoint, save_checkpoint
 from service.config import Config
 from service.envs import GymnasiumVectorEnv, fit_to_env, make_gymnasium_env
+from service.jobs.device_loop import LoopStep
 from service.jobs.evaluate import Interval, interval, paired_difference
-from service.jobs.progress import Episodes, Phases, Progress
+from service.jobs.loop import CSV_COLUMNS, Checkpoints, TrainingLoop, header, rollout_step
+from service.jobs.progress import Episodes, Phases
 from service.jobs.run_folder import RunFolder, commit_trained
-from service.jobs.scalars import ScalarLog, Value
-from service.jobs.train import CSV_COLUMNS, HELD_OUT, LOSSES, smoothed, start_run
+from service.jobs.scalars import ScalarLog
+from service.jobs.train import HELD_OUT, smoothed, start_run
 from service.signals import Stopped, raise_on_stop, stop_signals
-from service.trainer.schedule import schedule_next_step
 from service.trainer.trainer import Trainer
 from service.types import ActMode
-from service.vector_env import collect_rollout
 
 EVAL_EPISODES = 100  # per policy, the same seeds for each
 EVAL_STEP_LIMIT = 100_000  # env steps an evaluation episode may take before it is cut
@@ -82,83 +80,38 @@ def _train_gym(
               "afresh (a Gymnasium env's state is not part of a checkpoint)",
               flush=True)  # fmt: skip
     env = make_gymnasium_env(env_id, train.num_envs, train.seed + trainer.global_step)
-    lr, samples_per_step = config.optim.lr, train.num_envs * train.rollout_len
-    print(
-        f"trident train: backend={trainer.backend.name} env={env_name} steps={train.steps} "
-        f"rollout={train.rollout_len}x{train.num_envs} obs_dim={config.model.obs_dim} "
-        f"actions={config.model.num_actions} seed={train.seed}\n"
-        f"run folder {folder.root}: config.toml, train.csv, train.png, eval.json, eval.txt; "
-        f"checkpoints in {config.checkpoint.dir}",
-        flush=True,
-    )
-    first, every = trainer.global_step, config.checkpoint.every_steps
-    started = time.perf_counter()
-    warned = logs.FirstOfKind()
-    ended_since = Episodes()  # since the last log line: the line reports all of them
+    sizes = f" obs_dim={config.model.obs_dim} actions={config.model.num_actions}"
+    files = "config.toml, train.csv, train.png, eval.json, eval.txt"
+    print(header(trainer, env_name, sizes, folder, files, True), flush=True)
+    first = trainer.global_step
 
-    def checkpoint_now() -> CheckpointInfo:
-        """A checkpoint of the state as it is: the last one saved, when it holds this Step."""
-        nonlocal saved
-        if saved is None or saved.global_step != trainer.global_step:
-            done = trainer.global_step >= config.train.steps  # a finished run: no replay
-            saved = save_checkpoint(trainer, config.checkpoint.dir, replay=not done)
-        return saved
+    def save(elapsed: float, replay: bool) -> CheckpointInfo:
+        return save_checkpoint(trainer, config.checkpoint.dir, replay=replay)
 
+    def status(done: LoopStep, rate: float, ended: Episodes) -> str:
+        return f"{rate:.0f} env steps/s | {ended.text()}"
+
+    def detail(done: LoopStep, ended: Episodes) -> str:
+        since = "" if ended.count else " since the last line"
+        return since + " | " + " ".join(f"{k} {v:.3f}" for k, v in done.result.losses.items())
+
+    checkpoints = Checkpoints(trainer, save, saved)
     go_on = f"trident train --env {env_name} --resume --run-dir {folder.root}"
     with stop_signals() as stopping:
         try:
-            with (
-                ScalarLog(folder.log_csv, CSV_COLUMNS, first if resume else None,
-                          tensorboard) as log,
-                Progress(train.steps, first) as progress,
-            ):  # fmt: skip
-                for _ in range(max(0, train.steps - first)):
-                    if stopping:
-                        break
-                    schedule_next_step(trainer, lr)
-                    act = lambda obs: trainer.act(obs, ActMode.SAMPLE)  # noqa: E731
-                    rollout = collect_rollout(act, env, train.rollout_len)
-                    result = trainer.step(rollout)
-                    step, ended, losses = trainer.global_step, env.take_returns(), result.losses
-                    elapsed = time.perf_counter() - started
-                    row: dict[str, Value] = {
-                        "step": step, "elapsed_s": elapsed, "env_steps": step * samples_per_step,
-                        "reward_per_step": float(rollout.rewards.mean()), "episodes": len(ended),
-                        "episode_return": float(np.mean(ended)) if ended else None,
-                        **{f"loss_{k}": losses.get(k) for k in LOSSES},
-                        "grad_norm": result.grad_norm, "entropy": result.entropy,
-                        "lr": trainer.config.optim.lr, "skipped": int(result.skipped),
-                    }  # fmt: skip
-                    log.write(row)
-                    ended_since.add(len(ended), float(np.sum(ended)))
-                    if every and step % every == 0:
-                        checkpoint_now()
-                    for warning in warned.new(result.warnings):
-                        progress.log(f"warning (shown once): {warning}")
-                    status = (f"{(step - first) * samples_per_step / max(elapsed, 1e-9):.0f} env "
-                              f"steps/s | {ended_since.text()}")  # fmt: skip
-                    progress.step(status)
-                    if step % train.log_every == 0 or step == train.steps:
-                        detail = " ".join(f"{k} {v:.3f}" for k, v in losses.items())
-                        since = "" if ended_since.count else " since the last line"
-                        progress.log(f"step {step}/{train.steps} | {status}{since} | {detail}")
-                        ended_since.take()
+            with ScalarLog(folder.log_csv, CSV_COLUMNS, first if resume else None,
+                           tensorboard) as log:  # fmt: skip
+                loop = TrainingLoop(trainer, lambda: rollout_step(trainer, env, train.rollout_len),
+                                    checkpoints, config.optim.lr, status, detail,
+                                    f". Go on with: {go_on}", log)  # fmt: skip
+                if loop.run(stopping):
+                    return 130
         finally:
             env.close()
-        if stopping:
-            info = checkpoint_now()
-            print(f"trident train: stopped by {stopping[0]} at step {trainer.global_step}/"
-                  f"{train.steps}; checkpoint {info.name}. Go on with: {go_on}",
-                  flush=True)  # fmt: skip
-            return 130
-        seconds = time.perf_counter() - started
-        final = commit_trained(checkpoint_now if write_checkpoint else None, saved,
+        final = commit_trained(checkpoints.now if write_checkpoint else None, checkpoints.saved,
                                trainer.global_step)  # fmt: skip
-        done = trainer.global_step - first
-        trained = (f"trained {done} steps in {seconds:.1f} s" if done else
-                   f"training done at step {trainer.global_step}/{train.steps}")  # fmt: skip
-        print(f"{trained}; log {folder.log_csv}; evaluating on {EVAL_EPISODES} fresh episodes",
-              flush=True)  # fmt: skip
+        print(f"{loop.trained(first)}; log {folder.log_csv}; evaluating on {EVAL_EPISODES} "
+              "fresh episodes", flush=True)  # fmt: skip
         try:
             with raise_on_stop(stopping):
                 report = evaluate_policies(trainer, env_id, train.seed + HELD_OUT,

@@ -23,14 +23,11 @@ from __future__ import annotations
 import csv
 import itertools
 import sys
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 
-from service import logs
-from service.backend import resolve_name
 from service.backend.blas import single_blas_thread
 from service.checkpoint import (
     CheckpointInfo,
@@ -39,27 +36,29 @@ from service.checkpoint import (
     resumable,
     save_checkpoint,
 )
-from service.config import Config, LobsimConfig, lobsim_job_sized, with_overrides
+from service.config import Config, LobsimConfig, with_overrides
 from service.envs import LobSimVectorEnv
 from service.errors import InvalidInput
 from service.jobs import evaluate
 from service.jobs.device_loop import DeviceLoop, LoopStep
-from service.jobs.progress import Episodes, Progress
+from service.jobs.loop import (
+    CSV_COLUMNS,
+    Checkpoints,
+    TrainingLoop,
+    header,
+    rollout_step,
+)
+from service.jobs.progress import Episodes
 from service.jobs.run_folder import RunFolder, commit_trained
-from service.jobs.scalars import ScalarLog, Value
+from service.jobs.scalars import ScalarLog
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, LobSim, observation_dim
 from service.signals import Stopped, raise_on_stop, stop_signals
 from service.trainer.schedule import schedule_next_step
 from service.trainer.sizing import sized_backend
 from service.trainer.trainer import Trainer
 from service.types import ActMode
-from service.vector_env import collect_rollout
 
 HELD_OUT = 1_000_003  # evaluation seed = train.seed + this: markets training never saw
-CSV_COLUMNS = ("step", "elapsed_s", "env_steps", "reward_per_step", "episodes", "episode_return",
-               "loss_total", "loss_q", "loss_pi", "loss_v", "loss_bce", "loss_aux", "grad_norm",
-               "entropy", "lr", "skipped")  # fmt: skip
-LOSSES = ("total", "q", "pi", "v", "bce", "aux")  # the loss_* columns
 
 
 def lobsim_model(config: Config) -> Config:
@@ -83,10 +82,7 @@ def run_train_lobsim(
 ) -> int:
     """The main job into the run folder `run_dir`; `resume`: "latest" or a checkpoint name
     under checkpoint.dir, checked before anything is written; `tensorboard`: a directory for
-    TensorBoard events too. A fresh run takes the settings it leaves to the job from
-    config.LOBSIM_JOB; a resumed one goes on with its own."""
-    if resume is None:
-        config = lobsim_job_sized(config, resolve_name(config.train.backend))
+    TensorBoard events too."""
     trainer, folder, name = start_run(lobsim_model(config), run_dir, resume)
     with single_blas_thread(trainer.backend.name):
         return _train_lobsim(trainer, folder, write_checkpoint, name, tensorboard)
@@ -146,101 +142,47 @@ def _train_lobsim(
     # Markets resumed from a job state are the run's own, seeded as it was; fresh ones after
     # an older checkpoint take a seed of their own.
     seed = train_cfg.seed + (0 if job is not None else trainer.global_step)
-    next_step = job_stepper(trainer, config, seed)
+    markets = make_stepper(trainer, train_cfg.num_envs, train_cfg.rollout_len, lob, seed)
     elapsed_before = 0.0
     if job is not None:
-        next_step.load_state_dict({k: v for k, v in job.items() if not k.startswith("job/")})
+        markets.load_state_dict({k: v for k, v in job.items() if not k.startswith("job/")})
         elapsed_before = float(job["job/elapsed_s"][0])
-    samples_per_step = train_cfg.num_envs * train_cfg.rollout_len
-    remaining = max(0, train_cfg.steps - trainer.global_step)
     saves = write_checkpoint or config.checkpoint.every_steps
-    print(
-        f"trident train: backend={trainer.backend.name} env=lobsim steps={train_cfg.steps} "
-        f"rollout={train_cfg.rollout_len}x{train_cfg.num_envs} horizon={lob.horizon} "
-        f"seed={train_cfg.seed}\n"
-        f"run folder {folder.root}: config.toml, train.csv, train.png, eval.json, eval.txt, "
-        "eval.png"
-        + (f"; checkpoints in {config.checkpoint.dir}" if saves else "")
-        + (f"; TensorBoard events in {tensorboard}" if tensorboard else ""),
-        flush=True,
-    )
-    started = time.perf_counter() - elapsed_before  # elapsed_s goes on from the checkpoint's
+    files = "config.toml, train.csv, train.png, eval.json, eval.txt, eval.png"
+    print(header(trainer, "lobsim", f" horizon={lob.horizon}", folder, files, bool(saves),
+                 tensorboard), flush=True)  # fmt: skip
     first = trainer.global_step
-    ran_s = 0.0  # this process's time to its latest Step: its rates count its own Steps only
-    every = config.checkpoint.every_steps
     episode_steps = lob.horizon / train_cfg.rollout_len
-    ended = Episodes()  # since the last log line
-    warned = logs.FirstOfKind()
-    resumed_at = first if resume is not None else None
 
-    def save(elapsed: float, replay: bool = True) -> CheckpointInfo:
-        state = {**next_step.state_dict(), "job/elapsed_s": np.array([elapsed])}
+    def save(elapsed: float, replay: bool) -> CheckpointInfo:
+        state = {**markets.state_dict(), "job/elapsed_s": np.array([elapsed])}
         return save_checkpoint(trainer, config.checkpoint.dir, job=state, replay=replay)
 
-    def checkpoint_now(elapsed: float) -> CheckpointInfo:
-        """A checkpoint of the state as it is: the last one saved, when it holds this Step.
-        Once training is done the replay buffer is left out: a resume of a finished run only
-        evaluates it; one stopped before needs the buffer to go on exactly."""
-        if saved is not None and saved.global_step == trainer.global_step:
-            return saved
-        return save(elapsed, replay=trainer.global_step < train_cfg.steps)
+    def status(done: LoopStep, rate: float, ended: Episodes) -> str:
+        return (f"{rate:.0f} env steps/s | reward/step {done.mean_reward:.3f} | loss "
+                f"{done.result.losses.get('total', float('nan')):.3f}")  # fmt: skip
 
+    def detail(done: LoopStep, ended: Episodes) -> str:
+        episode = (ended.text() if ended.count else
+                   f"no episode ended since the last line (one is {lob.horizon} env steps, "
+                   f"{episode_steps:g} Steps)")  # fmt: skip
+        losses = " ".join(f"{k} {v:.3f}" for k, v in done.result.losses.items() if k != "total")
+        return f" | {episode} | {losses}"
+
+    checkpoints = Checkpoints(trainer, save, saved)
+    go_on = f". Go on with: trident train --resume --run-dir {folder.root}"
     with stop_signals() as stopping:
-        with (
-            ScalarLog(folder.log_csv, CSV_COLUMNS, resumed_at, tensorboard) as scalars,
-            Progress(train_cfg.steps, first) as progress,
-        ):
-            for _ in range(remaining):
-                if stopping:
-                    break
-                loop = next_step()  # before reading global_step: the Step advances it
-                step, result, losses = trainer.global_step, loop.result, loop.result.losses
-                elapsed = time.perf_counter() - started
-                ran_s = elapsed - elapsed_before
-                ended.add(loop.episodes, loop.return_sum)
-                row: dict[str, Value] = {
-                    "step": step, "elapsed_s": elapsed, "env_steps": step * samples_per_step,
-                    "reward_per_step": loop.mean_reward, "episodes": loop.episodes,
-                    "episode_return": loop.return_sum / loop.episodes if loop.episodes else None,
-                    **{f"loss_{k}": losses.get(k) for k in LOSSES},
-                    "grad_norm": result.grad_norm, "entropy": result.entropy,
-                    "lr": trainer.config.optim.lr, "skipped": int(result.skipped),
-                }  # fmt: skip
-                scalars.write(row)  # before the checkpoint: a resume cuts back what it lacks
-                if every and step % every == 0:
-                    saved = save(elapsed, replay=step < train_cfg.steps)
-                for warning in warned.new(result.warnings):
-                    progress.log(f"warning (shown once): {warning}")
-                rate = (step - first) * samples_per_step / max(ran_s, 1e-9)
-                status = (f"{rate:.0f} env steps/s | reward/step {loop.mean_reward:.3f} | loss "
-                          f"{losses.get('total', float('nan')):.3f}")  # fmt: skip
-                progress.step(status)
-                if step % train_cfg.log_every == 0 or step == train_cfg.steps:
-                    episode = (
-                        ended.text()
-                        if ended.count
-                        else f"no episode ended since the last line (one is {lob.horizon} env "
-                        f"steps, {episode_steps:g} Steps)"
-                    )
-                    detail = " ".join(f"{k} {v:.3f}" for k, v in losses.items() if k != "total")
-                    progress.log(f"step {step}/{train_cfg.steps} | {status} | {episode} | {detail}")
-                    ended.take()
-        if stopping:
-            name = checkpoint_now(time.perf_counter() - started).name
-            print(f"trident train: stopped by {stopping[0]} at step {trainer.global_step}/"
-                  f"{train_cfg.steps}; checkpoint {name}. Go on with: trident train --resume "
-                  f"--run-dir {folder.root}", flush=True)  # fmt: skip
-            return 130
-        elapsed = time.perf_counter() - started
-        final = commit_trained((lambda: checkpoint_now(elapsed)) if write_checkpoint else None,
-                               saved, trainer.global_step)  # fmt: skip
-        done = trainer.global_step - first
-        print(
-            (f"trained {done} steps in {ran_s:.1f} s" if done else
-             f"training done at step {trainer.global_step}/{train_cfg.steps}")
-            + f"; log {folder.log_csv}; evaluating on held-out markets",
-            flush=True,
-        )  # fmt: skip
+        resumed_at = first if resume is not None else None
+        with ScalarLog(folder.log_csv, CSV_COLUMNS, resumed_at, tensorboard) as scalars:
+            loop = TrainingLoop(trainer, markets, checkpoints, config.optim.lr, status, detail,
+                                go_on, scalars, elapsed_before)  # fmt: skip
+            if loop.run(stopping):
+                return 130
+        elapsed = loop.elapsed if trainer.global_step > first else elapsed_before
+        final = commit_trained((lambda: checkpoints.now(elapsed)) if write_checkpoint else None,
+                               checkpoints.saved, trainer.global_step)  # fmt: skip
+        print(f"{loop.trained(first)}; log {folder.log_csv}; evaluating on held-out markets",
+              flush=True)  # fmt: skip
         try:
             with raise_on_stop(stopping):
                 report = compare_with_baselines(trainer, config, folder.root)
@@ -298,11 +240,7 @@ class MarketSteps:
         self.before()
         if self._host is None:
             return self._device.step()
-        trainer, env = self.trainer, self._host
-        rollout = collect_rollout(lambda obs: trainer.act(obs, ActMode.SAMPLE), env, self.horizon)
-        result = trainer.step(rollout)
-        ended = env.take_returns()
-        return LoopStep(result, float(rollout.rewards.mean()), len(ended), float(sum(ended)))
+        return rollout_step(self.trainer, self._host, self.horizon)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return self.markets.state_dict()

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from service import logs, trident_version
+from service.api.trident.v1 import trainer_pb2 as pb
 from service.checkpoint import (
     CheckpointInfo,
     clean_temporaries,
@@ -67,7 +68,7 @@ from service.trainer.trainer import Trainer
 from service.types import ActMode, ActResult, Rollout, StepResult
 
 RATE_WINDOW_S = 60.0  # GetStatus's env steps per second: over the Steps of this long
-DIGEST_THREADS = 2  # keyed Steps hashed at once: ~0.7 GB/s of rollouts at 2.6M env steps/s
+DIGEST_THREADS = 2  # keyed Steps hashed at once, off the Step worker
 
 
 @dataclass(frozen=True)
@@ -87,31 +88,6 @@ class _Queued:
 
     def anyone_waiting(self) -> bool:
         return any(waiting() for waiting in self.waiting)
-
-
-@dataclass(frozen=True)
-class Status:
-    global_step: int
-    backend: str
-    device: str
-    config_json: str
-    param_digest: str
-    inference_only: bool
-    step_queue_depth: int
-    replay_size: int
-    version: str
-    kernel_abi_version: int
-    auth_mode: str
-    auth_token_set: bool
-    checkpoint_step: int
-    state_epoch: int
-    learning_rate: float
-    lr_schedule: str
-    env_steps_per_s: float
-    open_streams: int
-    seconds_since_step: float | None
-    checkpoint_name: str
-    checkpoint_age_s: float | None
 
 
 class Engine:
@@ -165,7 +141,7 @@ class Engine:
             clock,
         )
         # Keyed Steps' content digests (Rollout.digest), hashed off the Step worker: sha256 lets
-        # the GIL go, so a Step of 131k rows costs the worker no wait for its ~30 ms of hashing.
+        # the GIL go, so a large Step costs the worker no wait for its hashing.
         self._digests = ThreadPoolExecutor(DIGEST_THREADS, thread_name_prefix="trident-digest")
         self._acts = ActBatcher(self._act_batch, server.act_max_batch, server.act_max_wait_ms / 1e3)
         # (start, end, env steps) of each Step that ended in the last RATE_WINDOW_S (the
@@ -508,10 +484,11 @@ class Engine:
             self._observe_rate()
             return json.dumps(trainer.config.public_dict())
 
-    def status(self) -> Status:
+    def status(self) -> pb.GetStatusResponse:
+        """GetStatus's answer: the proto's message is the one record of what a status holds."""
         with self._lock:
             trainer = self.trainer
-            return Status(
+            return pb.GetStatusResponse(
                 global_step=trainer.global_step,
                 backend=trainer.backend.name,
                 device=trainer.backend.device,

@@ -432,8 +432,7 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
     def GetStatus(
         self, request: pb.GetStatusRequest, context: grpc.ServicerContext
     ) -> pb.GetStatusResponse:
-        status = self.engine.status()
-        return pb.GetStatusResponse(**status.__dict__)
+        return self.engine.status()
 
     @_rpc("UpdateHyperparams")
     def UpdateHyperparams(

@@ -62,8 +62,8 @@ class Learner:
         """Apply one Step. Raises InvalidInput (changing nothing) on malformed input. A
         non-finite float skips the Step whole (`result.skipped`); with `finite` the caller
         vouches for every float (the server checks each as it decodes it), which spares a scan
-        of the whole rollout (this method's own time, mostly that scan, was 16 ms of a
-        [32, 12288] LobSim-shaped Step's profile on the H200 host: served_step.py)."""
+        of the whole rollout, most of this method's own time in a served Step's profile
+        (bench/served_step.py)."""
         validate_rollout(rollout, self.state.config)
         result = self._new_result(rollout.policy_version)
         values = {} if finite else rollout.float_fields()

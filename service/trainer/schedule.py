@@ -9,7 +9,8 @@ would restore) and `ended` says so.
 
 A server left at train.steps = 0 is a service with no end: no horizon to anneal towards, so
 it trains at optim.lr from its first Step to its last (the constant rate beat the skew rule on
-every seed of the CUDA sweep, bench/README.md; a linear schedule needs the run's length).
+every seed of the CUDA sweep, docs/benchmarks/learning.md; a linear schedule needs the run's
+length).
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
 """A config made concrete for its backend: the settings it leaves to the backend (0,
-`config.BACKEND_DEFAULTS`) filled in, and the backend built for the model those settings give."""
+`config_sizes.BACKEND_DEFAULTS`) filled in, and the backend built for the model those settings
+give."""
 
 from __future__ import annotations
 
 from service.backend import Backend, resolve_name, select_backend
-from service.config import Config, job_sized, sized_for
+from service.config import Config
+from service.config_sizes import job_sized, sized_for
 from service.trainer import model
 
 

@@ -15,7 +15,8 @@ import numpy as np
 
 from service.backend import Backend
 from service.backend.philox import seed_key
-from service.config import Config, ConfigError, left_to_backend, with_overrides
+from service.config import Config, ConfigError, with_overrides
+from service.config_sizes import left_to_backend
 from service.errors import InvalidInput
 from service.trainer import model
 from service.trainer.hyper import HOT_KEYS, Hyperparams

@@ -15,7 +15,8 @@ import numpy as np
 
 from service.backend import Backend
 from service.backend.comm import Communicator
-from service.config import Config, sized_for
+from service.config import Config
+from service.config_sizes import sized_for
 from service.trainer.hyper import HOT_KEYS
 from service.trainer.learner import Learner
 from service.trainer.policy import Policy

@@ -32,9 +32,9 @@ import numpy as np
 import pytest
 import yaml
 from conftest import free_port, fresh_seed, random_rollout, running_server
-from serverproc import ServerProcess, scrape
 
 from service.client.client import TridentClient
+from service.testing.serverproc import ServerProcess, scrape
 
 from .tools import exported_series
 

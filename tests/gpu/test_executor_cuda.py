@@ -1,6 +1,7 @@
 """The CUDA executor keeps the executor contract: forks run after the work before them, joins
 order the work after them, a captured call replays by key with its staged inputs (captured
-once), and settings views follow writes into a capture (the host side: tests/test_executor.py)."""
+once), and settings views follow writes into a capture (the host side:
+tests/backend/test_executor.py)."""
 
 from __future__ import annotations
 

@@ -9,11 +9,10 @@ import pytest
 from conftest import free_port, random_steps, small_config
 
 from service.backend.rendezvous import Topology
+from service.testing.models import GPU_SIZES, SHARDS
 from service.trainer.trainer import Trainer
 
-from .test_trainer_cuda import GPU_SIZES, weight_tolerance, worst_weight_error
-
-SHARDS = ("train.data_shards=2", "replay.capacity=2048")
+from .test_trainer_cuda import weight_tolerance, worst_weight_error
 
 
 def compare(got: Trainer, want: Trainer, seed: int, steps: int, tolerance: float) -> None:

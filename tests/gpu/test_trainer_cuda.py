@@ -6,24 +6,11 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from conftest import nudged, random_rollout, random_steps, small_config
+from conftest import random_rollout, random_steps, small_config
 
+from service.testing.models import GPU_SIZES, nudged
 from service.trainer.trainer import Trainer
 from service.types import ActMode
-
-# The GPU tests' model over the small one: the sizes their tolerances were measured at on the
-# H200, and a replay minimum above one Step's 30 rows, so the first Step trains no Q head and
-# the Q head's shape arrives with the second (the graph tests capture that shape). The rate is
-# set because optim.lr = 0 resolves per backend (2e-3 on CUDA, 3e-3 on NumPy).
-GPU_SIZES = (
-    "model.hidden_dim=64",
-    "optim.lr=2e-3",
-    "replay.capacity=2000",
-    "replay.min_size=48",
-    "replay.batch_size=32",
-    "ppo.num_minibatches=3",
-    "c51.target_update_period=5",
-)
 
 
 def trainer(backend: str, *overrides: str) -> Trainer:

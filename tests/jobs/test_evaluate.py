@@ -13,8 +13,9 @@ import pytest
 from service.checkpoint import list_checkpoints
 from service.config import LobsimConfig
 from service.jobs import evaluate
+from service.lobsim import baselines
 from service.lobsim.env import LobSim
-from tests.test_cli import trident
+from tests.cli.test_cli import trident
 
 SMALL_TOML = (
     '[model]\nhidden_dim = 32\n[train]\nbackend = "numpy"\nsteps = 2\nlog_every = 2\n'
@@ -56,7 +57,7 @@ def metric_rows(lines: list[str]) -> dict[str, str]:
 def test_avellaneda_stoikov_maps_its_quotes_to_the_nearest_action(
     case: str, bid: int, ask: int, inventory: int, variance: float, steps_left: int, action: int
 ) -> None:
-    got = evaluate.avellaneda_stoikov_actions(
+    got = baselines.avellaneda_stoikov_actions(
         np.array([(bid + ask) / 2]), np.array([bid]), np.array([ask]), np.array([inventory]),
         np.array([variance]), np.array([steps_left]),
     )  # fmt: skip
@@ -66,16 +67,16 @@ def test_avellaneda_stoikov_maps_its_quotes_to_the_nearest_action(
 def test_avellaneda_stoikov_reads_the_env_with_one_gamma_per_market() -> None:
     env = LobSim(4, LobsimConfig(), seed=3)  # reset: spread of two ticks, t = 0 of 400
     env.books.inventory[:] = [0, 3, -3, 0]
-    policy = evaluate.AvellanedaStoikov(env)  # σ̂² = the prior 0.005 before any step
-    np.testing.assert_allclose(policy.variance(), evaluate.AS_PRIOR_VARIANCE)
+    policy = baselines.AvellanedaStoikov(env)  # σ̂² = the prior 0.005 before any step
+    np.testing.assert_allclose(policy.variance(), baselines.AS_PRIOR_VARIANCE)
     assert policy(env.reset(), env.action_mask()).tolist() == [2, 6, 5, 2]
     # γ = 3 on the last market: γσ²(T − t) = 6 ticks, both quotes far behind -> (3, 3)
-    wide = evaluate.AvellanedaStoikov(env, gamma=np.array([0.3, 0.3, 0.3, 3.0]))
+    wide = baselines.AvellanedaStoikov(env, gamma=np.array([0.3, 0.3, 0.3, 3.0]))
     assert wide(env.reset(), env.action_mask()).tolist() == [2, 6, 5, 4]
     with pytest.raises(ValueError, match="gamma"):
-        evaluate.AvellanedaStoikov(env, gamma=np.array([0.3, -1.0, 0.3, 0.3]))
+        baselines.AvellanedaStoikov(env, gamma=np.array([0.3, -1.0, 0.3, 0.3]))
     with pytest.raises(ValueError, match="k: "):
-        evaluate.AvellanedaStoikov(env, k=0.0)
+        baselines.AvellanedaStoikov(env, k=0.0)
 
 
 def test_avellaneda_stoikov_variance_is_the_episode_realised_variance_with_a_prior(
@@ -84,7 +85,7 @@ def test_avellaneda_stoikov_variance_is_the_episode_realised_variance_with_a_pri
     # brisk market orders so the mid moves within a short episode
     cfg, markets, horizon = LobsimConfig(horizon=12, market_weight=300), 16, 12
     env = LobSim(markets, cfg, seed=int(rng.integers(1, 2**31)))
-    policy = evaluate.AvellanedaStoikov(env, prior_variance=0.02, prior_steps=5)
+    policy = baselines.AvellanedaStoikov(env, prior_variance=0.02, prior_steps=5)
     mids, estimates = [], []
     for _ in range(horizon + 2):  # into the next episode, where the estimate starts afresh
         actions = policy(env.reset(), env.action_mask())
@@ -105,10 +106,10 @@ def test_avellaneda_stoikov_variance_is_the_episode_realised_variance_with_a_pri
 def test_skew_rule_quotes_away_from_its_inventory(rng: np.random.Generator) -> None:
     inventory = rng.integers(-6, 7, 64)
     expected = [6 if q > 0 else 5 if q < 0 else 2 for q in inventory]  # (2,0) / (0,2) / (0,0)
-    assert evaluate.skew_actions(inventory).tolist() == expected
+    assert baselines.skew_actions(inventory).tolist() == expected
     env = LobSim(8, LobsimConfig(), seed=int(rng.integers(1, 2**31)))
     env.books.inventory[:] = inventory[:8]
-    policy = evaluate.inventory_skew(env)
+    policy = baselines.inventory_skew(env)
     assert policy(env.reset(), env.action_mask()).tolist() == expected[:8]
 
 
@@ -186,7 +187,7 @@ def test_sharpe_of_hand_made_pnl() -> None:
 def test_metrics_of_a_tiny_run_are_consistent() -> None:
     cfg, seed, markets = LobsimConfig(horizon=6), 11, 8
     traces, cash = {}, {}
-    for name, make in evaluate.baselines(seed).items():
+    for name, make in baselines.baselines(seed).items():
         env = LobSim(markets, cfg, seed)
         seen = []
 
@@ -226,7 +227,7 @@ def test_grid_search_picks_the_best_pair_of_a_brute_force_evaluation(
     brute = []
     for p, (gamma, k) in enumerate(pairs):  # every market on this pair; keep pair p's block
         env = LobSim(len(pairs) * m, cfg, seed)
-        returns = evaluate.play_episode(env, evaluate.AvellanedaStoikov(env, gamma, k))
+        returns = evaluate.play_episode(env, baselines.AvellanedaStoikov(env, gamma, k))
         brute.append(returns.episode_return[p * m : (p + 1) * m])
     means = [float(np.mean(r)) for r in brute]
     assert len(set(means)) > 1, "every pair scored the same: the test shows nothing"
@@ -263,7 +264,7 @@ def test_compare_writes_every_number_and_judges_the_agent(
     seed = train_seed + 1_000_003
     # the skew rule as the "trained" policy: it must be judged identical to that baseline
     report = evaluate.compare(
-        evaluate.inventory_skew, cfg, seed, train_seed, markets, tmp_path / "out", TINY_GRID
+        baselines.inventory_skew, cfg, seed, train_seed, markets, tmp_path / "out", TINY_GRID
     )
     assert report.tuning.seed == train_seed != report.seed == seed
     assert tuple(report.metrics) == POLICIES and tuple(report.paired) == BASELINES

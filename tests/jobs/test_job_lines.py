@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from service.cli import main
+from service.config import load_config
 
 SMALL = (
     '[model]\nhidden_dim = 16\n[train]\nbackend = "numpy"\nsteps = 8\nlog_every = 1\n'
@@ -62,8 +63,10 @@ def test_a_resumed_lobsim_job_rates_its_own_steps_and_time(
     (tmp_path / "small.toml").write_text(SMALL)
     run = tmp_path / "run"
     assert main(["train", "--config", str(tmp_path / "small.toml"), "--run-dir", str(run),
-                 "--no-checkpoint"]) == 0  # fmt: skip
+                 "--no-checkpoint", "--set", "ppo.gae_lambda=0.95"]) == 0  # fmt: skip
     capsys.readouterr()
+    used = load_config(run / "config.toml", env={})  # the file and --set over the job's own
+    assert (used.train.rollout_len, used.ppo.gae_lambda, used.optim.lr) == (4, 0.95, 2e-3)
     # resumed from the periodic checkpoint of Step 8, whose elapsed_s is row 8's
     assert main(["train", "--resume", "--run-dir", str(run), "--no-checkpoint",
                  "--set", "train.steps=14", "--set", "train.log_every=2"]) == 0  # fmt: skip

@@ -1,5 +1,6 @@
 """The main job on the CPU: its run folder, its learning curve, its lr schedule. That the
-default job beats the baselines is checked where the README runs it (tests/test_readme.py)."""
+default job beats the baselines is checked where the README runs it
+(tests/project/test_readme.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.config import LOBSIM_JOB, load_config
+from service.config import load_config
+from service.config_sizes import BACKEND_DEFAULTS
 from service.jobs import evaluate
 from service.jobs.run_folder import RunFolder
 from service.jobs.train import (
@@ -54,7 +56,7 @@ def test_the_job_fills_its_run_folder(tmp_path: Path, capsys: pytest.CaptureFixt
     assert used.train.lr_schedule == "linear" and used.model.obs_dim == 56  # sized for LobSim
     rows = list(csv.DictReader(folder.log_csv.open()))
     assert [int(r["step"]) for r in rows] == [1, 2, 3, 4]
-    lr = LOBSIM_JOB["numpy"]["optim.lr"]  # optim.lr = 0: the NumPy job's rate, on a linear schedule
+    lr = BACKEND_DEFAULTS["numpy"]["optim.lr"]  # optim.lr = 0: the backend's, linearly annealed
     assert [float(r["lr"]) for r in rows] == pytest.approx([lr, 0.75 * lr, 0.5 * lr, 0.25 * lr])
     assert all(np.isfinite(float(r["loss_pi"])) for r in rows)
     assert folder.curve_png.read_bytes().startswith(b"\x89PNG")

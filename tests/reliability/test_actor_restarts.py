@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port, running_server, wait_until
-from serverproc import ServerProcess, clean_env
 
 from service.checkpoint import latest_checkpoint
 from service.client.client import TridentClient
+from service.testing.serverproc import ServerProcess, clean_env
 
 pytestmark = pytest.mark.slow
 

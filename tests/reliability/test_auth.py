@@ -26,7 +26,6 @@ import numpy as np
 import pytest
 from conftest import SERVING, SMALL, random_rollout, running_server, wait_until
 from pki import Pki, make_pki, status_error, tls_client
-from serverproc import ServerProcess, TlsFiles, clean_env, scrape, serve_command, trident_cli
 
 from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb
@@ -39,6 +38,14 @@ from service.server.auth import (
     TokenTable,
     new_token,
     token_hash,
+)
+from service.testing.serverproc import (
+    ServerProcess,
+    TlsFiles,
+    clean_env,
+    scrape,
+    serve_command,
+    trident_cli,
 )
 
 Code = grpc.StatusCode

@@ -17,11 +17,11 @@ import grpc
 import numpy as np
 import pytest
 from conftest import random_rollout, running_server, wait_until
-from serverproc import ServerProcess, scrape, value
 
 from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.client.client import step_request
+from service.testing.serverproc import ServerProcess, scrape, value
 
 SERVICE = "/trident.v1.TrainerService"
 OBS_DIM = 6  # conftest.SMALL's model.obs_dim

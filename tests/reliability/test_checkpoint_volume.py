@@ -22,10 +22,10 @@ from pathlib import Path
 import grpc
 import pytest
 from conftest import SERVING, SMALL, committed, edit_manifest, running_server
-from serverproc import clean_env, scrape, serve_command, value
 
 from service.checkpoint import list_checkpoints
 from service.client.client import TridentClient
+from service.testing.serverproc import clean_env, scrape, serve_command, value
 
 VOLUME_BYTES = 4 * 1024 * 1024
 LEFT_FREE = 8 * 1024  # room for a few small files, never for a checkpoint

@@ -40,10 +40,10 @@ import grpc
 import numpy as np
 import pytest
 from conftest import SMALL, fresh_seed, random_rollout, running_server, wait_until
-from serverproc import ServerProcess
 
 from service.checkpoint import MANIFEST, TEMP_PREFIX, read_manifest
 from service.client.client import TridentClient
+from service.testing.serverproc import ServerProcess
 from service.types import Rollout
 
 Code = grpc.StatusCode

@@ -10,13 +10,13 @@ from pathlib import Path
 import grpc
 import numpy as np
 from conftest import random_rollout, running_server, small_config, wait_until
-from serverproc import ServerProcess
 
 from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.client.client import TridentClient, step_request
 from service.server.admission import handler_threads
+from service.testing.serverproc import ServerProcess
 from service.trainer.trainer import Trainer
 
 Code = grpc.StatusCode

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from conftest import random_rollout, running_server, small_config, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from serverproc import Samples, ServerProcess, scrape, value
 
 from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.checkpoint import list_checkpoints, restore_checkpoint
 from service.client.client import TridentClient, step_request
+from service.testing.serverproc import Samples, ServerProcess, scrape, value
 from service.trainer.trainer import Trainer
 
 Code = grpc.StatusCode

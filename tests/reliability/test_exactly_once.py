@@ -14,10 +14,10 @@ import grpc
 import numpy as np
 import pytest
 from conftest import random_rollout, running_server
-from serverproc import ServerProcess, scrape, value
 
 from service.client.client import TridentClient
 from service.step_ledger import StepKey
+from service.testing.serverproc import ServerProcess, scrape, value
 
 STEPS = 12
 Code = grpc.StatusCode

@@ -36,10 +36,11 @@ import grpc
 import numpy as np
 import pytest
 from conftest import random_rollout, running_server, wait_until
-from serverproc import ServerProcess, clean_env
 
 from service.client.client import TridentClient
 from service.step_ledger import StepKey
+from service.testing.serverproc import ServerProcess, clean_env
+from service.testing.storm import command as storm_command
 from service.vector_env import EnvStep
 
 ENV, OBS_DIM, ACTIONS = "gymnasium:Acrobot-v1", 6, 3
@@ -47,7 +48,6 @@ NUM_ENVS, T = 4, 8  # each actor's rollouts
 # DEBUG: each Step's own log line, with its rollouts' keys
 SHAPE = ("model.obs_dim=6", "model.num_actions=3", "model.aux_dim=0", "train.num_envs=8",
          "server.step_max_wait_ms=60000", "server.log_level=DEBUG")  # fmt: skip
-STORM = Path(__file__).resolve().parents[1] / "storm.py"
 WAIT_S = 60.0
 
 
@@ -104,7 +104,7 @@ def every_actor_trains(server: ServerProcess, group: list[Actor], rollouts: int,
 def test_idle_unread_cancelled_and_paused_clients_hold_no_one_back(tmp_path: Path) -> None:
     with running_server(tmp_path, *SHAPE) as server, actors(server, 3, 32) as group:
         every_actor_trains(server, group, 3, 0.0, "every actor training")
-        storm = subprocess.Popen([sys.executable, str(STORM), server.target, "45"],
+        storm = subprocess.Popen(storm_command(server.target, 45),
                                  env=clean_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                  text=True)  # fmt: skip
         try:

@@ -19,13 +19,13 @@ import pytest
 from conftest import random_rollout, running_server
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from serverproc import ServerProcess
 
 from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.client.client import step_request
 from service.server.validation import STEP_FIELDS
+from service.testing.serverproc import ServerProcess
 
 Code = grpc.StatusCode
 ALLOWED = {

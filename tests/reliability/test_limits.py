@@ -12,12 +12,12 @@ import grpc
 import numpy as np
 import pytest
 from conftest import random_rollout, running_server, wait_until
-from serverproc import ServerProcess
 
 from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.client.client import TridentClient, step_request
+from service.testing.serverproc import ServerProcess
 
 Code = grpc.StatusCode
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import grpc
 import pytest
 from conftest import running_server
-from serverproc import ServerProcess
 
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
+from service.testing.serverproc import ServerProcess
 
 BAD_NAMES = [
     "..",

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 from conftest import random_rollout, running_server
-from serverproc import ServerProcess
 
 from service.checkpoint import read_manifest
 from service.client.client import TridentClient
+from service.testing.serverproc import ServerProcess
 from service.types import Rollout
 
 K = 3

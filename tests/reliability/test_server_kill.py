@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port, wait_until
-from serverproc import ServerProcess, clean_env
 
 from service.client.client import TridentClient
+from service.testing.serverproc import ServerProcess, clean_env
 
 pytestmark = pytest.mark.slow
 

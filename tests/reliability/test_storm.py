@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -17,7 +16,6 @@ import numpy as np
 import pytest
 from conftest import running_server, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from serverproc import ServerProcess, clean_env, scrape, value
 from trickle import trickle
 
 from service.api.tensors import encode
@@ -25,8 +23,9 @@ from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.client.client import TridentClient
 from service.client.interact import InteractStream
+from service.testing.serverproc import ServerProcess, clean_env, scrape, value
+from service.testing.storm import command as storm_command
 
-STORM = Path(__file__).resolve().parents[1] / "storm.py"
 T, N, D = 4, 3, 6
 PROBE_TIMEOUT_S = 10.0  # a probe's deadline: an answer, not a latency, is what is checked
 
@@ -53,7 +52,7 @@ def start_stream(
 
 
 def start_storm(server: ServerProcess, count: int) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, str(STORM), server.target, str(count)],
+    return subprocess.Popen(storm_command(server.target, count),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             env=clean_env())  # fmt: skip
 

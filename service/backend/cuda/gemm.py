@@ -10,14 +10,14 @@ The same handle, workspace size and call serve eager launches and captures, so c
 the same algorithm for both and a replayed graph gives the eager bytes. Pointer mode is host:
 α = 1 and β = 0 are fixed at the call (and in a captured graph).
 
-Precision (`train.precision`): "fp32" is cublasSgemm, IEEE fp32 (no TF32), what the NumPy
-twins match. "tf32" is cublasGemmEx on the fp32 matrices with compute type
+Precision (`train.precision`): "fp32" is cublasSgemm, IEEE fp32 (no TF32), what the NumPy twins
+match. "tf32" is cublasGemmEx on the fp32 matrices with compute type
 CUBLAS_COMPUTE_32F_FAST_TF32: cuBLAS rounds the inputs to TF32 on the tensor cores. "bf16"
-rounds both operands to bfloat16 first (kernels/bf16.cu) and calls cublasGemmEx on bf16
-operands with CUBLAS_COMPUTE_32F; cuBLAS's CUBLAS_COMPUTE_32F_FAST_16BF on fp32 operands gave
-the TF32 bytes on the H200, so it would not be bf16. Both accumulate in fp32; parameters,
-gradients and outputs stay fp32. cuBLAS's atomics mode is off by default, so every precision
-gives the same bytes run to run.
+rounds both operands to bfloat16 first (kernels/bf16.cu) and calls cublasGemmEx on bf16 operands
+with CUBLAS_COMPUTE_32F; cuBLAS's CUBLAS_COMPUTE_32F_FAST_16BF on fp32 operands gives the TF32
+bytes (cuBLAS runs TF32 kernels for it), so it would not be bf16. Both accumulate in fp32;
+parameters, gradients and outputs stay fp32. cuBLAS's atomics mode is off by default, so every
+precision gives the same bytes run to run.
 """
 
 from __future__ import annotations

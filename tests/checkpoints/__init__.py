@@ -1,0 +1,1 @@
+"""Tests of checkpoints: atomic writes, manifests, formats, disk-full and corrupt days."""

@@ -1,0 +1,1 @@
+"""Tests of the `trident` commands, the actor, export, run folders, config and env fitting."""
