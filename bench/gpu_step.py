@@ -87,7 +87,6 @@ BANDWIDTH_TBS = 4.3  # the floor's HBM rate for the byte term (TB/s), an assumed
 LAUNCH_US = 0.9  # the floor's cost of one kernel launch inside a graph (us), an assumed figure
 TRIDENT_ENTRY = "captured_update:CapturedUpdate"
 NOT_BUILT = "not available: the captured Trident update is not built yet"
-REPO_ROOT = Path(__file__).resolve().parents[1]
 FLOAT_BYTES = 4  # float32 everywhere; integer indices and labels are counted as 4 bytes too
 
 
@@ -220,12 +219,8 @@ def floor_terms(
 
 # ------------------------------------------------------------------------------- config
 def import_service():
-    """`service.config`, from the repository root when the package is not installed."""
-    try:
-        return importlib.import_module("service.config")
-    except ModuleNotFoundError:
-        sys.path.insert(0, str(REPO_ROOT))
-        return importlib.import_module("service.config")
+    """`service.config`, imported where a B is measured: the PyTorch rows need no Trident."""
+    return importlib.import_module("service.config")
 
 
 def make_config(B: int, args: argparse.Namespace):

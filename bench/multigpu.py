@@ -43,7 +43,6 @@ def free_port() -> int:
 def rank_main(kind: str, backend: str, world: int, rank: int, size: int, steps: int,
               seed: int, link: object, results: object) -> None:  # fmt: skip
     """One rank: build its communicator and trainer, time `steps` Steps, report its wall."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from service.backend.blas import single_blas_thread
     from service.config import load_config
     from service.jobs.device_loop import DeviceLoop

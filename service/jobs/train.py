@@ -23,7 +23,7 @@ from __future__ import annotations
 import csv
 import itertools
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +53,6 @@ from service.jobs.run_folder import RunFolder, commit_trained
 from service.jobs.scalars import ScalarLog
 from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, LobSim, observation_dim
 from service.signals import Stopped, raise_on_stop, stop_signals
-from service.trainer.schedule import schedule_next_step
 from service.trainer.sizing import sized_backend
 from service.trainer.trainer import Trainer
 from service.types import ActMode
@@ -215,7 +214,7 @@ class MarketSteps:
     """The main job's Steps on `num_envs` markets of seed `seed`: each call runs a rollout of
     `horizon` steps under the trainer's sampled policy and one Step on it (on NumPy the host
     loop, the one remote actors run; on the GPU the device loop, where the markets live on the
-    device too), after `before()`. `state_dict` / `load_state_dict` are the markets' state:
+    device too). `state_dict` / `load_state_dict` are the markets' state:
     what a resumed job restores to go on exactly where it stopped."""
 
     def __init__(
@@ -225,9 +224,8 @@ class MarketSteps:
         horizon: int,
         cfg: LobsimConfig,
         seed: int,
-        before: Callable[[], None] = lambda: None,
     ) -> None:
-        self.trainer, self.horizon, self.before = trainer, horizon, before
+        self.trainer, self.horizon = trainer, horizon
         self._host: LobSimVectorEnv | None = None
         if trainer.xp is np:
             self._host = LobSimVectorEnv(num_envs, cfg, seed)
@@ -237,7 +235,6 @@ class MarketSteps:
             self._device = DeviceLoop(trainer, self.markets, horizon)
 
     def __call__(self) -> LoopStep:
-        self.before()
         if self._host is None:
             return self._device.step()
         return rollout_step(self.trainer, self._host, self.horizon)
@@ -250,15 +247,6 @@ class MarketSteps:
             self._host.load_state_dict(state)
         else:
             self.markets.load_state_dict(state)
-
-
-def job_stepper(trainer: Trainer, config: Config, seed: int) -> MarketSteps:
-    """The main job's Steps: `make_stepper` with `config.train`'s sizes, the learning rate set
-    before each Step as train.lr_schedule says from `config.optim.lr` (the job's, not the
-    trainer's, so a resumed job continues the same schedule)."""
-    train, lr = config.train, config.optim.lr
-    scheduled = lambda: schedule_next_step(trainer, lr)  # noqa: E731
-    return MarketSteps(trainer, train.num_envs, train.rollout_len, config.lobsim, seed, scheduled)
 
 
 def make_stepper(

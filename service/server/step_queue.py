@@ -4,8 +4,11 @@ one worker thread (SEED RL's learner batch, Sample Factory's Batcher).
 What a Step holds. The rollouts of Interact streams are taken whole, side by side into one Step
 of `step_columns` environment columns, in turn by client: each client's earliest queued rollout
 first (the clients served longest ago first, then in arrival order), then each one's second,
-and so on; a client's own rollouts keep their order. A client with rollouts piled up behind a
-busy learner thus takes no more of a Step than one with a single rollout queued. A request's
+and so on; a client's own rollouts keep their order. A second rollout takes no place kept for
+a producing client (below) that has nothing queued yet: the Step waits for that client's
+rollout, as for any producing stream's. A client with rollouts piled up behind a busy learner
+thus takes no more of a Step than one with a single rollout queued, or one whose next is on
+its way. A request's
 rollout (a unary Step, StreamStep, a rollout an actor sends again) joins that Step while
 streams of its layout are producing, and waits for it as their rollouts do: Steps keep the
 streams' pace, so a client sending requests as fast as they are answered does not advance the
@@ -120,6 +123,11 @@ class Seat:
     def close(self) -> None:
         self._queue._seat_leaves(self)
 
+    @property
+    def client(self) -> Hashable:
+        """Whose jobs in the queue are its rollouts."""
+        return self
+
     def arrived(self, now: float, layout: Hashable) -> None:
         if self.latest is not None:
             self.intervals.append(now - self.latest)
@@ -142,6 +150,14 @@ class Seat:
 class _Requester(Seat):
     """A request client's place: paced by its requests, from its second on (a single request
     says nothing of when the next comes), waiting while one of its requests is not answered."""
+
+    def __init__(self, queue: StepQueue, client: Hashable, columns: int, opened: float) -> None:
+        super().__init__(queue, columns, opened)
+        self._client = client
+
+    @property
+    def client(self) -> Hashable:
+        return self._client
 
     def due_until(self, step_s: float) -> float:
         return super().due_until(step_s) if self.intervals else float("-inf")
@@ -280,7 +296,8 @@ class StepQueue(Generic[Work]):
         """Note a request's pace; its client waits until the request is answered."""
         requester = self._requesters.get(job.client)
         if requester is None:
-            requester = self._requesters[job.client] = _Requester(self, job.columns, job.enqueued)
+            requester = _Requester(self, job.client, job.columns, job.enqueued)
+            self._requesters[job.client] = requester
         requester.columns = job.columns
         requester.arrived(job.enqueued, job.layout)
         requester.waits += 1
@@ -338,24 +355,28 @@ class StepQueue(Generic[Work]):
             self._cond.notify_all()
 
     # ------------------------------------------------------------------------ the worker
-    def _gather(self, layout: Hashable, size: int, requests: bool) -> tuple[list[_Job[Work]], bool]:
+    def _gather(self, layout: Hashable, size: int, requests: bool, reserved: int
+                ) -> tuple[list[_Job[Work]], bool]:  # fmt: skip
         """The jobs of `layout`'s next Step (with `requests`: requests' too), in turn by client,
-        and whether it is full."""
+        and whether it is full. `reserved` columns are kept for the producing clients with
+        nothing queued yet: only clients' first rollouts take them."""
         batch: list[_Job[Work]] = []
         columns = 0
-        for job in self._in_turn(layout, requests):
+        for first, job in self._in_turn(layout, requests):
             if batch and columns + job.columns > size:
                 return batch, True  # the next rollout would not fit: this Step is full
+            if not first and columns + job.columns > size - reserved:
+                return batch, False  # a second rollout would take an expected client's place
             batch.append(job)
             columns += job.columns
             if columns >= size:
                 return batch, True
         return batch, False
 
-    def _in_turn(self, layout: Hashable, requests: bool) -> list[_Job[Work]]:
+    def _in_turn(self, layout: Hashable, requests: bool) -> list[tuple[bool, _Job[Work]]]:
         """The queued jobs of `layout` (with `requests`: requests' too) in turn by client: every
         client's first, those served longest ago first and then by arrival, then every client's
-        second, and so on."""
+        second, and so on; each with whether it is its client's first."""
         turn: Counter[Hashable] = Counter()
         ranked = []
         for arrival, job in enumerate(self._jobs):
@@ -363,7 +384,7 @@ class StepQueue(Generic[Work]):
                 continue
             ranked.append((turn[job.client], self._served.get(job.client, -1), arrival, job))
             turn[job.client] += 1
-        return [job for *_, job in sorted(ranked, key=lambda rank: rank[:3])]
+        return [(turn == 0, job) for turn, *_, job in sorted(ranked, key=lambda rank: rank[:3])]
 
     def _ready(self, now: float) -> tuple[list[_Job[Work]] | None, float]:
         """Of the Steps that may start now (a request's own Step may at once), the one whose
@@ -382,8 +403,10 @@ class StepQueue(Generic[Work]):
             else:
                 seen.add(head.layout)
                 size = self._step_columns(producing, head.layout)
-                batch, full = self._gather(head.layout, size, head.layout in streamed)
                 expected = [s for s in producing if s.layout == head.layout and not s.waits]
+                queued = {job.client for job in self._jobs if job.layout == head.layout}
+                reserved = sum(s.columns for s in expected if s.client not in queued)
+                batch, full = self._gather(head.layout, size, head.layout in streamed, reserved)
                 due = head.enqueued + self._max_wait_s
                 if not (full or not expected or not self._accepting or now >= due):
                     wake = min(wake, due, *(seat.due_until(self._step_s) for seat in expected))

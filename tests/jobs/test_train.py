@@ -18,12 +18,13 @@ from service.jobs.run_folder import RunFolder
 from service.jobs.train import (
     CSV_COLUMNS,
     HELD_OUT,
-    job_stepper,
     lobsim_model,
+    make_stepper,
     plot_learning_curve,
     run_train_lobsim,
     smoothed,
 )
+from service.trainer.schedule import schedule_next_step
 from service.trainer.trainer import Trainer
 from tests.jobs.test_scalars import read_events
 
@@ -101,9 +102,10 @@ def test_a_linear_lr_schedule_sets_each_steps_rate() -> None:
         overrides = [*SMALL_JOB, "optim.lr=3e-3", f"train.lr_schedule={schedule}"]
         config = lobsim_model(load_config(env={}, overrides=overrides))
         trainer = Trainer(config)
-        step = job_stepper(trainer, config, 3)
+        step = make_stepper(trainer, 8, 8, config.lobsim, 3)
         runs[anneal] = []
         for _ in range(config.train.steps):
+            schedule_next_step(trainer, config.optim.lr)  # as the job's loop does
             step()
             runs[anneal].append((trainer.config.optim.lr, trainer.param_digest()))
     assert [lr for lr, _ in runs[True]] == pytest.approx([3e-3, 2.25e-3, 1.5e-3, 0.75e-3])

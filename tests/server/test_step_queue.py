@@ -316,14 +316,22 @@ def test_a_client_sending_requests_as_fast_as_answered_sizes_steps_like_a_stream
     # the request takes no stream's place, and the next Step waits for its next request
     assert trainer.steps == [["u0"], ["a0", "b0", "u1"]]
     clock.now += 1.0
+    for name in ("a2", "a3"):  # the streams' rollouts pile up behind a busy learner...
+        stream(steps, a, name, 2)
+    for name in ("b2", "b3"):
+        stream(steps, b, name, 2)
     own(steps, "u2", 2, layout=LAYOUT).result(WAIT_S)
-    assert trainer.steps[-1] == ["a1", "b1", "u2"]
+    # ...and no stream's second rollout takes the place of the request client's next
+    assert trainer.steps[2] == ["a1", "b1", "u2"]
+    clock.now += 1.0
+    own(steps, "u3", 2, layout=LAYOUT).result(WAIT_S)
+    assert trainer.steps[3] == ["a2", "b2", "u3"]
     clock.now += 1.0 + 0.5 + 0.01  # past the request client's pace and grace: it stopped
-    stream(steps, a, "a2", 2)  # while the streams go on
-    stream(steps, b, "b2", 2)
+    stream(steps, a, "a4", 2)  # while the streams go on
+    stream(steps, b, "b4", 2)
     assert steps.step_columns(LAYOUT) == 4
-    wait_until(lambda: len(trainer.steps) == 4, WAIT_S, "the streams' Step without it")
-    assert trainer.steps[-1] == ["a2", "b2"]
+    wait_until(lambda: len(trainer.steps) == 6, WAIT_S, "the streams' Steps without it")
+    assert trainer.steps[4:] == [["a3", "b3"], ["a4", "b4"]]
     for seat in (a, b):
         seat.close()
     steps.close()
