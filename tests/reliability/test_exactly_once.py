@@ -38,7 +38,7 @@ class DroppedCall(grpc.RpcError, grpc.Call):  # type: ignore[misc]
 
 class DropSteps(grpc.UnaryUnaryClientInterceptor):
     """Loses Step requests (before the server sees them) and replies (after the server applied
-    them), each with probability `p`; counts both."""
+    them): the first of each, then each with probability `p`; counts both."""
 
     def __init__(self, p: float, seed: int) -> None:
         self.p = p
@@ -48,12 +48,12 @@ class DropSteps(grpc.UnaryUnaryClientInterceptor):
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         if not details.method.endswith("/Step"):
             return continuation(details, request)
-        if self.random.random() < self.p:
+        if not self.dropped["request"] or self.random.random() < self.p:
             self.dropped["request"] += 1
             raise DroppedCall()
         outcome = continuation(details, request)
         outcome.result()  # the server has answered (applied, or refused)
-        if self.random.random() < self.p:
+        if not self.dropped["reply"] or self.random.random() < self.p:
             self.dropped["reply"] += 1
             raise DroppedCall()
         return outcome
