@@ -20,7 +20,6 @@ import logging
 import time
 from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -60,6 +59,7 @@ class Engine:
         self.learner = Learner(trainer, metrics, self.acting, clock)
         self.checkpointer = Checkpointer(self.learner, metrics, clock)
         self.learner.after_step = self.checkpointer.after_step  # the clock in the Step's loop
+        self.root = self.checkpointer.root  # checkpoint.dir
         self.metrics.device_memory.set(trainer.memory_bytes())
 
     @classmethod
@@ -75,16 +75,6 @@ class Engine:
         trainer.load_params(params)
         logs.event(logging.INFO, "inference-only", checkpoint=name)
         return cls(trainer, metrics, inference_only=True)
-
-    @property
-    def root(self) -> Path:
-        """The checkpoints' folder (checkpoint.dir)."""
-        return self.checkpointer.root
-
-    @property
-    def act_queue_depth(self) -> int:
-        """Act requests waiting to join a batch: a load signal beside the Step queue's depth."""
-        return self.acting.queue_depth
 
     # ------------------------------------------------------------------------ the seam
     @property
@@ -115,6 +105,11 @@ class Engine:
 
     def act(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> ActResult:
         return self.acting.act(obs, mode, epsilon)
+
+    @property
+    def act_queue_depth(self) -> int:
+        """Act requests waiting to join a batch: a load signal beside the Step queue's depth."""
+        return self.acting.queue_depth
 
     def checkpoint(self, name: str | None) -> CheckpointInfo:
         self.require_training("Checkpoint")

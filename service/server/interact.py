@@ -9,9 +9,9 @@ Backpressure by waiting, not by refusing: a full queue is waited out (the stream
 wait meanwhile). Exactly once: every rollout is a keyed Step, so an actor that lost the stream
 sends the rollouts whose outcome it has not seen again (unary Step, same key) and the learner
 answers, joins or applies each; the partial rollout of a broken stream is not trained on, and
-the actor counts its env steps as abandoned. A rollout the server will not train on is its outcome (the refusal's status), counted
-by the learner by reason, and said in the log: at the first of each reason on the stream, and
-with the counts when the stream ends.
+the actor counts its env steps as abandoned. A rollout the server will not train on is its
+outcome (the refusal's status), counted by the learner by reason, and said in the log: at the
+first of each reason on the stream, and with the counts when the stream ends.
 """
 
 from __future__ import annotations

@@ -67,13 +67,8 @@ class LearnerApi(Protocol):
         """InferenceOnly naming `what` where the learner answers Act alone."""
         ...
 
-    def submit_step(
-        self,
-        rollout: Rollout,
-        caller_waiting: Callable[[], bool],
-        key: StepKey | None = None,
-        client: Hashable = None,
-    ) -> Future[StepResult]:
+    def submit_step(self, rollout: Rollout, caller_waiting: Callable[[], bool],
+                    key: StepKey | None = None, client: Hashable = None) -> Future[StepResult]:
         """Queue a request's validated rollout (`client`: whose, for the queue's turns;
         `key`: its idempotency key). QueueFull at once where the queue has no room for it;
         a key applied before is answered (`replayed`), one still queued is joined;
