@@ -30,17 +30,24 @@ class RecentSteps:
         self.last_end: float | None = None  # the clock at the newest Step applied
 
     def add(self, start: float, end: float, env_steps: int) -> None:
+        """A Step that ran from `start` to `end`; those out of the window by then are let go,
+        so a server nobody asks for its status keeps a window's Steps, not all of them."""
         self._steps.append((start, end, env_steps))
         self.last_end = end
+        self._forget(end)
 
     def per_second(self, now: float) -> float:
         """The env steps per second of the Steps that ended in the last RATE_WINDOW_S, over
         that, or since the first of them began where that is sooner: a server that started
         training 5 s ago has a rate of 5 s."""
-        while self._steps and self._steps[0][1] < now - RATE_WINDOW_S:
-            self._steps.popleft()
+        self._forget(now)
         span = min(RATE_WINDOW_S, now - self._steps[0][0]) if self._steps else RATE_WINDOW_S
         return sum(samples for *_, samples in self._steps) / max(span, 1e-9)
+
+    def _forget(self, now: float) -> None:
+        """Let go of the Steps that ended before the window that ends at `now`."""
+        while self._steps and self._steps[0][1] < now - RATE_WINDOW_S:
+            self._steps.popleft()
 
 
 def status_response(
