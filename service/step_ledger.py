@@ -53,7 +53,7 @@ class StepKey:
 
 class StepLedger:
     """The newest `capacity` applied keys with their results, oldest first. Not thread-safe:
-    its owner serialises access (the server's engine holds its lock)."""
+    its owner serialises access (the server's Learner holds its lock)."""
 
     def __init__(self, capacity: int) -> None:
         if type(capacity) is not int or capacity < 1:
@@ -91,7 +91,7 @@ class StepLedger:
     def record(self, key: StepKey, result: StepResult, digest: str | None) -> None:
         """Remember that `key`'s Step, of content `digest`, was applied with `result`; let go of
         the oldest keys."""
-        self._results[key] = copy.deepcopy(result)  # the engine adds to its dicts after
+        self._results[key] = copy.deepcopy(result)  # the Learner adds to its dicts after
         self._digests[key] = digest
         self._let_go()
 

@@ -1,4 +1,5 @@
-"""`trident serve`: build the gRPC server around an engine, run it, drain it on SIGTERM."""
+"""`trident serve`: build the gRPC server in front of the learner (`Engine`), run it, drain it on
+SIGTERM."""
 
 from __future__ import annotations
 

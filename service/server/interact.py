@@ -1,17 +1,17 @@
-"""One Interact stream's Steps: each rollout its Unroller completes goes to the engine as the
+"""One Interact stream's Steps: each rollout its Unroller completes goes to the learner as the
 keyed Step (actor_id, first_sequence + k), trained side by side with other streams' rollouts
 in the learner's Step, and its outcome rides on a later response.
 
-The stream holds a seat at the Step queue (`StepQueue`): its columns count towards a Step's
-size, and its rollouts queue without waiting for each other's Steps, so one actor with fewer
-environments than a Step fills it with several rollouts. Backpressure by waiting, not by
-refusing: a full queue is waited out (the stream's next actions wait meanwhile). Exactly once:
-every rollout is a keyed Step, so an actor that lost the stream sends the rollouts whose outcome
-it has not seen again (unary Step, same key) and the engine answers, joins or applies each; the
-partial rollout of a broken stream is not trained on, and the actor counts its env steps as
-abandoned. A rollout the server will not train on is its outcome (the refusal's status), counted
-by the engine by reason, and said in the log: at the first of each reason on the stream, and
-with the counts when the stream ends.
+The stream holds a seat at the learner (`learner_api.StreamSeat`, a place at its Step queue):
+its columns count towards a Step's size, and its rollouts queue without waiting for each
+other's Steps, so one actor with fewer environments than a Step fills it with several rollouts.
+Backpressure by waiting, not by refusing: a full queue is waited out (the stream's next actions
+wait meanwhile). Exactly once: every rollout is a keyed Step, so an actor that lost the stream
+sends the rollouts whose outcome it has not seen again (unary Step, same key) and the learner
+answers, joins or applies each; the partial rollout of a broken stream is not trained on, and
+the actor counts its env steps as abandoned. A rollout the server will not train on is its
+outcome (the refusal's status), counted by the learner by reason, and said in the log: at the
+first of each reason on the stream, and with the counts when the stream ends.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from service import logs
 from service.errors import ForgottenStepKey, KeyReused, StalePolicy
-from service.server.engine import Engine
+from service.server.learner_api import LearnerApi
 from service.server.status import drop_reason
 from service.step_ledger import StepKey
 from service.types import Rollout, StepResult
@@ -45,7 +45,7 @@ class InteractSteps:
 
     def __init__(
         self,
-        engine: Engine,
+        learner: LearnerApi,
         actor: str,
         first_sequence: int,
         columns: int,
@@ -53,9 +53,9 @@ class InteractSteps:
         settled: Callable[[int], None] = lambda k: None,
     ) -> None:
         """`settled(k)` is called once rollout k's Step is done (its arrays read no more)."""
-        self.engine, self.actor, self.first_sequence = engine, actor, first_sequence
+        self.actor, self.first_sequence = actor, first_sequence
         self.active, self.settled = active, settled
-        self.seat = engine.open_seat(columns)
+        self.seat = learner.open_seat(columns)
         self._pending: deque[tuple[int, Future[StepResult]]] = deque()  # (k, its Step)
         self._outcomes: list[Outcome] = []
         self.dropped: Counter[str] = Counter()  # rollouts refused, by reason
@@ -66,7 +66,7 @@ class InteractSteps:
         refuse, is rollout k's outcome."""
         key = StepKey(self.actor, self.first_sequence + k)
         try:
-            future = self.engine.submit_step(rollout, self.active, key, self.seat)
+            future = self.seat.submit(rollout, self.active, key)
         except (KeyReused, ForgottenStepKey, StalePolicy) as refused:
             self._record(Outcome(key.sequence, None, refused))
             self.settled(k)

@@ -1,4 +1,5 @@
-"""TrainerService over gRPC: protobuf <-> NumPy translation around the engine, nothing more."""
+"""TrainerService over gRPC: protobuf <-> NumPy translation around the learner process, nothing
+more. The servicer knows the learner by its seam alone (`learner_api.LearnerApi`)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.checkpoint import CheckpointInfo
 from service.errors import InvalidInput, Unavailable
-from service.server.engine import Engine
 from service.server.interact import InteractSteps, Outcome
+from service.server.learner_api import LearnerApi
 from service.server.metrics import Metrics
 from service.server.status import drop_reason, status_of
 from service.server.validation import (
@@ -188,17 +189,18 @@ def checkpoint_message(info: CheckpointInfo) -> pb.CheckpointInfo:
 
 
 class TrainerServicer(pb_grpc.TrainerServiceServicer):
-    """Each method decodes, calls the engine, encodes; errors go through `status_of`."""
+    """Each method decodes, calls the learner, encodes; errors go through `status_of`.
+    `clock` (seconds) times Interact's requests."""
 
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
-        self._engine: Engine | None = None
+    def __init__(self, metrics: Metrics, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.metrics, self.clock = metrics, clock
+        self._learner: LearnerApi | None = None
         self._draining = False
         self._refusals = logs.Throttled(REFUSAL_LOG_EVERY_S)
 
-    def attach(self, engine: Engine) -> None:
-        """Start answering with `engine`; until then every call is UNAVAILABLE."""
-        self._engine = engine
+    def attach(self, learner: LearnerApi) -> None:
+        """Start answering with `learner`; until then every call is UNAVAILABLE."""
+        self._learner = learner
 
     def refuse_new_calls(self) -> None:
         """Answer every call that starts from now on UNAVAILABLE, while the server still runs.
@@ -213,12 +215,12 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         self._refusals.flush()
 
     @property
-    def engine(self) -> Engine:
+    def learner(self) -> LearnerApi:
         if self._draining:
             raise Unavailable("the server is draining and takes no new calls; retry elsewhere")
-        if self._engine is None:
+        if self._learner is None:
             raise Unavailable("the trainer is still being built; retry shortly")
-        return self._engine
+        return self._learner
 
     def _fail(
         self, method: str, error: Exception, context: grpc.ServicerContext, request_id: str
@@ -299,9 +301,9 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
 
     @_rpc("Step")
     def Step(self, request: pb.StepRequest, context: grpc.ServicerContext) -> pb.StepResponse:
-        rollout = rollout_from_request(request, self.engine.trainer.config)
+        rollout = rollout_from_request(request, self.learner.config)
         key = key_from_request(request)
-        future = self.engine.submit_step(rollout, context.is_active, key, client=context.peer())
+        future = self.learner.submit_step(rollout, context.is_active, key, client=context.peer())
         return step_response(future.result())
 
     def StreamStep(
@@ -312,10 +314,10 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         try:
             for undecoded in request_iterator:
                 request = decoded(undecoded)
-                rollout = rollout_from_request(request.step, self.engine.trainer.config)
+                rollout = rollout_from_request(request.step, self.learner.config)
                 key = key_from_request(request.step)
-                result = self.engine.submit_step(rollout, context.is_active, key,
-                                                 client=context.peer()).result()  # fmt: skip
+                result = self.learner.submit_step(rollout, context.is_active, key,
+                                                  client=context.peer()).result()  # fmt: skip
                 yield pb.StreamStepResponse(step=step_response(result))
             # gRPC may end the request iterator of a cancelled call instead of raising
             self._closed("StreamStep", context, request_id)
@@ -352,15 +354,15 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         if request is None:
             return
         request = decoded(request)
-        engine = self.engine
-        engine.require_training("Interact")
-        config = engine.trainer.config
+        learner = self.learner
+        learner.require_training("Interact")
+        config = learner.config
         actor, first_sequence, T, groups, synchronous = interact_start(request, config)
         unroller = Unroller(T, groups, config.model.obs_dim, recycling=True,
-                            empty=engine.trainer.backend.host_empty)  # fmt: skip
-        steps = InteractSteps(engine, actor, first_sequence, unroller.N, context.is_active,
+                            empty=learner.host_empty)  # fmt: skip
+        steps = InteractSteps(learner, actor, first_sequence, unroller.N, context.is_active,
                               unroller.recycle)  # fmt: skip
-        clock, latency = engine.clock, self.metrics.interact_request_duration
+        clock, latency = self.clock, self.metrics.interact_request_duration
         returns = EpisodeReturns(unroller, self.metrics.episode_return.observe)
         try:
             while request is not None:
@@ -372,7 +374,7 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
                     steps.submit(k, rollout)
                     if synchronous:
                         steps.finish()
-                acted = engine.act(step.obs, ActMode.SAMPLE, 0.0)  # UNAVAILABLE on a drain
+                acted = learner.act(step.obs, ActMode.SAMPLE, 0.0)  # UNAVAILABLE on a drain
                 unroller.acted(request.group, acted.actions, acted.log_probs,
                                acted.policy_version)  # fmt: skip
                 response = pb.InteractResponse(
@@ -397,8 +399,8 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
 
     @_rpc("Act")
     def Act(self, request: pb.ActRequest, context: grpc.ServicerContext) -> pb.ActResponse:
-        obs, mode, epsilon = act_inputs(request, self.engine.trainer.config)
-        result = self.engine.act(obs, mode, epsilon)
+        obs, mode, epsilon = act_inputs(request, self.learner.config)
+        result = self.learner.act(obs, mode, epsilon)
         return pb.ActResponse(
             actions=encode(result.actions.astype("<i4")),
             log_probs=encode(result.log_probs.astype("<f4")),
@@ -411,32 +413,32 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         self, request: pb.CheckpointRequest, context: grpc.ServicerContext
     ) -> pb.CheckpointResponse:
         name = request.name if request.HasField("name") else None
-        info = self.engine.checkpoint(name)
+        info = self.learner.checkpoint(name)
         return pb.CheckpointResponse(checkpoint=checkpoint_message(info))
 
     @_rpc("Restore")
     def Restore(
         self, request: pb.RestoreRequest, context: grpc.ServicerContext
     ) -> pb.RestoreResponse:
-        info, digest = self.engine.restore(request.name)
+        info, digest = self.learner.restore(request.name)
         return pb.RestoreResponse(checkpoint=checkpoint_message(info), param_digest=digest)
 
     @_rpc("ListCheckpoints")
     def ListCheckpoints(
         self, request: pb.ListCheckpointsRequest, context: grpc.ServicerContext
     ) -> pb.ListCheckpointsResponse:
-        infos = self.engine.list_checkpoints()
+        infos = self.learner.list_checkpoints()
         return pb.ListCheckpointsResponse(checkpoints=[checkpoint_message(i) for i in infos])
 
     @_rpc("GetStatus")
     def GetStatus(
         self, request: pb.GetStatusRequest, context: grpc.ServicerContext
     ) -> pb.GetStatusResponse:
-        return self.engine.status()
+        return self.learner.status()
 
     @_rpc("UpdateHyperparams")
     def UpdateHyperparams(
         self, request: pb.UpdateHyperparamsRequest, context: grpc.ServicerContext
     ) -> pb.UpdateHyperparamsResponse:
-        config_json = self.engine.update_hyperparams(dict(request.values))
+        config_json = self.learner.update_hyperparams(dict(request.values))
         return pb.UpdateHyperparamsResponse(config_json=config_json)

@@ -72,7 +72,7 @@ from typing import Generic, TypeVar
 from service.errors import Abandoned, QueueFull, Unavailable
 from service.types import StepResult
 
-Work = TypeVar("Work")  # what one rollout brings: the engine's rollout with its key
+Work = TypeVar("Work")  # what one rollout brings: the learner's rollout with its key
 ROOM_POLL_S = 0.1  # a wait for room, or for a stream's rollout, looks again this often
 PACE_SAMPLES = 5  # a stream's pace: the median of its latest intervals between rollouts
 MIN_GRACE_S = 0.1  # how late a stream's rollout may be before it stops counting, at least...

@@ -104,7 +104,7 @@ class Trainer:
             return self.policy.act_on_device(obs, mode, epsilon)
 
     def snapshot(self) -> PolicySnapshot:
-        """The published policy, for Acts that run beside Steps (server.engine): made on first
+        """The published policy, for Acts that run beside Steps (server.acting): made on first
         use, on an executor of its own, from the parameters as they are then; `publish()`
         refreshes it."""
         if self._snapshot is None:
