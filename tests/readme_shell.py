@@ -130,6 +130,10 @@ class Session:
         self.run(f"python {shlex.quote(str(script))}", timeout_s)
 
     def start_server(self, command: str, port: int) -> None:
+        assert not serving(port), (
+            f"`{command}`: port {port} already answers health checks before it starts: another "
+            "server holds the README's fixed port (another run of this test on the machine?)"
+        )
         self.start(command, lambda: serving(port), f"a health answer on port {port}", server=True)
 
     def start(
