@@ -39,6 +39,7 @@ from service.handoff.segment import Segment
 from service.types import ActMode, ActResult, Rollout, StepResult
 
 MODES = list(ActMode)
+LINGER_RETRY_S = 0.5  # how often a reclaimed segment still viewed is tried again
 SEND_TIMEOUT_S = 5.0  # a front end that reads no replies for this long is treated as gone
 
 # What the hub calls. Each returns at once with a Future (a blocking learner call is wrapped in
@@ -112,6 +113,7 @@ class Hub:
         self._listener: socket.socket | None = None
         self._calls = ThreadPoolExecutor(4, thread_name_prefix=f"{name}-call")
         self._dropping: list[_FrontEnd] = []  # front ends that read no replies, to close
+        self._lingering: list[Segment] = []  # reclaimed, unmapped once no view is left
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -183,7 +185,7 @@ class Hub:
     # ------------------------------------------------------------------------------- loop
     def _loop(self) -> None:
         while not self._closed:
-            for key, _ in self._selector.select():
+            for key, _ in self._selector.select(LINGER_RETRY_S if self._lingering else None):
                 if key.fileobj is self._wake_r:
                     self._wake_r.recv(4096)
                     with self._lock:
@@ -194,6 +196,9 @@ class Hub:
                     self._accept()
                 else:
                     self._read(key.data)
+            with self._lock:
+                lingering, self._lingering = self._lingering, []
+            self._unmap_segments(lingering)
 
     def _accept(self) -> None:
         assert self._listener is not None
@@ -401,7 +406,16 @@ class Hub:
 
     def _unmap(self, fe: _FrontEnd) -> None:
         fe.act_views = []
-        for segment in (fe.act, fe.rollouts):
-            if segment is not None and not segment.close():
-                logs.event(logging.WARNING, "handoff: a reclaimed slot is still viewed; it is "
-                           "unmapped with its last view", front_end=fe.id)  # fmt: skip
+        self._unmap_segments([segment for segment in (fe.act, fe.rollouts) if segment])
+        fe.act = fe.rollouts = None
+
+    def _unmap_segments(self, segments: list[Segment]) -> None:
+        """Unmap each; one a view still reads (a Delivery the learner holds on to) is tried
+        again after the next event."""
+        left = [segment for segment in segments if not segment.close()]
+        if left:
+            with self._lock:
+                self._lingering.extend(left)
+                wake = not self._closed and threading.current_thread() is not self._thread
+            if wake:  # the loop sets its retry timer
+                self._wake_w.send(b"\0")
