@@ -48,7 +48,7 @@ class _Pool:
             while True:
                 handoff.check_up()
                 if self.free:
-                    return self.free.popleft()
+                    return self.free.pop()  # the latest freed: its pages are warm
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise QueueFull(

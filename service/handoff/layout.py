@@ -11,6 +11,7 @@ the final observations, known only when the rollout is whole, behind the fixed f
 
 from __future__ import annotations
 
+import functools
 import mmap
 import struct
 from collections.abc import Iterable
@@ -116,21 +117,26 @@ class RolloutShape:
     def layout(self) -> Layout:
         """The Rollout's fields in its canonical dtypes (those `Rollout.digest` reads): the
         fixed [T, N] arrays first, the M final observations and their flat indices last."""
-        T, N = self.T, self.N
-        specs = [
-            ("obs", "<f4", (T + 1, N, self.D)),
-            ("actions", "<i4", (T, N)),
-            ("behavior_log_probs", "<f4", (T, N)),
-            ("rewards", "<f4", (T, N)),
-            ("terminated", "?", (T, N)),
-            ("truncated", "?", (T, N)),
-        ]
-        if self.labels:
-            specs.append(("bce_labels", "u1", (T, N)))
-        if self.K:
-            specs.append(("aux_targets", "<f4", (T, N, self.K)))
-        specs += [("final_obs_index", "<i8", (self.M,)), ("final_obs", "<f4", (self.M, self.D))]
-        return Layout.of(specs)
+        return _rollout_layout(self)
+
+
+@functools.lru_cache(maxsize=256)  # a front end's streams send the same few shapes again
+def _rollout_layout(shape: RolloutShape) -> Layout:
+    T, N, D = shape.T, shape.N, shape.D
+    specs = [
+        ("obs", "<f4", (T + 1, N, D)),
+        ("actions", "<i4", (T, N)),
+        ("behavior_log_probs", "<f4", (T, N)),
+        ("rewards", "<f4", (T, N)),
+        ("terminated", "?", (T, N)),
+        ("truncated", "?", (T, N)),
+    ]
+    if shape.labels:
+        specs.append(("bce_labels", "u1", (T, N)))
+    if shape.K:
+        specs.append(("aux_targets", "<f4", (T, N, shape.K)))
+    specs += [("final_obs_index", "<i8", (shape.M,)), ("final_obs", "<f4", (shape.M, D))]
+    return Layout.of(specs)
 
 
 def write_rollout(views: dict[str, np.ndarray], rollout: Rollout) -> None:
