@@ -298,13 +298,13 @@ class ServerConfig(_Section):
     # Front-end processes hand Acts and rollouts to the learner process in shared memory
     # (service/handoff): each front end maps this many Act slots, each of handoff_act_rows
     # observations; an Act past a free slot waits for one
-    handoff_act_slots: int = _f(32, ge=1)
+    handoff_act_slots: int = _f(32, ge=1, le=4096)
     # the most observations one Act request carries to the learner (rows of an Act slot); a
     # larger one is refused RESOURCE_EXHAUSTED naming this setting
     handoff_act_rows: int = _f(16384, ge=1)
     # rollouts one front-end process has in the learner's hands at once, each in a slot of
     # server.max_rollout_mb (final observations included); another waits for a free slot
-    handoff_rollout_slots: int = _f(8, ge=1)
+    handoff_rollout_slots: int = _f(8, ge=1, le=4096)
     # the shared memory all front-end processes together may map (MiB: their Act and rollout
     # slots), checked before a front end's slots are made
     handoff_max_mb: int = _f(8192, ge=1)

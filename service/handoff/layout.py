@@ -60,10 +60,15 @@ class Layout:
             offset = field.offset + field.nbytes
         return cls(tuple(fields), _aligned(offset))
 
-    def views(self, buffer: Buffer, start: int = 0) -> dict[str, np.ndarray]:
+    def views(self, buffer: Buffer, start: int = 0, read_only: tuple[str, ...] = ()
+              ) -> dict[str, np.ndarray]:  # fmt: skip
         """Each field as an array over `buffer` at `start` (a slot's first byte); writes through
-        a view land in the buffer."""
-        return {f.name: np.ndarray(f.shape, f.dtype, buffer, start + f.offset) for f in self.fields}
+        a view land in the buffer, except for the fields named `read_only` (the reader's)."""
+        views = {}
+        for f in self.fields:
+            views[f.name] = view = np.ndarray(f.shape, f.dtype, buffer, start + f.offset)
+            view.flags.writeable = f.name not in read_only
+        return views
 
 
 # ------------------------------------------------------------------------------------------ Act

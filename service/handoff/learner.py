@@ -224,7 +224,8 @@ class Hub:
         try:
             self._dispatch(fe, message)
         except Exception as error:  # a learner call that raised at once, or a bad message
-            self._fail(fe, message, error, release=False)
+            # an answer to an ACT or a ROLLOUT gives its slot back, whatever it says
+            self._fail(fe, message, error, release=message.kind in (Kind.ACT, Kind.ROLLOUT))
 
     def _dispatch(self, fe: _FrontEnd, message: Message) -> None:
         if message.kind is Kind.HELLO:
@@ -267,7 +268,7 @@ class Hub:
                 fe.sizes = None
             raise
         layout = sizes.act_layout
-        fe.act_views = [layout.views(fe.act.buffer, i * layout.nbytes)
+        fe.act_views = [layout.views(fe.act.buffer, i * layout.nbytes, read_only=("obs",))
                         for i in range(sizes.act_slots)]  # fmt: skip
         fe.channel.send(Kind.WELCOME, message.request, body=ch.WELCOME_BODY.pack(fe.id),
                         fds=(fe.act.fd, fe.rollouts.fd))  # fmt: skip
@@ -309,11 +310,12 @@ class Hub:
                     np.copyto(views[name][:rows], getattr(result, name), casting="same_kind")
             except (ValueError, TypeError) as wrong:
                 error = wrong
+        # settled before the reply: the front end may send the slot again as soon as it reads it
+        self._settle(fe, Kind.ACT, message.slot)
         if error is not None:
             self._fail(fe, message, error, release=True)
         else:
             self._reply(fe, Kind.ACTED, message, ch.ACTED_BODY.pack(result.policy_version))
-        self._settle(fe, Kind.ACT, message.slot)
 
     # ---------------------------------------------------------------------------- ROLLOUT
     def _rollout(self, fe: _FrontEnd, message: Message) -> None:
@@ -324,7 +326,8 @@ class Hub:
         actor = message.body[tail:].decode() if message.flags & ch.KEYED else None
         layout = check_rollout(shape, fe.sizes)
         self._take(fe, Kind.ROLLOUT, message.slot, fe.sizes.rollout_slots)
-        views = layout.views(fe.rollouts.buffer, message.slot * fe.sizes.rollout_bytes)
+        views = layout.views(fe.rollouts.buffer, message.slot * fe.sizes.rollout_bytes,
+                             read_only=tuple(field.name for field in layout.fields))  # fmt: skip
         delivery = Delivery(fe.id, read_rollout(views, None if version < 0 else version),
                             stream, actor, sequence, lambda: fe.alive)  # fmt: skip
         try:
@@ -336,11 +339,11 @@ class Hub:
 
     def _stepped(self, fe: _FrontEnd, message: Message, done: Future[StepResult]) -> None:
         error = done.exception()
+        self._settle(fe, Kind.ROLLOUT, message.slot)  # before the reply, as in _acted
         if error is not None:
             self._fail(fe, message, error, release=True)
         else:
             self._reply(fe, Kind.STEPPED, message, ch.result_body(done.result()))
-        self._settle(fe, Kind.ROLLOUT, message.slot)
 
     # ------------------------------------------------------------------------------- CALL
     def _call_request(self, fe: _FrontEnd, message: Message) -> None:

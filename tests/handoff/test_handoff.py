@@ -236,3 +236,25 @@ def test_a_learner_that_dies_fails_the_front_ends_waiters(tmp_path: Path, rng: n
         handoff.submit_rollout(random_rollout(rng, D=D))
     handoff.close()
     process.join(30)
+
+
+def test_a_learner_call_that_refuses_at_once_fails_the_request_and_frees_its_slot(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    def refuse(*_: object) -> Future:
+        raise Unavailable("the server is draining and acts no more")
+
+    path = str(tmp_path / "learner.sock")
+    server = Hub(LIMITS, refuse, refuse, name=f"trident-test-refuse-{os.getpid()}")
+    server.listen(path)
+    D = int(rng.integers(1, 30))
+    handoff = Handoff.connect(path, sizes(D))
+    for _ in range(LIMITS.act_slots + 1):  # more than the slots: each came back
+        with pytest.raises(Unavailable, match="draining"):
+            handoff.act(rng.standard_normal((3, D), dtype=np.float32), ActMode.SAMPLE, timeout_s=30)
+    for _ in range(LIMITS.rollout_slots + 1):
+        with pytest.raises(Unavailable, match="draining"):
+            handoff.submit_rollout(random_rollout(rng, D=D), timeout_s=30).result(30)
+    assert handoff.slots_free() == {"act": LIMITS.act_slots, "rollout": LIMITS.rollout_slots}
+    handoff.close()
+    server.close()
