@@ -14,12 +14,13 @@ learner reads the same slots through views of one layout and answers in them. Mo
 No gRPC and no trainer here: the learner's calls come in as callables.
 """
 
-from service.handoff.frontend import Handoff, RolloutSlot
+from service.handoff.frontend import ActSlot, Handoff, RolloutSlot
 from service.handoff.layout import Layout, RolloutShape, act_layout
 from service.handoff.learner import Delivery, FrontEndInfo, Hub
 from service.handoff.limits import HandoffLimits, SlotSizes
 
 __all__ = [
+    "ActSlot",
     "Delivery",
     "FrontEndInfo",
     "Handoff",

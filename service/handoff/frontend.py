@@ -1,11 +1,12 @@
 """A front-end process's side of the handoff: `Handoff`, which its gRPC handler threads call.
 
-`act` writes a request's observations into a free Act slot and waits for the learner's answer in
-the same slot; `rollout_slot` lends a rollout slot to write a stream's rollout in place (or
-`submit_rollout` copies a whole rollout in) and `submit` hands it to the learner, answered by a
-Future of its Step's result. A slot goes back to the pool only when the learner released it, so
-a slot is never written while the learner reads it; with every slot of a kind in the learner's
-hands, a caller waits for one (backpressure), up to its timeout.
+`act` writes a request's observations into a free Act slot (or `act_slot` lends one to decode
+them into in place) and waits for the learner's answer in the same slot; `rollout_slot` lends a
+rollout slot to write a stream's rollout in place and its `submit` hands it to the learner
+(`submit_rollout` copies a whole rollout in and hands it over), answered by a Future of its
+Step's result. A slot goes back to the pool only when the learner released it, so a slot is
+never written while the learner reads it; with every slot of a kind in the learner's hands, a
+caller waits for one (backpressure), up to its timeout.
 
 One reader thread takes the learner's replies. When the learner's end closes (it exited or was
 killed) every waiting call fails at once with Unavailable, and so does every later one.
@@ -101,6 +102,29 @@ class RolloutSlot:
             self.handoff.give_back(Kind.ROLLOUT, self.index)
 
 
+class ActSlot:
+    """An Act slot lent to write one request's observations in place (`obs`, [rows, D]); `run`
+    or `cancel` ends the loan."""
+
+    def __init__(self, handoff: Handoff, index: int, rows: int) -> None:
+        self.handoff, self.index, self.rows = handoff, index, rows
+        self.obs = handoff.act_obs(index)[:rows]
+        self.lent = True
+
+    def run(self, mode: ActMode, epsilon: float = 0.0, timeout_s: float | None = None
+            ) -> ActResult:  # fmt: skip
+        """The learner's answer (outputs copied out of the slot). TimeoutError past
+        `timeout_s`: the slot stays in the learner's hands until it answers."""
+        self.lent = False
+        return self.handoff.send_act(self.index, self.rows, mode, epsilon).result(timeout_s)
+
+    def cancel(self) -> None:
+        """Give the slot back unsent (a request that failed its checks)."""
+        if self.lent:
+            self.lent = False
+            self.handoff.give_back(Kind.ACT, self.index)
+
+
 class Handoff:
     """A front end's connection to the learner's hub; thread-safe. Build with `connect`."""
 
@@ -182,23 +206,29 @@ class Handoff:
     # -------------------------------------------------------------------------------- Act
     def act(self, obs: np.ndarray, mode: ActMode, epsilon: float = 0.0,
             timeout_s: float | None = None) -> ActResult:  # fmt: skip
-        """The learner's batched Act for `obs` [rows, D] (copied into a slot; the outputs come
-        back copied out of it). TimeoutError past `timeout_s`: the slot stays in the learner's
-        hands until it answers."""
-        rows = obs.shape[0]
-        check_act(rows, self.sizes)
+        """The learner's batched Act for `obs` [rows, D], copied into a slot (`act_slot`)."""
         if obs.ndim != 2 or obs.shape[1] != self.sizes.obs_dim:
             raise InvalidInput("obs", f"[rows, {self.sizes.obs_dim}]", list(obs.shape))
-        slot = self._pools[Kind.ACT].take(self, timeout_s)
+        slot = self.act_slot(obs.shape[0], timeout_s)
         try:
-            np.copyto(self._act_views[slot]["obs"][:rows], obs, casting="same_kind")
+            np.copyto(slot.obs, obs, casting="same_kind")
         except BaseException:
-            self.give_back(Kind.ACT, slot)
+            slot.cancel()
             raise
+        return slot.run(mode, epsilon, timeout_s)
+
+    def act_slot(self, rows: int, timeout_s: float | None = None) -> ActSlot:
+        """A free Act slot lent for `rows` observations, to write in place (a request's decode),
+        waiting up to `timeout_s` for one; OverLimit past server.handoff_act_rows."""
+        check_act(rows, self.sizes)
+        return ActSlot(self, self._pools[Kind.ACT].take(self, timeout_s), rows)
+
+    def send_act(self, slot: int, rows: int, mode: ActMode, epsilon: float) -> Future[ActResult]:
+        """Hand the observations written in `slot` to the learner."""
         future: Future[ActResult] = Future()
         request = self._track(future, Kind.ACT, slot, rows)
         self._send(Kind.ACT, request, slot, body=ch.ACT_BODY.pack(rows, MODES[mode], epsilon))
-        return future.result(timeout_s)
+        return future
 
     # --------------------------------------------------------------------------- rollouts
     def rollout_slot(self, shape: RolloutShape, timeout_s: float | None = None) -> RolloutSlot:
@@ -224,6 +254,9 @@ class Handoff:
             self.give_back(Kind.ROLLOUT, slot)
             raise
         return self.send_rollout(slot, shape, rollout.policy_version, key, stream)
+
+    def act_obs(self, slot: int) -> np.ndarray:
+        return self._act_views[slot]["obs"]
 
     def rollout_views(self, slot: int, shape: RolloutShape) -> dict[str, np.ndarray]:
         return check_rollout(shape, self.sizes).views(

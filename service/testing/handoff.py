@@ -117,9 +117,9 @@ def random_shape(rng: np.random.Generator, D: int) -> tuple[int, int, bool]:
 
 def exercise(handoff: Handoff, rng: np.random.Generator, acts: int, rollouts: int,
              actor: str) -> list[str]:  # fmt: skip
-    """`acts` Acts of random rows, modes and ε, and `rollouts` random rollouts (half written in
-    place through a slot, half copied in), each checked against what the learner saw; the
-    mismatches, said."""
+    """`acts` Acts of random rows, modes and ε, and `rollouts` random rollouts (of each, half
+    written in place through a lent slot, half copied in), each checked against what the
+    learner saw; the mismatches, said."""
     D, wrong = handoff.sizes.obs_dim, []
     for i in range(max(acts, rollouts)):
         if i < acts:
@@ -127,7 +127,13 @@ def exercise(handoff: Handoff, rng: np.random.Generator, acts: int, rollouts: in
             obs = rng.standard_normal((rows, D), dtype=np.float32)
             mode = list(ActMode)[int(rng.integers(0, len(ActMode)))]
             epsilon = float(np.float32(rng.random()))
-            got, want = handoff.act(obs, mode, epsilon, timeout_s=60), echo_act(obs, mode, epsilon)
+            if i % 2:
+                got = handoff.act(obs, mode, epsilon, timeout_s=60)
+            else:  # written in place, as a request's decode would
+                slot = handoff.act_slot(rows, timeout_s=60)
+                slot.obs[:] = obs
+                got = slot.run(mode, epsilon, timeout_s=60)
+            want = echo_act(obs, mode, epsilon)
             for name in ("actions", "log_probs", "values", "policy_version"):
                 if not np.array_equal(getattr(got, name), getattr(want, name)):
                     wrong.append(f"Act {i} ({rows} rows): {name} differs")
