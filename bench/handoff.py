@@ -6,6 +6,9 @@ training), or a thread answering a Queue the same way. A spawned front-end proce
 - a rollout's round trip, one in flight (the front end's submit to the learner's answer: the
   copy into a slot and the header, or the pickling, the pipe and the unpickling), median;
 - throughput with `--depth` rollouts in flight (the handoff's rollout slots);
+- the same through the handoff "in place": the rollout's arrays already in the slot, as a
+  stream that assembles its rollout there has them (the final observations copied, the header
+  sent);
 - an Act of `--act-rows` observations' round trip, one in flight, p50 and p99.
 Shapes: LobSim's (T = 32, 1,024 columns, 56 features, BCE labels, 3 aux targets) and CartPole's
 (T = 32, 512 columns, 4 features, no labels). Each repeat starts fresh processes; the table gives
@@ -32,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from service.handoff import Delivery, Handoff, HandoffLimits, Hub
+from service.handoff import Delivery, Handoff, HandoffLimits, Hub, RolloutShape
 from service.testing import host_report
 from service.testing.handoff import echo_act
 from service.testing.models import random_rollout
@@ -70,10 +73,22 @@ class Route:
 
 
 class HandoffRoute(Route):
-    def __init__(self, path: str, limits: HandoffLimits, D: int) -> None:
+    """`in_place`: the rollout's fixed arrays count as written where they lie (a stream's
+    Unroller writes them into its slot as the steps come), so a submit takes a slot, copies the
+    final observations and sends the header; else the whole rollout is copied into a slot."""
+
+    def __init__(self, path: str, limits: HandoffLimits, D: int, in_place: bool) -> None:
         self.handoff = Handoff.connect(path, limits.sizes(D))
-        self.submit = lambda rollout: self.handoff.submit_rollout(rollout, ("bench", 0))
+        self.submit = self._in_place if in_place else self._copied
         self.act = lambda obs: self.handoff.act(obs, ActMode.SAMPLE)
+
+    def _copied(self, rollout: Rollout) -> Future[Any]:
+        return self.handoff.submit_rollout(rollout, ("bench", 0))
+
+    def _in_place(self, rollout: Rollout) -> Future[Any]:
+        slot = self.handoff.rollout_slot(RolloutShape.of(rollout).with_final(0))
+        return slot.submit(rollout.policy_version, rollout.final_obs, rollout.final_obs_index,
+                           ("bench", 0))  # fmt: skip
 
     def close(self) -> None:
         self.handoff.close()
@@ -132,7 +147,7 @@ def front_end_main(route: str, path: str, limits: HandoffLimits, queues: Any,
     pipe = QueueRoute(*queues) if route == "queue" else None
     for name, shape in SHAPES.items():
         rollouts = [rollout_of(shape, seed) for seed in range(4)]
-        link = pipe or HandoffRoute(path, limits, shape[2])
+        link = pipe or HandoffRoute(path, limits, shape[2], in_place=route == "in place")
         for i in range(2 * args["depth"]):  # warm: every slot's pages, the pipe
             link.submit(rollouts[i % 4]).result()
         trips = []
@@ -181,7 +196,7 @@ def measure(route: str, args: argparse.Namespace) -> dict[str, Any]:
                            rollout_bytes=64 * MIB, max_bytes=4096 * MIB)  # fmt: skip
     with tempfile.TemporaryDirectory() as folder:
         path, hub, queues, learner = str(Path(folder) / "learner.sock"), None, None, None
-        if route == "handoff":
+        if route != "queue":
 
             def step(delivery: Delivery) -> Future[StepResult]:
                 return done(StepResult(global_step=delivery.rollout.num_envs))
@@ -227,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--act-rows", type=int, default=1024)
     parser.add_argument("--out", type=Path, default=Path("bench/results/handoff.json"))
     args = parser.parse_args(argv)
-    runs: dict[str, list[dict[str, Any]]] = {"handoff": [], "queue": []}
+    runs: dict[str, list[dict[str, Any]]] = {"handoff": [], "in place": [], "queue": []}
     for _ in range(args.repeats):
         for route in runs:
             runs[route].append(measure(route, args))
@@ -245,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<20} {route:<8} {row['rollout_mib']['median']:>6.2f} "
                   f"{cell(row['rollout_ms_p50'], 3):>20} {cell(row['rollouts_per_s'], 0):>22} "
                   f"{cell(row['mib_per_s'], 0):>22}")  # fmt: skip
-    for route in runs:
+    for route in ("handoff", "queue"):  # "in place" acts as "handoff" does
         act = result[route]["act"]
         print(f"Act {args.act_rows} rows, {route}: p50 {cell(act['act_ms_p50'], 3)} ms, "
               f"p99 {cell(act['act_ms_p99'], 3)} ms")  # fmt: skip

@@ -138,6 +138,7 @@ class Handoff:
         self._pending: dict[int, tuple[Future[Any], Kind, int, int]] = {}  # id -> (, slot, rows)
         self._ids = itertools.count(1)
         self._error: Exception | None = None
+        self._closing = False
         body = ch.HELLO_BODY.pack(ch.PROTOCOL, sizes.obs_dim, sizes.act_slots, sizes.act_rows,
                                   sizes.rollout_slots, sizes.rollout_bytes)  # fmt: skip
         sock.settimeout(timeout_s)
@@ -197,6 +198,7 @@ class Handoff:
 
     def close(self) -> None:
         """Close the channel; waiting calls fail, the slots are unmapped with their last view."""
+        self._closing = True
         self._channel.close()
         self._reader.join()
         self._act_views = []
@@ -328,7 +330,8 @@ class Handoff:
                 future.set_exception(outcome)
             else:
                 future.set_result(outcome)
-        self._down("the learner process closed its end of the handoff (it exited or was killed)")
+        self._down("this front end closed the handoff" if self._closing else
+                   "the learner process closed its end of the handoff (it exited or was killed)")
 
     def _down(self, why: str) -> None:
         """Fail every waiting call and every later one."""
