@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import re
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -257,4 +258,27 @@ def test_a_learner_call_that_refuses_at_once_fails_the_request_and_frees_its_slo
             handoff.submit_rollout(random_rollout(rng, D=D), timeout_s=30).result(30)
     assert handoff.slots_free() == {"act": LIMITS.act_slots, "rollout": LIMITS.rollout_slots}
     handoff.close()
+    server.close()
+
+
+def test_a_front_end_on_a_socketpair_is_served_and_its_end_reported(
+    rng: np.random.Generator,
+) -> None:
+    """`Hub.adopt`: the server hands a new front-end process one end of a socketpair; `gone`
+    names the front end once its end closes, and an unkeyed rollout comes without an actor."""
+    gone: list[int] = []
+    learner = harness.EchoLearner()
+    server = Hub(LIMITS, learner.act, learner.step, gone=gone.append,
+                 name=f"trident-test-pair-{os.getpid()}")  # fmt: skip
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server.adopt(ours)
+    D = int(rng.integers(1, 30))
+    handoff = Handoff(theirs, sizes(D))
+    rollout = random_rollout(rng, D=D, extras=False)
+    result = handoff.submit_rollout(rollout, stream=7).result(30)
+    assert result.warnings == [rollout.digest(), "None", "0", "7"]
+    (info,) = server.front_ends()
+    assert info.pid == os.getpid() and info.alive and not gone
+    handoff.close()
+    wait_until(lambda: gone == [info.id] and not server.front_ends(), 30, "the front end gone")
     server.close()
