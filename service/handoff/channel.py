@@ -94,6 +94,8 @@ class Channel:
         """The next message; None once the peer is gone (EOF, reset) or the socket closed."""
         try:
             data, fds, flags, _ = socket.recv_fds(self.sock, MAX_MESSAGE, MAX_FDS)
+        except TimeoutError:  # the socket's own timeout: the caller's to handle
+            raise
         except OSError:
             return None
         if not data:

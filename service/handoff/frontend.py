@@ -39,13 +39,14 @@ MODES = {mode: i for i, mode in enumerate(ActMode)}
 class _Pool:
     """Free slot indices of one kind; `take` waits for one while the handoff is up."""
 
-    def __init__(self, count: int, setting: str, what: str, wake: threading.Condition) -> None:
+    def __init__(self, count: int, setting: str, what: str, lock: threading.Lock) -> None:
         self.free: deque[int] = deque(range(count))
-        self.setting, self.what, self._wake = setting, what, wake
+        self.setting, self.what = setting, what
+        self.wake = threading.Condition(lock)  # one a kind: a freed slot wakes a taker of its kind
 
     def take(self, handoff: Handoff, timeout_s: float | None) -> int:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._wake:
+        with self.wake:
             while True:
                 handoff.check_up()
                 if self.free:
@@ -56,12 +57,12 @@ class _Pool:
                         f"handoff: every {self.what} slot is in the learner's hands "
                         f"({self.setting}); none came free in {timeout_s:g} s"
                     )
-                self._wake.wait(left)
+                self.wake.wait(left)
 
     def give(self, slot: int) -> None:
-        """With the pool's condition held."""
+        """With the handoff's lock held."""
         self.free.append(slot)
-        self._wake.notify()
+        self.wake.notify()
 
 
 class RolloutSlot:
@@ -134,7 +135,7 @@ class Handoff:
         does not answer within `timeout_s`."""
         self.sizes = sizes
         self._channel = Channel(sock)
-        self._wake = threading.Condition()
+        self._lock = threading.Lock()  # the pools' and the pending calls'
         self._pending: dict[int, tuple[Future[Any], Kind, int, int]] = {}  # id -> (, slot, rows)
         self._ids = itertools.count(1)
         self._error: Exception | None = None
@@ -164,9 +165,9 @@ class Handoff:
         self._act_views = [layout.views(self._act.buffer, i * layout.nbytes)
                            for i in range(sizes.act_slots)]  # fmt: skip
         self._pools = {
-            Kind.ACT: _Pool(sizes.act_slots, "server.handoff_act_slots", "Act", self._wake),
+            Kind.ACT: _Pool(sizes.act_slots, "server.handoff_act_slots", "Act", self._lock),
             Kind.ROLLOUT: _Pool(sizes.rollout_slots, "server.handoff_rollout_slots", "rollout",
-                                self._wake),
+                                self._lock),
         }  # fmt: skip
         self._reader = threading.Thread(target=self._read, name="trident-handoff", daemon=True)
         self._reader.start()
@@ -190,10 +191,10 @@ class Handoff:
     def check_up(self) -> None:
         """Unavailable once the learner's end has closed."""
         if self._error is not None:
-            raise self._error
+            raise Unavailable(str(self._error))
 
     def slots_free(self) -> dict[str, int]:
-        with self._wake:
+        with self._lock:
             return {kind.name.lower(): len(pool.free) for kind, pool in self._pools.items()}
 
     def close(self) -> None:
@@ -286,15 +287,15 @@ class Handoff:
 
     # -------------------------------------------------------------------------- internals
     def give_back(self, kind: Kind, slot: int) -> None:
-        with self._wake:
+        with self._lock:
             self._pools[kind].give(slot)
 
     def _track(self, future: Future[Any], kind: Kind, slot: int, rows: int) -> int:
-        with self._wake:
+        with self._lock:
             if self._error is not None:
                 if slot >= 0:
                     self._pools[kind].give(slot)
-                raise self._error
+                raise Unavailable(str(self._error))
             request = next(self._ids)
             self._pending[request] = (future, kind, slot, rows)
             return request
@@ -308,7 +309,7 @@ class Handoff:
 
     def _read(self) -> None:
         while (message := self._channel.receive()) is not None:
-            with self._wake:
+            with self._lock:
                 entry = self._pending.pop(message.request, None)
             if entry is None:
                 continue
@@ -335,11 +336,12 @@ class Handoff:
 
     def _down(self, why: str) -> None:
         """Fail every waiting call and every later one."""
-        with self._wake:
+        with self._lock:
             if self._error is None:
                 self._error = Unavailable(f"handoff: {why}")
             pending, self._pending = self._pending, {}
-            self._wake.notify_all()
+            for pool in self._pools.values():
+                pool.wake.notify_all()
         for future, *_ in pending.values():
             if not future.done():
                 future.set_exception(self._error)

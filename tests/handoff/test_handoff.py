@@ -282,3 +282,14 @@ def test_a_front_end_on_a_socketpair_is_served_and_its_end_reported(
     handoff.close()
     wait_until(lambda: gone == [info.id] and not server.front_ends(), 30, "the front end gone")
     server.close()
+
+
+def test_a_learner_that_never_answers_the_hello_is_reported(tmp_path: Path) -> None:
+    path = str(tmp_path / "silent.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as silent:
+        silent.bind(path)
+        silent.listen(1)  # connections wait in the backlog, never answered
+        with pytest.raises(Unavailable, match="did not answer"):
+            Handoff.connect(path, sizes(4), timeout_s=0.2)
+    with pytest.raises(Unavailable, match="no learner at"):
+        Handoff.connect(path, sizes(4))
