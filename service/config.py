@@ -295,6 +295,19 @@ class ServerConfig(_Section):
     # rollout's per-step bytes), checked before anything is allocated; the default is
     # max_message_mb's, the size of the unary Step an actor re-sends it as when a stream breaks
     max_rollout_mb: int = _f(64, ge=1)
+    # Front-end processes hand Acts and rollouts to the learner process in shared memory
+    # (service/handoff): each front end maps this many Act slots, each of handoff_act_rows
+    # observations; an Act past a free slot waits for one
+    handoff_act_slots: int = _f(32, ge=1, le=4096)
+    # the most observations one Act request carries to the learner (rows of an Act slot); a
+    # larger one is refused RESOURCE_EXHAUSTED naming this setting
+    handoff_act_rows: int = _f(16384, ge=1)
+    # rollouts one front-end process has in the learner's hands at once, each in a slot of
+    # server.max_rollout_mb (final observations included); another waits for a free slot
+    handoff_rollout_slots: int = _f(8, ge=1, le=4096)
+    # the shared memory all front-end processes together may map (MiB: their Act and rollout
+    # slots), checked before a front end's slots are made
+    handoff_max_mb: int = _f(8192, ge=1)
     shutdown_grace_s: float = _f(30.0, ge=0)  # SIGTERM: seconds in-flight RPCs get to finish
     log_level: str = _f("INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))  # log threshold
 
