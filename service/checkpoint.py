@@ -54,6 +54,7 @@ from service.errors import (
 )
 from service.step_ledger import StepLedger
 from service.trainer.trainer import HOT_KEYS, Trainer
+from service.types import CheckpointInfo
 
 # 2: the params group holds the value head's return statistics (params/v/norm).
 # 3: ledger.json holds the keys of the applied Steps. A version-2 checkpoint loads with an
@@ -79,21 +80,6 @@ COMPATIBLE_KEYS = (
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 PathLike = str | os.PathLike[str]
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """A committed checkpoint. `save_ms` is how long its save took, from the start until the
-    state files were written and fsynced (recorded in the manifest, so listings have it too);
-    None for a checkpoint whose manifest records none."""
-
-    name: str
-    global_step: int
-    path: Path
-    size_bytes: int
-    save_ms: float | None
-    created_unix: float
-    commit_sequence: int  # the order of commits under the root; 0 where the manifest has none
 
 
 # ------------------------------------------------------------------------------ names

@@ -1,6 +1,6 @@
-"""The data types the service's parts share: Act modes and results, Step results, rollouts and
-replay transitions. NumPy only, so a client, an actor or a test can use them without loading the
-trainer or a backend."""
+"""The data types the service's parts share: Act modes and results, Step results, the heads,
+committed checkpoints, rollouts and replay transitions. NumPy only, so a client, an actor, a
+front end or a test can use them without loading the trainer or a backend."""
 
 from __future__ import annotations
 
@@ -8,12 +8,15 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 
 import numpy as np
 
 __all__ = [
-    "FLOAT_FIELDS", "ActMode", "ActResult", "DeviceRollout", "Rollout", "StepResult", "Transitions"
+    "FLOAT_FIELDS", "HEADS", "ActMode", "ActResult", "CheckpointInfo", "DeviceRollout", "Rollout",
+    "StepResult", "Transitions",
 ]
+HEADS = ("q", "pi", "v", "bce", "aux")  # the model's heads on its one encoder
 # A rollout's floating-point inputs, which the non-finite guard checks.
 FLOAT_FIELDS = ("obs", "rewards", "behavior_log_probs", "final_obs", "aux_targets")
 # A Rollout's fields in the dtypes its digest reads them in ("flag": 0/1 bytes).
@@ -37,6 +40,21 @@ class ActResult:
     log_probs: np.ndarray  # [N] log π(a|s) of the returned action, whatever the mode
     values: np.ndarray  # [N] V(s)
     policy_version: int
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A committed checkpoint. `save_ms` is how long its save took, from the start until the
+    state files were written and fsynced (recorded in the manifest, so listings have it too);
+    None for a checkpoint whose manifest records none."""
+
+    name: str
+    global_step: int
+    path: Path
+    size_bytes: int
+    save_ms: float | None
+    created_unix: float
+    commit_sequence: int  # the order of commits under the root; 0 where the manifest has none
 
 
 @dataclass

@@ -21,7 +21,7 @@ from service.client.resilient import (
     ahead,
     periodic_checkpoints,
 )
-from service.trainer.model import HEADS
+from service.types import HEADS
 
 
 def latency_ms(name: str, seconds: list[float]) -> str:

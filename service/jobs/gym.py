@@ -28,7 +28,7 @@ from typing import TextIO
 import numpy as np
 
 from service.backend.blas import single_blas_thread
-from service.checkpoint import CheckpointInfo, restore_checkpoint, save_checkpoint
+from service.checkpoint import restore_checkpoint, save_checkpoint
 from service.config import Config
 from service.envs import GymnasiumVectorEnv, fit_to_env, make_gymnasium_env
 from service.jobs.device_loop import LoopStep
@@ -40,7 +40,7 @@ from service.jobs.scalars import ScalarLog
 from service.jobs.train import HELD_OUT, smoothed, start_run
 from service.signals import Stopped, raise_on_stop, stop_signals
 from service.trainer.trainer import Trainer
-from service.types import ActMode
+from service.types import ActMode, CheckpointInfo
 
 EVAL_EPISODES = 100  # per policy, the same seeds for each
 EVAL_STEP_LIMIT = 100_000  # env steps an evaluation episode may take before it is cut

@@ -17,14 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service import logs
-from service.checkpoint import CheckpointInfo
 from service.jobs.device_loop import LoopStep
 from service.jobs.progress import Episodes, Progress
 from service.jobs.run_folder import RunFolder
 from service.jobs.scalars import ScalarLog, Value
 from service.trainer.schedule import schedule_next_step
 from service.trainer.trainer import Trainer
-from service.types import ActMode
+from service.types import ActMode, CheckpointInfo
 from service.vector_env import VectorEnv, collect_rollout
 
 CSV_COLUMNS = ("step", "elapsed_s", "env_steps", "reward_per_step", "episodes", "episode_return",

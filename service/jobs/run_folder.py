@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.checkpoint import CheckpointInfo
 from service.config import Config, with_checkpoint_dir
+from service.types import CheckpointInfo
 
 RUNS = Path("runs")  # where default run folders go, relative to the working directory
 # What a run writes into its folder, beside checkpoints/ (evaluate.py's names for the eval files)

@@ -30,7 +30,6 @@ import numpy as np
 
 from service.backend.blas import single_blas_thread
 from service.checkpoint import (
-    CheckpointInfo,
     read_job_state,
     restore_checkpoint,
     resumable,
@@ -55,7 +54,7 @@ from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, LobSim, observation_dim
 from service.signals import Stopped, raise_on_stop, stop_signals
 from service.trainer.sizing import sized_backend
 from service.trainer.trainer import Trainer
-from service.types import ActMode
+from service.types import ActMode, CheckpointInfo
 
 HELD_OUT = 1_000_003  # evaluation seed = train.seed + this: markets training never saw
 

@@ -25,7 +25,6 @@ from pathlib import Path
 
 from service import logs
 from service.checkpoint import (
-    CheckpointInfo,
     clean_temporaries,
     list_checkpoints,
     restore_checkpoint,
@@ -35,7 +34,7 @@ from service.checkpoint import (
 from service.errors import CheckpointDiskFull, InvalidInput
 from service.server.learner import Learner
 from service.server.metrics import Metrics
-from service.types import StepResult
+from service.types import CheckpointInfo, StepResult
 
 
 class Checkpointer:

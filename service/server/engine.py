@@ -26,7 +26,7 @@ import numpy as np
 
 from service import logs
 from service.api.trident.v1 import trainer_pb2 as pb
-from service.checkpoint import CheckpointInfo, load_policy
+from service.checkpoint import load_policy
 from service.config import Config
 from service.errors import InferenceOnly
 from service.server.acting import Acting
@@ -36,7 +36,7 @@ from service.server.learner import Learner, StreamSeat
 from service.server.metrics import Metrics
 from service.step_ledger import StepKey
 from service.trainer.trainer import Trainer
-from service.types import ActMode, ActResult, Rollout, StepResult
+from service.types import ActMode, ActResult, CheckpointInfo, Rollout, StepResult
 
 
 class Engine:

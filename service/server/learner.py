@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from service import logs
-from service.checkpoint import CheckpointInfo
 from service.errors import Abandoned, ForgottenStepKey, KeyReused, StalePolicy, Unavailable
 from service.server.acting import Acting
 from service.server.get_status import RecentSteps
@@ -42,7 +41,7 @@ from service.server.step_queue import Seat, StepQueue, Taken
 from service.step_ledger import AHEAD, StepKey, StepLedger, check_same_content
 from service.trainer import schedule
 from service.trainer.trainer import Trainer
-from service.types import Rollout, StepResult
+from service.types import CheckpointInfo, Rollout, StepResult
 
 DIGEST_THREADS = 2  # keyed Steps hashed at once, off the Step worker
 T = TypeVar("T")

@@ -23,10 +23,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from service.api.trident.v1 import trainer_pb2 as pb
-from service.checkpoint import CheckpointInfo
 from service.config import Config
 from service.step_ledger import StepKey
-from service.types import ActMode, ActResult, Rollout, StepResult
+from service.types import ActMode, ActResult, CheckpointInfo, Rollout, StepResult
 
 
 class StreamSeat(Protocol):

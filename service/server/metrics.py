@@ -7,10 +7,8 @@ import time
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
 
-from service.checkpoint import CheckpointInfo
 from service.server.status import REASONS
-from service.trainer.model import HEADS
-from service.types import StepResult
+from service.types import HEADS, CheckpointInfo, StepResult
 
 LOSS_LABELS = (*HEADS, "total")  # `total`: the λ-weighted sum
 CHECKPOINT_FAILURES = ("disk_full", "error")  # trident_checkpoint_failures_total's reasons

@@ -19,7 +19,6 @@ from service.api import wire
 from service.api.tensors import encode
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
-from service.checkpoint import CheckpointInfo
 from service.errors import InvalidInput, Unavailable
 from service.server.interact import InteractSteps, Outcome
 from service.server.learner_api import LearnerApi
@@ -32,7 +31,7 @@ from service.server.validation import (
     key_from_request,
     rollout_from_request,
 )
-from service.types import ActMode, StepResult
+from service.types import ActMode, CheckpointInfo, StepResult
 from service.unroll import GroupStep, Unroller
 
 Handler = TypeVar("Handler", bound=Callable[..., Any])

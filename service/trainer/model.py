@@ -17,9 +17,6 @@ from service.config import Config
 Params = dict[str, np.ndarray]
 T = TypeVar("T")
 
-HEADS = ("q", "pi", "v", "bce", "aux")
-
-
 def head_widths(config: Config) -> dict[str, int]:
     """Output width of each head; a head of width 0 does not exist (aux with K = 0)."""
     model = config.model

@@ -24,7 +24,6 @@ from safetensors.numpy import save as save_tensors
 
 from service.checkpoint import (
     COMMIT_LOCK,
-    CheckpointInfo,
     clean_temporaries,
     latest_checkpoint,
     list_checkpoints,
@@ -41,7 +40,7 @@ from service.errors import (
 )
 from service.step_ledger import StepKey, StepLedger
 from service.trainer.trainer import HOT_KEYS, Trainer
-from service.types import ActMode, StepResult
+from service.types import ActMode, CheckpointInfo, StepResult
 
 WRITER = Path(__file__).resolve().parents[1] / "checkpoint_writer.py"
 FILES = [
