@@ -46,13 +46,18 @@ class ActBatcher:
         self._worker.start()
 
     def act(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> ActResult:
+        return self.submit(obs, mode, epsilon).result()
+
+    def submit(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> Future[ActResult]:
+        """Queue `obs` and return at once: its rows' answer comes in the Future, so a caller
+        that must not block (a thread reading several front ends' requests) need not."""
         request = _Request(obs, (mode, epsilon))
         with self._wake:
             if self._closed:  # the worker is gone: nothing would answer
                 raise Unavailable("the server is draining and acts no more")
             self._pending.append(request)
             self._wake.notify()
-        return request.future.result()
+        return request.future
 
     def pending(self) -> int:
         """Requests waiting to join a batch (not those in the batch being run)."""
