@@ -13,20 +13,10 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
-
-from service.arithmetic import pin_arithmetic
-
-# The `trident` command's arithmetic (service/arithmetic.py), chosen before NumPy loads: a test's
-# in-process twin then computes what the server processes it starts compute, to the bit, on an
-# AVX-512 processor too (there NumPy's own float32 exp and log1p differ from its AVX2 ones in
-# the last bit).
-if pin_arithmetic() and "numpy" in sys.modules:
-    raise RuntimeError("NumPy was loaded before tests/conftest.py could pin its arithmetic")
 
 import numpy as np
 import pytest
