@@ -84,6 +84,7 @@ class RolloutSlot:
         final_obs_index: np.ndarray | None = None,
         key: tuple[str, int] | None = None,
         stream: int = 0,
+        client: str = "",
     ) -> Future[StepResult]:
         """Write the M final observations behind the fixed fields and hand the rollout to the
         learner (OverLimit, the slot kept, where they do not fit it)."""
@@ -94,7 +95,7 @@ class RolloutSlot:
             np.copyto(views["final_obs"], final_obs, casting="same_kind")
             np.copyto(views["final_obs_index"], final_obs_index, casting="unsafe")
         self.lent = False
-        return self.handoff.send_rollout(self.index, shape, policy_version, key, stream)
+        return self.handoff.send_rollout(self.index, shape, policy_version, key, stream, client)
 
     def cancel(self) -> None:
         """Give the slot back unsent (a stream that ended mid-rollout)."""
@@ -246,8 +247,10 @@ class Handoff:
         key: tuple[str, int] | None = None,
         stream: int = 0,
         timeout_s: float | None = None,
+        client: str = "",
     ) -> Future[StepResult]:
-        """Copy a whole (validated) rollout into a free slot and hand it to the learner."""
+        """Copy a whole (validated) rollout into a free slot and hand it to the learner;
+        `client` names whose it is, for the learner's turns (a request's peer)."""
         shape = RolloutShape.of(rollout)
         check_rollout(shape, self.sizes)
         slot = self._pools[Kind.ROLLOUT].take(self, timeout_s)
@@ -256,7 +259,7 @@ class Handoff:
         except BaseException:
             self.give_back(Kind.ROLLOUT, slot)
             raise
-        return self.send_rollout(slot, shape, rollout.policy_version, key, stream)
+        return self.send_rollout(slot, shape, rollout.policy_version, key, stream, client)
 
     def act_obs(self, slot: int) -> np.ndarray:
         return self._act_views[slot]["obs"]
@@ -267,15 +270,31 @@ class Handoff:
         )
 
     def send_rollout(self, slot: int, shape: RolloutShape, policy_version: int | None,
-                     key: tuple[str, int] | None, stream: int) -> Future[StepResult]:  # fmt: skip
-        """Hand the rollout written in `slot` to the learner."""
+                     key: tuple[str, int] | None, stream: int, client: str = ""
+                     ) -> Future[StepResult]:  # fmt: skip
+        """Hand the rollout written in `slot` to the learner; its Future's `request` attribute
+        is the id `abandon` names it by."""
         actor, sequence = key if key is not None else ("", 0)
-        body = ch.ROLLOUT_BODY.pack(-1 if policy_version is None else policy_version, stream,
-                                    sequence) + shape.pack() + actor.encode()  # fmt: skip
+        actor_bytes = actor.encode()
+        body = (ch.ROLLOUT_BODY.pack(-1 if policy_version is None else policy_version, stream,
+                                     sequence, len(actor_bytes))
+                + shape.pack() + actor_bytes + client.encode()[: ch.MAX_CLIENT])  # fmt: skip
         future: Future[StepResult] = Future()
         request = self._track(future, Kind.ROLLOUT, slot, 0)
+        future.request = request  # type: ignore[attr-defined]
         self._send(Kind.ROLLOUT, request, slot, ch.KEYED if key is not None else 0, body)
         return future
+
+    def abandon(self, request: int) -> None:
+        """The caller of rollout `request` left: the learner drops it unless its Step started
+        (the answer still comes, an Abandoned error, and frees the slot)."""
+        self._send(Kind.ABANDON, request)
+
+    # ------------------------------------------------------------------------------ seats
+    def seat(self, stream: int, op: ch.SeatOp, columns: int = 0) -> None:
+        """Tell the learner of stream `stream`'s seat (SEAT; no answer)."""
+        self.check_up()
+        self._send(Kind.SEAT, body=ch.SEAT_BODY.pack(stream, op, columns))
 
     # ------------------------------------------------------------------------------- CALL
     def call(self, name: str, args: Any = None, timeout_s: float | None = None) -> Any:

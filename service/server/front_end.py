@@ -1,0 +1,88 @@
+"""A front-end process (`python -m service.server.front_end`): the gRPC server on the public port
+beside its siblings, in front of the learner process it reaches over the handoff.
+
+It terminates gRPC, authenticates, validates and decodes, and assembles its Interact streams'
+rollouts; the servicer runs unchanged over `LearnerProxy`. The learner process starts it with
+its settings in a file only this user reads, and a handoff socket to connect to; it tells the
+learner it serves (`ready`) once its server has started. SIGTERM drains it: NOT_SERVING, new
+calls refused UNAVAILABLE, calls in flight finished within server.shutdown_grace_s. When the
+learner's end of the handoff closes, it stops at once (exit 1): there is no learner to serve.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from service import logs
+from service.config import Config
+from service.handoff import Handoff, HandoffLimits
+from service.server import learner_calls as calls
+from service.server.grpc_server import (
+    bind,
+    bind_unix,
+    build,
+    server_credentials,
+    set_serving,
+)
+from service.server.learner_proxy import LearnerProxy
+from service.server.metrics import Metrics
+
+POLL_S = 0.25  # how often the main thread looks for a signal or a closed handoff
+
+
+def run(config: Config, handoff_path: str, port: int, index: int) -> int:
+    """Serve until SIGTERM (drain, exit 0) or the learner's end closing (exit 1)."""
+    server_cfg = config.server
+    sys.setswitchinterval(server_cfg.gil_switch_interval_ms / 1e3)
+    stopping = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopping.set())
+    metrics = Metrics(CollectorRegistry())
+    credentials = server_credentials(config)
+    server, servicer, health = build(server_cfg, metrics, reuse_port=True)
+    bind(server, server_cfg.host, port, credentials)
+    if server_cfg.unix_socket and index == 0:  # a Unix socket has one listener: the first's
+        bind_unix(server, server_cfg.unix_socket, credentials)
+    sizes = HandoffLimits.from_config(server_cfg).sizes(config.model.obs_dim)
+    handoff = Handoff.connect(handoff_path, sizes)
+    servicer.attach(LearnerProxy(handoff, config.to_dict()["server"]))
+    server.start()
+    set_serving(health)
+    handoff.call(calls.READY, {"pid": os.getpid(), "index": index})
+    while not stopping.wait(POLL_S):
+        if not handoff.up:
+            logs.event(logging.ERROR, "front end: the learner process is gone; stopping",
+                       index=index)  # fmt: skip
+            server.stop(0)
+            return 1
+    health.enter_graceful_shutdown()
+    servicer.refuse_new_calls()
+    server.stop(server_cfg.shutdown_grace_s).wait()
+    servicer.flush_logs()
+    handoff.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m service.server.front_end")
+    parser.add_argument("--config", required=True, help="the settings, as JSON (Config)")
+    parser.add_argument("--handoff", required=True, help="the learner's handoff socket")
+    parser.add_argument("--port", type=int, required=True, help="the public port, reserved")
+    parser.add_argument("--index", type=int, required=True, help="this front end's place")
+    args = parser.parse_args(argv)
+    config = Config.from_dict(json.loads(Path(args.config).read_text()))
+    logs.configure(config.server.log_level)
+    return run(config, args.handoff, args.port, args.index)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
