@@ -294,7 +294,7 @@ class Handoff:
     def seat(self, stream: int, op: ch.SeatOp, columns: int = 0) -> None:
         """Tell the learner of stream `stream`'s seat (SEAT; no answer)."""
         self.check_up()
-        self._send(Kind.SEAT, body=ch.SEAT_BODY.pack(stream, op, columns))
+        self._send(Kind.SEAT, 0, body=ch.SEAT_BODY.pack(stream, op, columns))
 
     # ------------------------------------------------------------------------------- CALL
     def call(self, name: str, args: Any = None, timeout_s: float | None = None) -> Any:

@@ -1,0 +1,137 @@
+"""The server with gRPC front ends in processes of their own (server.front_ends = 2), through a
+real `trident serve` and real channels: every call answers as in one process, bad input with the
+same precise status; a front end SIGKILLed is replaced, its clients reconnect and no keyed Step
+is applied twice; SIGTERM drains the front ends and the learner, with a final checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from conftest import random_rollout, running_server, wait_until
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from service.client.client import TridentClient
+from service.step_ledger import StepKey
+from service.testing.serverproc import ServerProcess, scrape, value
+
+Code = grpc.StatusCode
+SPLIT = "server.front_ends=2"
+
+
+def front_end_pids(server: ServerProcess) -> list[int]:
+    return list(server.events("serving")[0]["front_ends"])
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is reaped by its parent soon after; /proc says which
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split()[2] != "Z"
+
+
+def test_every_call_answers_as_in_one_process(tmp_path: Path, rng: np.random.Generator) -> None:
+    rollout = random_rollout(rng)
+    with running_server(tmp_path, SPLIT) as server, TridentClient(server.target) as client:
+        assert len(front_end_pids(server)) == 2
+        first = client.step(rollout, key=StepKey("a", 0))
+        again = client.step(rollout, key=StepKey("a", 0))
+        assert (first.global_step, first.replayed, again.replayed) == (1, False, True)
+        assert again.losses == first.losses
+        acted = client.act(rng.standard_normal((5, 6)).astype(np.float32))
+        assert acted.actions.shape == (5,) and acted.policy_version == 1
+        saved = client.checkpoint("one")
+        assert saved.name == "one" and saved.global_step == 1
+        assert [c.name for c in client.list_checkpoints()] == ["one"]
+        client.step(rollout)
+        restored = client.restore("one")
+        assert restored.checkpoint.global_step == 1
+        status = client.status()
+        assert status.global_step == 1 and status.param_digest == restored.param_digest
+        settings = json.loads(client.update_hyperparams({"train.gamma": 0.9}))
+        assert settings["train"]["gamma"] == 0.9
+        # bad input: the status and the field named, as in one process
+        for call, code, words in (
+            (lambda: client.restore("nope"), Code.NOT_FOUND, "nope"),
+            (lambda: client.act(np.zeros((2, 5), np.float32)), Code.INVALID_ARGUMENT, "obs"),
+            (lambda: client.step(random_rollout(rng, D=5)), Code.INVALID_ARGUMENT, "obs"),
+            (lambda: client.step(random_rollout(rng), key=StepKey("a", 0)), Code.ALREADY_EXISTS,
+             "a#0"),
+        ):
+            with pytest.raises(grpc.RpcError) as error:
+                call()
+            assert error.value.code() == code and words in error.value.details()
+        # health answers on every connection, whichever front end the kernel gave it
+        for _ in range(6):
+            options = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own
+            with grpc.insecure_channel(server.target, options=options) as channel:
+                check = health_pb2_grpc.HealthStub(channel).Check
+                reply = check(health_pb2.HealthCheckRequest(), timeout=10)
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        samples = scrape(server)
+        assert value(samples, "trident_steps_total") == 2
+        assert value(samples, "trident_steps_replayed_total") == 1
+
+
+def test_a_killed_front_end_is_replaced_and_nothing_is_applied_twice(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    """Keyed Steps from four clients while one front end is SIGKILLed: the clients' retries
+    reconnect (to the other, or its replacement), and every key is applied once."""
+    rollouts = [random_rollout(rng) for _ in range(6)]
+    with running_server(tmp_path, SPLIT) as server:
+        victim = front_end_pids(server)[0]
+        errors: list[BaseException] = []
+
+        def actor(a: int) -> None:
+            try:
+                with TridentClient(server.target, retries=40) as client:
+                    for i, rollout in enumerate(rollouts):
+                        client.step(rollout, key=StepKey(f"actor-{a}", i))
+            except BaseException as error:  # reported below
+                errors.append(error)
+
+        threads = [threading.Thread(target=actor, args=(a,)) for a in range(4)]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: value(scrape(server), "trident_steps_total") >= 3, 60, "3 Steps")
+        os.kill(victim, signal.SIGKILL)
+        for thread in threads:
+            thread.join(120)
+        assert not errors, errors
+        died = wait_until(lambda: server.events("front end died"), 30, "the death logged")
+        assert died[0]["pid"] == victim
+        wait_until(lambda: len(server.events("front end serving")) == 3, 60, "a replacement")
+        assert not alive(victim)
+        samples = scrape(server)
+        assert value(samples, "trident_front_end_restarts_total") == 1
+        with TridentClient(server.target, retries=40) as client:
+            assert client.status().global_step == value(samples, "trident_steps_total") == 24
+            # every key sent again is answered, none applied again
+            assert all(client.step(r, key=StepKey("actor-0", i)).replayed
+                       for i, r in enumerate(rollouts))  # fmt: skip
+            assert client.status().global_step == 24
+
+
+def test_sigterm_drains_front_ends_and_learner_with_a_final_checkpoint(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    server = running_server(tmp_path, SPLIT)
+    with server, TridentClient(server.target) as client:
+        client.step(random_rollout(rng))
+        pids = front_end_pids(server)
+        assert server.terminate() == 0
+    final = server.events("final checkpoint")
+    assert final and final[0]["step"] == 1
+    assert (server.checkpoint_dir / final[0]["name"]).is_dir()
+    assert not any(alive(pid) for pid in pids)
+    assert not server.events("front end died")
