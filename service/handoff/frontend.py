@@ -299,10 +299,14 @@ class Handoff:
     # ------------------------------------------------------------------------------- CALL
     def call(self, name: str, args: Any = None, timeout_s: float | None = None) -> Any:
         """A control call the learner's hub answers (small JSON arguments and answer)."""
+        return self.call_soon(name, args).result(timeout_s)
+
+    def call_soon(self, name: str, args: Any = None) -> Future[Any]:
+        """`call`'s answer as a Future, without waiting for it."""
         future: Future[Any] = Future()
         request = self._track(future, Kind.CALL, -1, 0)
         self._send(Kind.CALL, request, body=ch.to_json({"name": name, "args": args}))
-        return future.result(timeout_s)
+        return future
 
     # -------------------------------------------------------------------------- internals
     def give_back(self, kind: Kind, slot: int) -> None:

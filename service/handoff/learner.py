@@ -110,11 +110,14 @@ class Hub:
         gone: Callable[[int], None] = lambda front_end: None,
         name: str = "trident-handoff",
         seat: SeatFn | None = None,
+        inline: frozenset[str] = frozenset(),
     ) -> None:
         """`gone(front_end)` is called once a front end's channel closed (its work may still
-        be in the learner's hands); `seat` takes SEAT messages, and must return at once."""
+        be in the learner's hands); `seat` takes SEAT messages, and must return at once. The
+        calls named in `inline` are answered on the reader thread (they must return at once:
+        a count taken or given back), the rest on the call threads."""
         self.limits, self._act, self._step, self._call, self._gone = limits, act, step, call, gone
-        self._seat = seat
+        self._seat, self._inline = seat, inline
         self.name = name
         self._lock = threading.Lock()
         self._front_ends: dict[int, _FrontEnd] = {}
@@ -394,7 +397,10 @@ class Hub:
                 return
             self._reply(fe, Kind.ANSWER, message, ch.to_json(answer), release=False)
 
-        self._calls.submit(run)
+        if call["name"] in self._inline:
+            run()
+        else:
+            self._calls.submit(run)
 
     # ------------------------------------------------------------------------ the replies
     def _reply(self, fe: _FrontEnd, kind: Kind, message: Message, body: bytes,

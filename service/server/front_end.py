@@ -4,9 +4,11 @@ beside its siblings, in front of the learner process it reaches over the handoff
 It terminates gRPC, authenticates, validates and decodes, and assembles its Interact streams'
 rollouts; the servicer runs unchanged over `LearnerProxy`. The learner process starts it with
 its settings in a file only this user reads, and a handoff socket to connect to; it tells the
-learner it serves (`ready`) once its server has started. SIGTERM drains it: NOT_SERVING, new
-calls refused UNAVAILABLE, calls in flight finished within server.shutdown_grace_s. When the
-learner's end of the handoff closes, it stops at once (exit 1): there is no learner to serve.
+learner it serves (`ready`) once its server has started. Its admission bounds are the whole
+server's (`shared_admission`) and its own metrics (calls refused and failed, streams open) go
+to the learner's page (`server_metrics`). SIGTERM drains it: NOT_SERVING, new calls refused
+UNAVAILABLE, calls in flight finished within server.shutdown_grace_s. When the learner's end
+of the handoff closes, it stops at once (exit 1): there is no learner to serve.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -26,6 +29,7 @@ from service import logs
 from service.config import Config
 from service.handoff import Handoff, HandoffLimits
 from service.server import learner_calls as calls
+from service.server.admission import Bound
 from service.server.grpc_server import (
     bind,
     bind_unix,
@@ -35,6 +39,8 @@ from service.server.grpc_server import (
 )
 from service.server.learner_proxy import LearnerProxy
 from service.server.metrics import Metrics
+from service.server.server_metrics import push_metrics
+from service.server.shared_admission import RemoteBound
 
 POLL_S = 0.25  # how often the main thread looks for a signal or a closed handoff
 
@@ -46,18 +52,27 @@ def run(config: Config, handoff_path: str, port: int, index: int) -> int:
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.set())
-    metrics = Metrics(CollectorRegistry())
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
     credentials = server_credentials(config)
-    server, servicer, health = build(server_cfg, metrics, reuse_port=True)
+    sizes = HandoffLimits.from_config(server_cfg).sizes(config.model.obs_dim)
+    handoff = Handoff.connect(handoff_path, sizes)
+
+    def bound(setting: str, value: int) -> Bound:  # the server's places, not this process's
+        return RemoteBound(setting, value, metrics.refused, handoff, time.monotonic)
+
+    server, servicer, health = build(server_cfg, metrics, reuse_port=True, bounds=bound)
     bind(server, server_cfg.host, port, credentials)
     if server_cfg.unix_socket and index == 0:  # a Unix socket has one listener: the first's
         bind_unix(server, server_cfg.unix_socket, credentials)
-    sizes = HandoffLimits.from_config(server_cfg).sizes(config.model.obs_dim)
-    handoff = Handoff.connect(handoff_path, sizes)
     servicer.attach(LearnerProxy(handoff, config.to_dict()["server"]))
     server.start()
     set_serving(health)
     handoff.call(calls.READY, {"pid": os.getpid(), "index": index})
+    pushed = threading.Event()
+    pusher = threading.Thread(target=push_metrics, args=(registry, handoff, pushed),
+                              name="trident-metrics-push", daemon=True)  # fmt: skip
+    pusher.start()
     while not stopping.wait(POLL_S):
         if not handoff.up:
             logs.event(logging.ERROR, "front end: the learner process is gone; stopping",
@@ -68,6 +83,8 @@ def run(config: Config, handoff_path: str, port: int, index: int) -> int:
     servicer.refuse_new_calls()
     server.stop(server_cfg.shutdown_grace_s).wait()
     servicer.flush_logs()
+    pushed.set()  # the last snapshot, with the drain's counts
+    pusher.join()
     handoff.close()
     return 0
 

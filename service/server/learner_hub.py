@@ -48,7 +48,8 @@ class LearnerHub:
     """Serves front ends' Acts, rollouts, seats and calls from `engine`; `limits` bound their
     slots, `front_ends` is how many may be connected at once (the rollout threads' count).
     `on_call(front_end, name, args)` answers the calls that are no engine's (ready, metrics,
-    admission), None where it has none."""
+    admission), None where it has none; those named in `inline` must return at once (they are
+    answered on the hub's reader thread). `on_gone(front_end)` hears of each front end gone."""
 
     def __init__(
         self,
@@ -56,14 +57,16 @@ class LearnerHub:
         limits: HandoffLimits,
         front_ends: int,
         on_call: Callable[[int, str, Any], Any] | None = None,
+        inline: frozenset[str] = frozenset(),
+        on_gone: Callable[[int], None] = lambda front_end: None,
     ) -> None:
-        self.engine, self._on_call = engine, on_call
+        self.engine, self._on_call, self._on_gone = engine, on_call, on_gone
         self._rollouts = ThreadPoolExecutor(max(1, front_ends * limits.rollout_slots),
                                             thread_name_prefix="trident-rollouts")  # fmt: skip
         self._seats: dict[tuple[int, int], _RemoteSeat] = {}
         self._lock = threading.Lock()
         self.hub = Hub(limits, engine.submit_act, self._step, self._call, self._gone,
-                       name="trident-handoff", seat=self._seat)  # fmt: skip
+                       name="trident-handoff", seat=self._seat, inline=inline)  # fmt: skip
 
     def listen(self, path: str) -> None:
         self.hub.listen(path)
@@ -136,6 +139,7 @@ class LearnerHub:
         remote.seat.close()
 
     def _gone(self, front_end: int) -> None:
+        self._on_gone(front_end)
         with self._lock:
             mine = [key for key in self._seats if key[0] == front_end]
             seats = [self._seats.pop(key) for key in mine]

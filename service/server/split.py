@@ -4,8 +4,9 @@ processes (`server.front_end`), and its drain.
 The learner process owns the device, the batched Act, the Step queue and the checkpoints
 (`Engine`); it serves the front ends over a handoff `Hub` on a Unix socket in a folder only
 this user reads (`LearnerHub`), reserves the public port for them, starts them
-(`FrontEnds`) and says "serving" once each of them serves. Its metrics page is the whole
-server's.
+(`FrontEnds`) and says "serving" once each of them serves. It owns the admission bounds'
+counts for the whole server (`shared_admission`), and its metrics page is the whole server's
+(`server_metrics`).
 
 SIGTERM drains in order: the front ends stop taking calls (NOT_SERVING, new calls UNAVAILABLE)
 while the learner applies the queued Steps and answers the Acts pending (their answers still
@@ -33,6 +34,7 @@ from prometheus_client import CollectorRegistry
 from service import logs
 from service.backend.rendezvous import Topology
 from service.config import Config
+from service.errors import InvalidInput
 from service.handoff import HandoffLimits
 from service.server import learner_calls as calls
 from service.server.engine import Engine
@@ -42,7 +44,10 @@ from service.server.learner_hub import LearnerHub
 from service.server.learner_process import build_engine, checked_start, serve_metrics
 from service.server.metrics import Metrics
 from service.server.ranks import Ranks
+from service.server.server_metrics import ServerWide
+from service.server.shared_admission import AdmissionCounts
 
+ADMISSION_CALLS = frozenset({calls.ADMIT, calls.LEAVE})  # answered on the hub's reader thread
 STARTUP_TIMEOUT_S = 120.0  # the front ends' start, each a Python process importing gRPC
 EXIT_SLACK_S = 5.0  # past the grace, what a front end gets to exit before it is killed
 
@@ -79,7 +84,10 @@ def start(
     port = reserved.getsockname()[1]
     registry = CollectorRegistry()
     metrics = Metrics(registry)
-    http_server = serve_metrics(server_cfg, registry)
+    server_wide = ServerWide(registry)
+    page = CollectorRegistry()
+    page.register(server_wide)
+    http_server = serve_metrics(server_cfg, page)
     engine, ranks = build_engine(config, metrics, inference_only, restore, resume, topology)
     folder = private_dir()
     settings = Path(folder, "config.json")
@@ -95,14 +103,25 @@ def start(
 
     front_ends = FrontEnds(server_cfg.front_ends, command, metrics.front_end_restarts.inc, failed)
 
+    admission = AdmissionCounts(server_cfg)
+
     def on_call(front_end: int, name: str, args: Any) -> Any:
+        if name in ADMISSION_CALLS:
+            return admission.answer(front_end, name, args)
         if name == calls.READY:
             front_ends.ready(args["pid"], args["index"])
             return None
-        raise ValueError(f"no call {name!r}")
+        if name == calls.METRICS:
+            server_wide.update(front_end, args["families"])
+            return None
+        raise InvalidInput("handoff.call", "a call the learner answers", repr(name))
+
+    def gone(front_end: int) -> None:
+        admission.gone(front_end)
+        server_wide.gone(front_end)
 
     hub = LearnerHub(engine, HandoffLimits.from_config(server_cfg), server_cfg.front_ends,
-                     on_call)  # fmt: skip
+                     on_call, inline=ADMISSION_CALLS, on_gone=gone)  # fmt: skip
     hub.listen(handoff)
     split = Split(engine, hub, front_ends, reserved, folder, port, http_server.server_port,
                   http_server, ranks)  # fmt: skip

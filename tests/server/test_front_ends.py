@@ -15,14 +15,15 @@ import grpc
 import numpy as np
 import pytest
 from conftest import random_rollout, running_server, wait_until
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from service.client.client import TridentClient
 from service.step_ledger import StepKey
 from service.testing.serverproc import ServerProcess, scrape, value
+from tests.reliability.test_storm import D, N, T, limited, open_streams, start_stream
 
 Code = grpc.StatusCode
 SPLIT = "server.front_ends=2"
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]  # the kernel picks its front end anew
 
 
 def front_end_pids(server: ServerProcess) -> list[int]:
@@ -72,11 +73,8 @@ def test_every_call_answers_as_in_one_process(tmp_path: Path, rng: np.random.Gen
             assert error.value.code() == code and words in error.value.details()
         # health answers on every connection, whichever front end the kernel gave it
         for _ in range(6):
-            options = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own
-            with grpc.insecure_channel(server.target, options=options) as channel:
-                check = health_pb2_grpc.HealthStub(channel).Check
-                reply = check(health_pb2.HealthCheckRequest(), timeout=10)
-                assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            with TridentClient(server.target, options=OWN_CONNECTION) as fresh:
+                assert fresh.health() == "SERVING"
         samples = scrape(server)
         assert value(samples, "trident_steps_total") == 2
         assert value(samples, "trident_steps_replayed_total") == 1
@@ -135,3 +133,29 @@ def test_sigterm_drains_front_ends_and_learner_with_a_final_checkpoint(
     assert (server.checkpoint_dir / final[0]["name"]).is_dir()
     assert not any(alive(pid) for pid in pids)
     assert not server.events("front end died")
+
+
+def test_admission_bounds_the_whole_server_not_each_process(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    """server.max_streams = 1 with a stream held: a stream on any other connection is refused,
+    whichever front end the kernel gave that connection (six connections: with bounds per
+    process about half would land on the other one and be let in); once the held stream ends,
+    a place is free again."""
+    with running_server(tmp_path, SPLIT, "server.max_streams=1") as server, \
+            TridentClient(server.target) as client:  # fmt: skip
+        held = start_stream(client, "held", rng)
+        for i in range(6):
+            with TridentClient(server.target, options=OWN_CONNECTION) as other:
+                stream = other.interact(f"other-{i}", 0, T, [N])
+                stream.send(0, rng.standard_normal((N, D)).astype(np.float32), None)
+                with pytest.raises(grpc.RpcError) as caught:
+                    stream.receive()
+                assert caught.value.code() == Code.RESOURCE_EXHAUSTED
+                assert "server.max_streams = 1" in caught.value.details()
+        wait_until(lambda: limited(server, "Interact", "server.max_streams") == 6, 10,
+                   "six refusals on the server's page")  # fmt: skip
+        held.cancel()
+        wait_until(lambda: open_streams(server) == 0, 10, "the held stream ended")
+        with TridentClient(server.target, options=OWN_CONNECTION) as other:
+            start_stream(other, "after", rng).cancel()
