@@ -26,7 +26,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from service import logs
-from service.config import Config
+from service.config import Config, ConfigError
+from service.errors import TridentError
 from service.handoff import Handoff, HandoffLimits
 from service.server import learner_calls as calls
 from service.server.admission import Bound
@@ -98,7 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = Config.from_dict(json.loads(Path(args.config).read_text()))
     logs.configure(config.server.log_level)
-    return run(config, args.handoff, args.port, args.index)
+    try:
+        return run(config, args.handoff, args.port, args.index)
+    except (ConfigError, TridentError) as error:  # a bind, TLS or handoff refusal: said once
+        print(f"trident: error: front end {args.index}: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

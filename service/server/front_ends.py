@@ -21,10 +21,13 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from errno import EADDRINUSE
+from typing import Any
 
 from service import logs
 from service.config import ConfigError
@@ -39,7 +42,8 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 def reserve_port(host: str, port: int) -> socket.socket:
     """A socket bound to host:port with SO_REUSEPORT and not listening: the front ends' port,
     held for them (port 0: one the OS picks). ConfigError naming the settings when the port
-    is taken."""
+    is taken, also by another server's front ends (SO_REUSEPORT would share it with them: a
+    connection there is answered, where this socket answers none)."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]  # fmt: skip
@@ -50,6 +54,8 @@ def reserve_port(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(address)
+        if port and _answered(family, address):
+            raise OSError(EADDRINUSE, os.strerror(EADDRINUSE))
     except OSError as error:
         sock.close()
         raise ConfigError(
@@ -58,6 +64,16 @@ def reserve_port(host: str, port: int) -> socket.socket:
             "port, or pick another --port; 0 picks a free one)"
         ) from None
     return sock
+
+
+def _answered(family: socket.AddressFamily, address: tuple[Any, ...]) -> bool:
+    """Whether something listens at `address` (a wildcard address: at loopback)."""
+    host = address[0]
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1" if family == socket.AF_INET else "::1"
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        return probe.connect_ex((host, *address[1:])) == 0
 
 
 def _die_with_parent() -> None:
@@ -84,6 +100,7 @@ class FrontEnds:
         self._deaths: deque[float] = deque()
         self._cond = threading.Condition()
         self._stopping = False
+        self._why = "front ends stopped"
         self._thread = threading.Thread(target=self._watch, name="trident-front-ends",
                                          daemon=True)  # fmt: skip
 
@@ -139,8 +156,6 @@ class FrontEnds:
             self._thread.join()
 
     # ------------------------------------------------------------------------ watching
-    _why = "front ends stopped"
-
     def _spawn(self, index: int) -> None:
         proc = subprocess.Popen(self._command(index), stdin=subprocess.DEVNULL,
                                 preexec_fn=_die_with_parent)  # fmt: skip
@@ -193,8 +208,6 @@ class FrontEnds:
 
 def private_dir() -> str:
     """A folder only this user reads (0700): the front ends' settings and the handoff socket."""
-    import tempfile
-
     path = tempfile.mkdtemp(prefix="trident-front-ends-")
     os.chmod(path, 0o700)
     return path

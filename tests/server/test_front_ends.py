@@ -8,17 +8,18 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import threading
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
-from conftest import random_rollout, running_server, wait_until
+from conftest import SERVING, SMALL, random_rollout, running_server, wait_until
 
 from service.client.client import TridentClient
 from service.step_ledger import StepKey
-from service.testing.serverproc import ServerProcess, scrape, value
+from service.testing.serverproc import ServerProcess, clean_env, scrape, serve_command, value
 from tests.reliability.test_storm import D, N, T, limited, open_streams, start_stream
 
 Code = grpc.StatusCode
@@ -159,3 +160,17 @@ def test_admission_bounds_the_whole_server_not_each_process(
         wait_until(lambda: open_streams(server) == 0, 10, "the held stream ended")
         with TridentClient(server.target, options=OWN_CONNECTION) as other:
             start_stream(other, "after", rng).cancel()
+
+
+def test_a_second_split_server_on_the_port_is_refused(tmp_path: Path) -> None:
+    """Front ends bind with SO_REUSEPORT, which would let another server's front ends of this
+    user share the port unnoticed: the learner finds the port answered and stops first."""
+    with running_server(tmp_path / "first", SPLIT) as first:
+        command = serve_command(tmp_path / "second" / "checkpoints", [*SMALL, *SERVING, SPLIT],
+                                ("--port", str(first.port)))  # fmt: skip
+        done = subprocess.run(command, env=clean_env(), capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert f"server.host:server.port = 127.0.0.1:{first.port}" in done.stderr
+        assert "expected a free address to bind" in done.stderr
+        assert '"serving"' not in done.stderr
