@@ -124,13 +124,46 @@ def test_a_killed_front_end_is_replaced_and_nothing_is_applied_twice(
 def test_sigterm_drains_front_ends_and_learner_with_a_final_checkpoint(
     tmp_path: Path, rng: np.random.Generator
 ) -> None:
-    server = running_server(tmp_path, SPLIT)
-    with server, TridentClient(server.target) as client:
-        client.step(random_rollout(rng))
+    """SIGTERM with four slow Steps in flight through a front end: a new call is refused
+    UNAVAILABLE, the four are answered OK, the final checkpoint holds them, every process
+    exits (0, no front end counted as died)."""
+    in_flight = 4
+    server = running_server(tmp_path, SPLIT, "ppo.epochs=96", f"server.step_queue_size={in_flight}")
+    rollouts = [random_rollout(rng, T=16, N=16) for _ in range(in_flight)]
+    replies: list[int] = []
+    failures: list[str] = []
+
+    def send(rollout: object) -> None:
+        with TridentClient(server.target) as client:
+            try:
+                replies.append(client.step(rollout, timeout_s=60).global_step)
+            except grpc.RpcError as error:
+                failures.append(f"{error.code().name} {error.details()}")
+
+    with server:
         pids = front_end_pids(server)
-        assert server.terminate() == 0
+        threads = [threading.Thread(target=send, args=(r,)) for r in rollouts]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: value(scrape(server), "trident_step_queue_depth") >= in_flight - 1,
+                   30, "the Steps queued", interval_s=0.005)  # fmt: skip
+        server.proc.send_signal(signal.SIGTERM)
+        with TridentClient(server.target, retries=0, options=OWN_CONNECTION) as late:
+            def refused() -> bool:
+                try:
+                    late.act(np.zeros((2, 6), np.float32))
+                except grpc.RpcError as error:
+                    return error.code() == Code.UNAVAILABLE
+                return False
+
+            wait_until(refused, 10, "a new Act refused UNAVAILABLE")
+        for thread in threads:
+            thread.join(60)
+        assert server.terminate() == 0, server.stderr()[-3000:]
+    assert not failures, failures
+    assert sorted(replies) == list(range(1, in_flight + 1))
     final = server.events("final checkpoint")
-    assert final and final[0]["step"] == 1
+    assert final and final[0]["step"] == in_flight
     assert (server.checkpoint_dir / final[0]["name"]).is_dir()
     assert not any(alive(pid) for pid in pids)
     assert not server.events("front end died")
