@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
+import sys
 import threading
+from collections import Counter
 from pathlib import Path
 
 import grpc
@@ -17,9 +20,19 @@ import numpy as np
 import pytest
 from conftest import SERVING, SMALL, random_rollout, running_server, wait_until
 
+from service.checkpoint import latest_checkpoint
 from service.client.client import TridentClient
 from service.step_ledger import StepKey
 from service.testing.serverproc import ServerProcess, clean_env, scrape, serve_command, value
+from tests.reliability.test_actor_restarts import (
+    CARTPOLE,
+    DONE,
+    NUM_ENVS,
+    STALE,
+    check_outage_lines,
+    global_step,
+)
+from tests.reliability.test_actor_restarts import T as ROLLOUT_LEN
 from tests.reliability.test_storm import D, N, T, limited, open_streams, start_stream
 
 Code = grpc.StatusCode
@@ -29,6 +42,15 @@ OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]  # the kernel picks its
 
 def front_end_pids(server: ServerProcess) -> list[int]:
     return list(server.events("serving")[0]["front_ends"])
+
+
+def reached_step(server: ServerProcess) -> int:
+    """The global step, or -1 where the call failed: a connection the kernel queued at a
+    front end's listener as it was killed is reset, and the next one goes to a live one."""
+    try:
+        return global_step(server)
+    except grpc.RpcError:
+        return -1
 
 
 def alive(pid: int) -> bool:
@@ -207,3 +229,56 @@ def test_a_second_split_server_on_the_port_is_refused(tmp_path: Path) -> None:
         assert f"server.host:server.port = 127.0.0.1:{first.port}" in done.stderr
         assert "expected a free address to bind" in done.stderr
         assert '"serving"' not in done.stderr
+
+
+@pytest.mark.slow
+def test_actors_ride_through_front_end_kills_and_each_rollout_is_applied_once(
+    tmp_path: Path,
+) -> None:
+    """Three `trident actor` processes (Interact streams) train a split server while both of
+    its first front ends are SIGKILLed in turn, so every actor's connection breaks at least
+    once: each reconnects (to the other front end or a replacement), sends again what it saw
+    no outcome for, and ends with exit 0; the final checkpoint's ledger holds each actor's
+    rollouts less its drops, and the replay holds each key's rollout once."""
+    actors, steps, kill_at = 3, 16, (3, 7)
+    server = running_server(tmp_path, SPLIT, *CARTPOLE)
+    command = [sys.executable, "-m", "service.cli", "actor", "--server", server.target,
+               "--env", "gymnasium:CartPole-v1", "--num-envs", str(NUM_ENVS), "--rollout-len",
+               str(ROLLOUT_LEN), "--steps", str(steps), "--log-every", "1000",
+               "--reconnect-timeout", "120"]  # fmt: skip
+    pipes = {"env": clean_env(), "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    procs = [subprocess.Popen([*command, "--seed", str(seed)], text=True, **pipes)
+             for seed in range(actors)]  # fmt: skip
+    try:
+        for victim, threshold in zip(front_end_pids(server), kill_at, strict=True):
+            wait_until(lambda: reached_step(server) >= threshold, 120,  # noqa: B023
+                       f"global step {threshold}")  # fmt: skip
+            os.kill(victim, signal.SIGKILL)
+        outputs = [proc.communicate(timeout=300) for proc in procs]
+        with TridentClient(server.target) as client:
+            replay_size, reached = client.status().replay_size, client.status().global_step
+    finally:
+        for proc in procs:
+            proc.kill()
+        returncode = server.terminate()
+    assert returncode == 0, server.stderr()[-3000:]
+    assert len(server.events("front end died")) == 2
+    counts = {}
+    for proc, (out, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0 and not err.strip(), (proc.returncode, err[-3000:])
+        actor_id = re.search(r"\| actor id (\S+)", out).group(1)  # type: ignore[union-attr]
+        done = out.strip().splitlines()[-1]
+        figures = {**DONE.match(done).groupdict(), **STALE.search(done).groupdict()}  # type: ignore[union-attr]
+        counts[actor_id] = {key: int(value) for key, value in figures.items()}
+        check_outage_lines(out.splitlines(), counts[actor_id]["reconnects"],
+                           counts[actor_id]["resent"])  # fmt: skip
+        assert counts[actor_id]["reconnects"] >= 1, out
+    final = latest_checkpoint(server.checkpoint_dir)
+    assert final is not None and final.global_step == reached
+    ledger = json.loads((final.path / "ledger.json").read_text())
+    applied = Counter(entry["actor"] for entry in ledger["applied"])
+    assert not ledger["forgotten"]
+    for actor_id, figures in counts.items():
+        dropped = figures["dropped"] + figures["ahead"]
+        assert applied[actor_id] == figures["rollouts"] - dropped, (actor_id, figures)
+    assert replay_size == sum(applied.values()) * ROLLOUT_LEN * NUM_ENVS  # each key's once
