@@ -21,6 +21,9 @@ repeats. The bodies:
                                     so a stream's ROLLOUTs always find its seat open)
     ABANDON   front end -> learner  the caller of the ROLLOUT with this request id left: the
                                     learner drops it unless its Step has started; no answer
+    ASK       learner -> front end  a request of the learner's own (its request id numbers it):
+                                    the front end answers with a CALL (e.g. its metrics for a
+                                    scrape)
 
 A reply with the flag RELEASED frees the slot it names: the learner reads it no more.
 """
@@ -56,6 +59,7 @@ class Kind(IntEnum):
     ANSWER = 9
     SEAT = 10
     ABANDON = 11
+    ASK = 12
 
 
 class SeatOp(IntEnum):

@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -141,6 +142,7 @@ class Handoff:
         self._ids = itertools.count(1)
         self._error: Exception | None = None
         self._closing = False
+        self._on_ask: Callable[[int], None] = lambda number: None
         body = ch.HELLO_BODY.pack(ch.PROTOCOL, sizes.obs_dim, sizes.act_slots, sizes.act_rows,
                                   sizes.rollout_slots, sizes.rollout_bytes)  # fmt: skip
         sock.settimeout(timeout_s)
@@ -330,8 +332,16 @@ class Handoff:
         except OSError as error:
             self._down(f"sending failed ({error})")
 
+    def on_ask(self, answer: Callable[[int], None]) -> None:
+        """Have `answer(number)` called, on the reader thread, for each ASK of the learner's
+        (it must return at once, e.g. with a `call_soon`)."""
+        self._on_ask = answer
+
     def _read(self) -> None:
         while (message := self._channel.receive()) is not None:
+            if message.kind is Kind.ASK:
+                self._on_ask(message.request)
+                continue
             with self._lock:
                 entry = self._pending.pop(message.request, None)
             if entry is None:

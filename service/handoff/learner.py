@@ -175,6 +175,19 @@ class Hub:
             return [FrontEndInfo(fe.id, fe.pid, fe.alive, len(fe.busy), fe.mapped)
                     for fe in self._front_ends.values()]  # fmt: skip
 
+    def ask(self, number: int) -> list[int]:
+        """Send ASK `number` to every front end that is up; the ids of those asked."""
+        with self._lock:
+            up = [fe for fe in self._front_ends.values() if fe.alive and fe.sizes is not None]
+        asked = []
+        for fe in up:
+            try:
+                fe.channel.send(Kind.ASK, number)
+            except OSError:  # gone: its EOF is read, or will be
+                continue
+            asked.append(fe.id)
+        return asked
+
     @property
     def mapped_bytes(self) -> int:
         with self._lock:

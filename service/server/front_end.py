@@ -40,7 +40,7 @@ from service.server.grpc_server import (
 )
 from service.server.learner_proxy import LearnerProxy
 from service.server.metrics import Metrics
-from service.server.server_metrics import push_metrics
+from service.server.server_metrics import answer_asks, push_metrics
 from service.server.shared_admission import RemoteBound
 
 POLL_S = 0.25  # how often the main thread looks for a signal or a closed handoff
@@ -69,6 +69,7 @@ def run(config: Config, handoff_path: str, port: int, index: int) -> int:
     servicer.attach(LearnerProxy(handoff, config.to_dict()["server"]))
     server.start()
     set_serving(health)
+    answer_asks(registry, handoff)
     handoff.call(calls.READY, {"pid": os.getpid(), "index": index})
     pushed = threading.Event()
     pusher = threading.Thread(target=push_metrics, args=(registry, handoff, pushed),

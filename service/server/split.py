@@ -47,7 +47,9 @@ from service.server.ranks import Ranks
 from service.server.server_metrics import ServerWide
 from service.server.shared_admission import AdmissionCounts
 
-ADMISSION_CALLS = frozenset({calls.ADMIT, calls.LEAVE})  # answered on the hub's reader thread
+# answered on the hub's reader thread: a count, a dict's entry
+INLINE_CALLS = frozenset({calls.ADMIT, calls.LEAVE, calls.METRICS})
+ADMISSION_CALLS = frozenset({calls.ADMIT, calls.LEAVE})
 STARTUP_TIMEOUT_S = 120.0  # the front ends' start, each a Python process importing gRPC
 EXIT_SLACK_S = 5.0  # past the grace, what a front end gets to exit before it is killed
 
@@ -112,7 +114,7 @@ def start(
             front_ends.ready(args["pid"], args["index"])
             return None
         if name == calls.METRICS:
-            server_wide.update(front_end, args["families"])
+            server_wide.update(front_end, args["families"], args.get("number", 0))
             return None
         raise InvalidInput("handoff.call", "a call the learner answers", repr(name))
 
@@ -121,7 +123,8 @@ def start(
         server_wide.gone(front_end)
 
     hub = LearnerHub(engine, HandoffLimits.from_config(server_cfg), server_cfg.front_ends,
-                     on_call, inline=ADMISSION_CALLS, on_gone=gone)  # fmt: skip
+                     on_call, inline=INLINE_CALLS, on_gone=gone)  # fmt: skip
+    server_wide.ask = hub.hub.ask
     hub.listen(handoff)
     split = Split(engine, hub, front_ends, reserved, folder, port, http_server.server_port,
                   http_server, ranks)  # fmt: skip

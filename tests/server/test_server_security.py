@@ -12,12 +12,12 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from conftest import random_rollout, running_server, wait_until
+from conftest import random_rollout, running_server
 
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.api.trident.v1 import trainer_pb2_grpc as pb_grpc
 from service.client.client import TridentClient
-from service.testing.serverproc import ServerProcess, scrape, trident_cli
+from service.testing.serverproc import ServerProcess, scrape, trident_cli, value
 
 Code = grpc.StatusCode
 TOKEN = "secret"
@@ -48,13 +48,10 @@ def test_right_token_works_and_health_needs_none(
     assert denied.returncode == 1 and "UNAUTHENTICATED" in denied.stderr
     allowed = trident_cli("status", "--server", token_server.target, "--token", TOKEN)
     assert allowed.returncode == 0, allowed.stderr
-
-    def denials() -> float:  # front ends' counts reach the page within a second
-        samples = scrape(token_server)
-        key = ("trident_rpc_errors_total", (("code", "UNAUTHENTICATED"), ("method", "GetStatus")))
-        return samples.get(key, 0.0)
-
-    wait_until(lambda: denials() >= 1, 10, "the denial counted")
+    denials = value(
+        scrape(token_server), "trident_rpc_errors_total", method="GetStatus", code="UNAUTHENTICATED"
+    )
+    assert denials >= 1
 
 
 def test_unauthenticated_error_carries_request_id(token_server: ServerProcess) -> None:

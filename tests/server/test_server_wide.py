@@ -5,6 +5,8 @@ and what a gone front end counted stays counted."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
@@ -61,3 +63,25 @@ def test_the_page_sums_the_front_ends_into_the_learners_series() -> None:
     samples = page(served)
     assert samples[errors] == 3 and samples["trident_interact_streams", ()] == 2
     assert samples["trident_interact_request_duration_seconds_count", ()] == 2
+
+
+def test_a_scrape_asks_the_front_ends_first() -> None:
+    """A count made just before the scrape is on it: the page asks each front end that is up
+    for a snapshot and waits for its answer (here from another thread, as from the handoff's
+    reader)."""
+    learner, front = Metrics(CollectorRegistry()), Metrics(CollectorRegistry())
+    wide = ServerWide(learner.registry)
+    served = CollectorRegistry()
+    served.register(wide)
+
+    def ask(number: int) -> list[int]:
+        answer = threading.Thread(target=wide.update, args=(7, snapshot(front.registry), number))
+        answer.start()
+        return [7]
+
+    wide.ask = ask
+    front.rpc_errors.labels(method="Act", code="UNAVAILABLE").inc()
+    key = ("trident_rpc_errors_total", (("code", "UNAVAILABLE"), ("method", "Act")))
+    assert page(served)[key] == 1
+    front.rpc_errors.labels(method="Act", code="UNAVAILABLE").inc()
+    assert page(served)[key] == 2
