@@ -12,6 +12,9 @@ repeats. The bodies:
     ACTED     learner -> front end  ACTED_BODY: the policy version; outputs in the Act slot
     ROLLOUT   front end -> learner  ROLLOUT_BODY + RolloutShape.PACKED + the key's actor id
                                     (ROLLOUT_BODY's length, utf-8) + the client (utf-8, the rest)
+    QUEUED    learner -> front end  the ROLLOUT with this request id has a place in the Step
+                                    queue (a stream's rollout waits for room there first); its
+                                    STEPPED or FAILED comes later
     STEPPED   learner -> front end  the Step's result (JSON: a few numbers, not arrays)
     FAILED    learner -> front end  the error (JSON: its class in service.errors, message)
     CALL      front end -> learner  a control call (JSON: name, arguments)
@@ -60,6 +63,7 @@ class Kind(IntEnum):
     SEAT = 10
     ABANDON = 11
     ASK = 12
+    QUEUED = 13
 
 
 class SeatOp(IntEnum):

@@ -275,7 +275,8 @@ class Handoff:
                      key: tuple[str, int] | None, stream: int, client: str = ""
                      ) -> Future[StepResult]:  # fmt: skip
         """Hand the rollout written in `slot` to the learner; its Future's `request` attribute
-        is the id `abandon` names it by."""
+        is the id `abandon` names it by, and its `queued` Event is set once the learner has
+        queued it (QUEUED)."""
         actor, sequence = key if key is not None else ("", 0)
         actor_bytes = actor.encode()
         body = (ch.ROLLOUT_BODY.pack(-1 if policy_version is None else policy_version, stream,
@@ -284,6 +285,7 @@ class Handoff:
         future: Future[StepResult] = Future()
         request = self._track(future, Kind.ROLLOUT, slot, 0)
         future.request = request  # type: ignore[attr-defined]
+        future.queued = threading.Event()  # type: ignore[attr-defined]  # set by QUEUED
         self._send(Kind.ROLLOUT, request, slot, ch.KEYED if key is not None else 0, body)
         return future
 
@@ -341,6 +343,12 @@ class Handoff:
         while (message := self._channel.receive()) is not None:
             if message.kind is Kind.ASK:
                 self._on_ask(message.request)
+                continue
+            if message.kind is Kind.QUEUED:  # not the answer: the entry stays pending
+                with self._lock:
+                    queued = self._pending.get(message.request)
+                if queued is not None:
+                    queued[0].queued.set()  # type: ignore[attr-defined]
                 continue
             with self._lock:
                 entry = self._pending.pop(message.request, None)

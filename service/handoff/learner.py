@@ -17,6 +17,7 @@ segments are unmapped once nothing of its work is in the learner's hands.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -63,6 +64,7 @@ class Delivery:
     sequence: int
     alive: Callable[[], bool]  # False once its front end is gone or its caller left
     client: str = ""  # whose it is, as its front end names it (a request's peer)
+    queued: Callable[[], None] = lambda: None  # tell the front end it has a place in the queue
 
 
 @dataclass
@@ -368,8 +370,8 @@ class Hub:
         with self._lock:
             fe.in_hand.add(request)
         delivery = Delivery(fe.id, read_rollout(views, None if version < 0 else version),
-                            stream, actor, sequence, lambda: fe.waiting(request),
-                            client)  # fmt: skip
+                            stream, actor, sequence, lambda: fe.waiting(request), client,
+                            lambda: self._queued(fe, request))  # fmt: skip
         try:
             future = self._step(delivery)
         except BaseException:
@@ -384,6 +386,12 @@ class Hub:
             self._fail(fe, message, error, release=True)
         else:
             self._reply(fe, Kind.STEPPED, message, ch.result_body(done.result()))
+
+    def _queued(self, fe: _FrontEnd, request: int) -> None:
+        """QUEUED for rollout `request` (from any thread; a gone front end is told nothing)."""
+        if fe.alive:
+            with contextlib.suppress(OSError):  # gone: its EOF is read, or will be
+                fe.channel.send(Kind.QUEUED, request)
 
     # ------------------------------------------------------------------------------- SEAT
     def _seat_message(self, fe: _FrontEnd, message: Message) -> None:

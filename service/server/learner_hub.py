@@ -81,7 +81,7 @@ class LearnerHub:
         key = None if delivery.actor is None else StepKey(delivery.actor, delivery.sequence)
         if delivery.stream == 0:
             client = delivery.client or f"front end {delivery.front_end}"
-            return self._off_reader(lambda: self.engine.submit_step(
+            return self._off_reader(delivery, lambda: self.engine.submit_step(
                 delivery.rollout, delivery.alive, key, client=client))  # fmt: skip
         with self._lock:
             remote = self._seats.get((delivery.front_end, delivery.stream))
@@ -93,10 +93,14 @@ class LearnerHub:
         def waiting() -> bool:
             return delivery.alive() and not remote.closed
 
-        return self._off_reader(lambda: remote.seat.submit(delivery.rollout, waiting, key))
+        return self._off_reader(delivery,
+                                lambda: remote.seat.submit(delivery.rollout, waiting, key))
 
-    def _off_reader(self, submit: Callable[[], Future[StepResult]]) -> Future[StepResult]:
-        """`submit()` on a rollout thread; its Future's outcome, in one Future returned now."""
+    def _off_reader(self, delivery: Delivery, submit: Callable[[], Future[StepResult]]
+                    ) -> Future[StepResult]:  # fmt: skip
+        """`submit()` on a rollout thread; its Future's outcome, in one Future returned now.
+        The front end hears when it is queued (a stream's next rollout waits for that, as a
+        stream waits for room in one process)."""
         answer: Future[StepResult] = Future()
 
         def run() -> None:
@@ -105,6 +109,8 @@ class LearnerHub:
             except Exception as error:
                 answer.set_exception(error)
                 return
+            if not queued.done():
+                delivery.queued()
             queued.add_done_callback(lambda done: _copy(done, answer))
 
         self._rollouts.submit(run)

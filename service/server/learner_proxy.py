@@ -48,16 +48,24 @@ class SeatProxy:
     def submit(
         self, rollout: Rollout, caller_waiting: Callable[[], bool], key: StepKey
     ) -> Future[StepResult]:
-        """Queue the rollout under the stream's seat once a rollout slot is free (waited for,
-        as the learner waits for room in its queue); Abandoned when the caller leaves first."""
+        """Hand the rollout to the learner under the stream's seat once a rollout slot is free,
+        and return once the learner has queued it (or answered it): the stream waits for room
+        in the Step queue, as in one process. Abandoned when the caller leaves while it waits
+        for a slot; one that leaves while the learner waits for room is abandoned there, when
+        the stream's seat closes."""
         while True:
             try:
-                return self.proxy.handoff.submit_rollout(
+                future = self.proxy.handoff.submit_rollout(
                     rollout, (key.actor, key.sequence), self.stream, SLOT_POLL_S
                 )
+                break
             except QueueFull:
                 if not caller_waiting():
                     raise Abandoned("caller left while its rollout waited for a slot") from None
+        queued = future.queued  # type: ignore[attr-defined]
+        while not (queued.wait(SLOT_POLL_S) or future.done()) and caller_waiting():
+            pass
+        return future
 
     @contextmanager
     def waiting(self) -> Iterator[None]:

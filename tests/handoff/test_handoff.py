@@ -298,8 +298,9 @@ def test_a_learner_that_never_answers_the_hello_is_reported(tmp_path: Path) -> N
 
 def test_seats_abandons_and_clients_reach_the_learner(rng: np.random.Generator) -> None:
     """SEAT messages reach the learner's `seat` in the order sent, before the stream's
-    ROLLOUTs; a rollout's client and key arrive with it; an ABANDON turns that rollout's
-    `alive()` False (its caller left), no other's, and its answer still frees the slot."""
+    ROLLOUTs; a rollout's client and key arrive with it; QUEUED reaches the rollout's Future
+    before its answer; an ABANDON turns that rollout's `alive()` False (its caller left), no
+    other's, and its answer still frees the slot."""
     seats: list[tuple[int, int, SeatOp, int]] = []
     learner = harness.EchoLearner(hold=True)
     server = Hub(LIMITS, learner.act, learner.step, seat=lambda *m: seats.append(m),
@@ -319,6 +320,10 @@ def test_seats_abandons_and_clients_reach_the_learner(rng: np.random.Generator) 
     assert first.client == "ipv4:127.0.0.1:5" and second.client == "x" * 512  # cut: MAX_CLIENT
     (front_end,) = [info.id for info in server.front_ends()]
     assert seats == [(front_end, 3, SeatOp.OPEN, 12), (front_end, 3, SeatOp.WAIT, 0)]
+    assert not kept.queued.is_set()  # type: ignore[attr-defined]
+    first.queued()  # the learner queued it: the front end hears so before its answer
+    wait_until(kept.queued.is_set, 30, "QUEUED")  # type: ignore[attr-defined]
+    assert not kept.done() and not left.queued.is_set()  # type: ignore[attr-defined]
     handoff.abandon(left.request)  # type: ignore[attr-defined]
     wait_until(lambda: not second.alive(), 30, "the abandoned rollout's caller gone")
     assert first.alive()

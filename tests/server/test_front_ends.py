@@ -249,6 +249,8 @@ def test_actors_ride_through_front_end_kills_and_each_rollout_is_applied_once(
     procs = [subprocess.Popen([*command, "--seed", str(seed)], text=True, **pipes)
              for seed in range(actors)]  # fmt: skip
     try:
+        # every stream open on one of the first two front ends, so each of them breaks
+        wait_until(lambda: open_streams(server) == actors, 120, "every actor's stream open")
         for victim, threshold in zip(front_end_pids(server), kill_at, strict=True):
             wait_until(lambda: reached_step(server) >= threshold, 120,  # noqa: B023
                        f"global step {threshold}")  # fmt: skip
