@@ -59,8 +59,11 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     # a zombie is reaped by its parent soon after; /proc says which
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().split()[2] != "Z"
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:  # reaped meanwhile
+        return False
 
 
 def test_every_call_answers_as_in_one_process(tmp_path: Path, rng: np.random.Generator) -> None:
@@ -283,3 +286,15 @@ def test_actors_ride_through_front_end_kills_and_each_rollout_is_applied_once(
         dropped = figures["dropped"] + figures["ahead"]
         assert applied[actor_id] == figures["rollouts"] - dropped, (actor_id, figures)
     assert replay_size == sum(applied.values()) * ROLLOUT_LEN * NUM_ENVS  # each key's once
+
+
+def test_a_killed_learner_takes_its_front_ends_with_it(tmp_path: Path) -> None:
+    """SIGKILL of the learner process: its front ends see the handoff close and exit at once,
+    leaving the port to the next server (no front end serves without a learner)."""
+    with running_server(tmp_path, SPLIT) as server:
+        pids = front_end_pids(server)
+        server.proc.send_signal(signal.SIGKILL)
+        server.proc.wait(30)
+        wait_until(lambda: not any(alive(pid) for pid in pids), 30, "the front ends gone")
+        with running_server(tmp_path / "next", extra_args=("--port", str(server.port))) as again:
+            assert again.port == server.port
