@@ -3,12 +3,12 @@ beside its siblings, in front of the learner process it reaches over the handoff
 
 It terminates gRPC, authenticates, validates and decodes, and assembles its Interact streams'
 rollouts; the servicer runs unchanged over `LearnerProxy`. The learner process starts it with
-its settings in a file only this user reads, and a handoff socket to connect to; it tells the
-learner it serves (`ready`) once its server has started. Its admission bounds are the whole
-server's (`shared_admission`) and its own metrics (calls refused and failed, streams open) go
-to the learner's page (`server_metrics`). SIGTERM drains it: NOT_SERVING, new calls refused
-UNAVAILABLE, calls in flight finished within server.shutdown_grace_s. When the learner's end
-of the handoff closes, it stops at once (exit 1): there is no learner to serve.
+its settings on its stdin (they hold the token: never on disk) and a handoff socket to connect
+to; it tells the learner it serves (`ready`) once its server has started. Its admission bounds
+are the whole server's (`shared_admission`) and its own metrics (calls refused and failed,
+streams open) go to the learner's page (`server_metrics`). SIGTERM drains it: NOT_SERVING, new
+calls refused UNAVAILABLE, calls in flight finished within server.shutdown_grace_s. When the
+learner's end of the handoff closes, it stops at once (exit 1): there is no learner to serve.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
@@ -93,12 +92,11 @@ def run(config: Config, handoff_path: str, port: int, index: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m service.server.front_end")
-    parser.add_argument("--config", required=True, help="the settings, as JSON (Config)")
     parser.add_argument("--handoff", required=True, help="the learner's handoff socket")
     parser.add_argument("--port", type=int, required=True, help="the public port, reserved")
     parser.add_argument("--index", type=int, required=True, help="this front end's place")
     args = parser.parse_args(argv)
-    config = Config.from_dict(json.loads(Path(args.config).read_text()))
+    config = Config.from_dict(json.loads(sys.stdin.buffer.read()))  # the learner's pipe
     logs.configure(config.server.log_level)
     try:
         return run(config, args.handoff, args.port, args.index)

@@ -84,17 +84,20 @@ def _die_with_parent() -> None:
 
 
 class FrontEnds:
-    """`count` front-end processes, each started by `command(index)`; `restarted()` counts a
-    replacement, `failed(why)` asks the server to stop."""
+    """`count` front-end processes, each started by `command(index)` with `settings` on its
+    stdin (they hold the token: never on disk); `restarted()` counts a replacement,
+    `failed(why)` asks the server to stop."""
 
     def __init__(
         self,
         count: int,
         command: Callable[[int], list[str]],
+        settings: bytes,
         restarted: Callable[[], None],
         failed: Callable[[str], None],
     ) -> None:
-        self.count, self._command, self._restarted, self._failed = count, command, restarted, failed
+        self.count, self._command, self._settings = count, command, settings
+        self._restarted, self._failed = restarted, failed
         self._procs: list[subprocess.Popen[bytes] | None] = [None] * count
         self._served = [False] * count  # whether the process in this place has said `ready`
         self._deaths: deque[float] = deque()
@@ -105,17 +108,18 @@ class FrontEnds:
                                          daemon=True)  # fmt: skip
 
     def start(self, timeout_s: float) -> list[int]:
-        """Start them all and wait until each serves; their pids. RuntimeError saying why when
-        one exits first or `timeout_s` passes."""
+        """Start them all and wait until each serves; their pids. ConfigError saying why when
+        one exits first (its own line says what it could not do) or `timeout_s` passes."""
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while not all(self._served):
                 if self._stopping:
-                    raise RuntimeError(self._why)
+                    raise ConfigError(f"server.front_ends = {self.count}: {self._why}")
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise RuntimeError(f"front ends not serving after {timeout_s:g} s")
+                    raise ConfigError(f"server.front_ends = {self.count}: not every front end "
+                                      f"served within {timeout_s:g} s")  # fmt: skip
                 self._cond.wait(left)
             return [proc.pid for proc in self._procs if proc is not None]
 
@@ -157,8 +161,11 @@ class FrontEnds:
 
     # ------------------------------------------------------------------------ watching
     def _spawn(self, index: int) -> None:
-        proc = subprocess.Popen(self._command(index), stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(self._command(index), stdin=subprocess.PIPE,
                                 preexec_fn=_die_with_parent)  # fmt: skip
+        assert proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError), proc.stdin:  # one that died at once: _died
+            proc.stdin.write(self._settings)
         with self._cond:
             self._procs[index], self._served[index] = proc, False
 
@@ -207,7 +214,7 @@ class FrontEnds:
 
 
 def private_dir() -> str:
-    """A folder only this user reads (0700): the front ends' settings and the handoff socket."""
+    """A folder only this user reads (0700), for the handoff's socket."""
     path = tempfile.mkdtemp(prefix="trident-front-ends-")
     os.chmod(path, 0o700)
     return path

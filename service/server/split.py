@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import socket
 import sys
@@ -92,18 +91,16 @@ def start(
     http_server = serve_metrics(server_cfg, page)
     engine, ranks = build_engine(config, metrics, inference_only, restore, resume, topology)
     folder = private_dir()
-    settings = Path(folder, "config.json")
     # the learner's model and training settings (a restored checkpoint's), this server's own
-    mine = {**engine.config.to_dict(), "server": config.to_dict()["server"]}
-    settings.write_text(json.dumps(mine))
-    os.chmod(settings, 0o600)
+    settings = {**engine.config.to_dict(), "server": config.to_dict()["server"]}
     handoff = str(Path(folder, "handoff.sock"))
 
     def command(index: int) -> list[str]:
-        return [sys.executable, "-m", "service.server.front_end", "--config", str(settings),
-                "--handoff", handoff, "--port", str(port), "--index", str(index)]  # fmt: skip
+        return [sys.executable, "-m", "service.server.front_end", "--handoff", handoff,
+                "--port", str(port), "--index", str(index)]  # fmt: skip
 
-    front_ends = FrontEnds(server_cfg.front_ends, command, metrics.front_end_restarts.inc, failed)
+    front_ends = FrontEnds(server_cfg.front_ends, command, json.dumps(settings).encode(),
+                           metrics.front_end_restarts.inc, failed)  # fmt: skip
 
     admission = AdmissionCounts(server_cfg)
 

@@ -242,7 +242,7 @@ def test_actors_ride_through_front_end_kills_and_each_rollout_is_applied_once(
     once: each reconnects (to the other front end or a replacement), sends again what it saw
     no outcome for, and ends with exit 0; the final checkpoint's ledger holds each actor's
     rollouts less its drops, and the replay holds each key's rollout once."""
-    actors, steps, kill_at = 3, 16, (3, 7)
+    actors, steps, kill_at = 3, 32, (4, 12)
     server = running_server(tmp_path, SPLIT, *CARTPOLE)
     command = [sys.executable, "-m", "service.cli", "actor", "--server", server.target,
                "--env", "gymnasium:CartPole-v1", "--num-envs", str(NUM_ENVS), "--rollout-len",
