@@ -66,6 +66,16 @@ class _Pool:
         self.wake.notify()
 
 
+class RolloutFuture(Future[StepResult]):
+    """A rollout's answer from the learner: `request` names it to `Handoff.abandon`, `queued`
+    is set once the learner has queued it (QUEUED, before the answer)."""
+
+    def __init__(self, request: int = 0) -> None:
+        super().__init__()
+        self.request = request
+        self.queued = threading.Event()
+
+
 class RolloutSlot:
     """A rollout slot lent to write one rollout of `shape` in place: `arrays` are the fixed
     fields' views (obs, actions, behavior_log_probs, rewards, terminated, truncated and the
@@ -86,7 +96,7 @@ class RolloutSlot:
         key: tuple[str, int] | None = None,
         stream: int = 0,
         client: str = "",
-    ) -> Future[StepResult]:
+    ) -> RolloutFuture:
         """Write the M final observations behind the fixed fields and hand the rollout to the
         learner (OverLimit, the slot kept, where they do not fit it)."""
         M = 0 if final_obs is None else final_obs.shape[0]
@@ -250,7 +260,7 @@ class Handoff:
         stream: int = 0,
         timeout_s: float | None = None,
         client: str = "",
-    ) -> Future[StepResult]:
+    ) -> RolloutFuture:
         """Copy a whole (validated) rollout into a free slot and hand it to the learner;
         `client` names whose it is, for the learner's turns (a request's peer)."""
         shape = RolloutShape.of(rollout)
@@ -273,19 +283,15 @@ class Handoff:
 
     def send_rollout(self, slot: int, shape: RolloutShape, policy_version: int | None,
                      key: tuple[str, int] | None, stream: int, client: str = ""
-                     ) -> Future[StepResult]:  # fmt: skip
-        """Hand the rollout written in `slot` to the learner; its Future's `request` attribute
-        is the id `abandon` names it by, and its `queued` Event is set once the learner has
-        queued it (QUEUED)."""
+                     ) -> RolloutFuture:  # fmt: skip
+        """Hand the rollout written in `slot` to the learner."""
         actor, sequence = key if key is not None else ("", 0)
         actor_bytes = actor.encode()
         body = (ch.ROLLOUT_BODY.pack(-1 if policy_version is None else policy_version, stream,
                                      sequence, len(actor_bytes))
                 + shape.pack() + actor_bytes + client.encode()[: ch.MAX_CLIENT])  # fmt: skip
-        future: Future[StepResult] = Future()
-        request = self._track(future, Kind.ROLLOUT, slot, 0)
-        future.request = request  # type: ignore[attr-defined]
-        future.queued = threading.Event()  # type: ignore[attr-defined]  # set by QUEUED
+        future = RolloutFuture()
+        future.request = request = self._track(future, Kind.ROLLOUT, slot, 0)
         self._send(Kind.ROLLOUT, request, slot, ch.KEYED if key is not None else 0, body)
         return future
 
@@ -347,8 +353,8 @@ class Handoff:
             if message.kind is Kind.QUEUED:  # not the answer: the entry stays pending
                 with self._lock:
                     queued = self._pending.get(message.request)
-                if queued is not None:
-                    queued[0].queued.set()  # type: ignore[attr-defined]
+                if queued is not None and isinstance(queued[0], RolloutFuture):
+                    queued[0].queued.set()
                 continue
             with self._lock:
                 entry = self._pending.pop(message.request, None)

@@ -1,5 +1,6 @@
 """`trident serve`: build the gRPC server in front of the learner (`Engine`), run it, drain it on
-SIGTERM."""
+SIGTERM. With server.front_ends >= 1 the gRPC servers run in front-end processes of their own
+instead (`server.split`)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,7 @@ from service.backend import resolve_name
 from service.backend.blas import single_blas_thread
 from service.backend.host_memory import limit_malloc_arenas, retain_freed_memory
 from service.backend.rendezvous import Topology
-from service.config import (
-    Config,
-    ConfigError,
-    ServerConfig,
-)
+from service.config import Config, ConfigError, ServerConfig
 from service.server import split
 from service.server.engine import Engine
 from service.server.grpc_server import bind, bind_unix, build, server_credentials, set_serving

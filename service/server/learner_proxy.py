@@ -62,8 +62,7 @@ class SeatProxy:
             except QueueFull:
                 if not caller_waiting():
                     raise Abandoned("caller left while its rollout waited for a slot") from None
-        queued = future.queued  # type: ignore[attr-defined]
-        while not (queued.wait(SLOT_POLL_S) or future.done()) and caller_waiting():
+        while not (future.queued.wait(SLOT_POLL_S) or future.done()) and caller_waiting():
             pass
         return future
 
@@ -124,7 +123,7 @@ class LearnerProxy:
             rollout, None if key is None else (key.actor, key.sequence), 0, 0.0,
             "" if client is None else str(client),
         )  # fmt: skip
-        request = future.request  # type: ignore[attr-defined]
+        request = future.request
         with self._lock:
             self._watched[request] = (future, caller_waiting)
         future.add_done_callback(lambda _: self._unwatch(request))

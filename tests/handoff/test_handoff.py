@@ -320,11 +320,11 @@ def test_seats_abandons_and_clients_reach_the_learner(rng: np.random.Generator) 
     assert first.client == "ipv4:127.0.0.1:5" and second.client == "x" * 512  # cut: MAX_CLIENT
     (front_end,) = [info.id for info in server.front_ends()]
     assert seats == [(front_end, 3, SeatOp.OPEN, 12), (front_end, 3, SeatOp.WAIT, 0)]
-    assert not kept.queued.is_set()  # type: ignore[attr-defined]
+    assert not kept.queued.is_set()
     first.queued()  # the learner queued it: the front end hears so before its answer
-    wait_until(kept.queued.is_set, 30, "QUEUED")  # type: ignore[attr-defined]
-    assert not kept.done() and not left.queued.is_set()  # type: ignore[attr-defined]
-    handoff.abandon(left.request)  # type: ignore[attr-defined]
+    wait_until(kept.queued.is_set, 30, "QUEUED")
+    assert not kept.done() and not left.queued.is_set()
+    handoff.abandon(left.request)
     wait_until(lambda: not second.alive(), 30, "the abandoned rollout's caller gone")
     assert first.alive()
     handoff.seat(3, SeatOp.CLOSE)
