@@ -184,9 +184,9 @@ class FrontEnds:
                 self._died(index, proc)
             time.sleep(WATCH_S)
         # held until the children exit: they die with this thread
-        for proc in list(self._procs):
-            if proc is not None:
-                proc.wait()
+        for child in list(self._procs):
+            if child is not None:
+                child.wait()
 
     def _died(self, index: int, proc: subprocess.Popen[bytes]) -> None:
         now = time.monotonic()

@@ -4,7 +4,7 @@ engine (with its ranks)."""
 
 from __future__ import annotations
 
-from http.server import ThreadingHTTPServer
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 
@@ -33,7 +33,7 @@ def checked_start(config: Config, inference_only: bool, restore: str | None, res
     return with_checkpoint_dir(config, SERVE_CHECKPOINT_DIR.format(port=config.server.port))
 
 
-def serve_metrics(server: ServerConfig, registry: CollectorRegistry) -> ThreadingHTTPServer:
+def serve_metrics(server: ServerConfig, registry: CollectorRegistry) -> WSGIServer:
     """The metrics' HTTP server on server.metrics_port, or ConfigError naming the setting."""
     try:
         http_server, _ = start_http_server(server.metrics_port, addr=server.host,

@@ -53,8 +53,11 @@ def snapshot(registry: CollectorRegistry) -> dict[str, list[list[Any]]]:
 def answer_asks(registry: CollectorRegistry, handoff: Handoff) -> None:
     """Answer each of the learner's ASKs with a snapshot (from the handoff's reader thread:
     the call is sent, not waited for)."""
-    handoff.on_ask(lambda number: handoff.call_soon(
-        calls.METRICS, {"families": snapshot(registry), "number": number}))  # fmt: skip
+
+    def answer(number: int) -> None:
+        handoff.call_soon(calls.METRICS, {"families": snapshot(registry), "number": number})
+
+    handoff.on_ask(answer)
 
 
 def push_metrics(registry: CollectorRegistry, handoff: Handoff, stop: threading.Event) -> None:

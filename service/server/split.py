@@ -24,9 +24,9 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry
 
@@ -64,7 +64,7 @@ class Split:
     folder: str
     port: int
     metrics_port: int
-    http_server: ThreadingHTTPServer
+    http_server: WSGIServer
     ranks: Ranks | None = None
 
 
@@ -168,4 +168,5 @@ def _close(split: Split) -> None:
     split.hub.close()
     split.reserved.close()
     split.http_server.shutdown()
+    split.http_server.server_close()
     shutil.rmtree(split.folder, ignore_errors=True)
