@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=int, required=True, help="this front end's place")
     args = parser.parse_args(argv)
     config = Config.from_dict(json.loads(sys.stdin.buffer.read()))  # the learner's pipe
-    logs.configure(config.server.log_level)
+    # its lines share the learner's stderr: each says which front end wrote it
+    logs.configure(config.server.log_level, front_end=args.index, pid=os.getpid())
     try:
         return run(config, args.handoff, args.port, args.index)
     except (ConfigError, TridentError) as error:  # a bind, TLS or handoff refusal: said once

@@ -97,6 +97,10 @@ def test_every_call_answers_as_in_one_process(tmp_path: Path, rng: np.random.Gen
             with pytest.raises(grpc.RpcError) as error:
                 call()
             assert error.value.code() == code and words in error.value.details()
+        # a refusal is said by the front end that answered it, which its line names
+        rejected = server.events("rejected")
+        assert rejected and all(e["pid"] in front_end_pids(server) for e in rejected)
+        assert {e["front_end"] for e in rejected} <= {0, 1}
         # health answers on every connection, whichever front end the kernel gave it
         for _ in range(6):
             with TridentClient(server.target, options=OWN_CONNECTION) as fresh:
