@@ -133,7 +133,7 @@ class LearnerProxy:
         return SeatProxy(self, next(self._streams), columns)
 
     def act(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> ActResult:
-        return self.handoff.act(np.ascontiguousarray(obs, "<f4"), mode, epsilon)
+        return self.handoff.act(obs, mode, epsilon)  # copied once, into an Act slot
 
     def checkpoint(self, name: str | None) -> CheckpointInfo:
         self.require_training("Checkpoint")
