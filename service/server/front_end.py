@@ -78,7 +78,7 @@ def run(config: Config, handoff_path: str, port: int, index: int) -> int:
         if not handoff.up:
             logs.event(logging.ERROR, "front end: the learner process is gone; stopping",
                        index=index)  # fmt: skip
-            server.stop(0)
+            server.stop(0).wait(5)
             return 1
     health.enter_graceful_shutdown()
     servicer.refuse_new_calls()
