@@ -456,6 +456,7 @@ class Snapshot:
     wall: float  # time.time(), the clock of the server's log lines
     samples: Samples | None
     server_cpu_s: float | None
+    learner_cpu_s: float | None  # the server's own process (with server.front_ends: the learner)
     process_cpu_s: list[float | None]
     machine_busy_s: float | None
     own_cpu_s: float  # this script and its waited-for children (nvidia-smi)
@@ -470,6 +471,7 @@ class Snapshot:
             time.time(),
             samples,
             tree_cpu_s(server.proc.pid),
+            process_cpu_s(server.proc.pid),
             [process_cpu_s(p.popen.pid) for p in processes],
             host_report.cpu_busy_s(),
             host_report.own_cpu_s(),
@@ -693,6 +695,8 @@ def measure(
     }
     cores = lambda x, y: None if x is None or y is None else round((y - x) / seconds, 3)  # noqa: E731
     cell["server_cores"] = cores(before.server_cpu_s, after.server_cpu_s)
+    # with server.front_ends: the learner process's share; the front ends' is the difference
+    cell["learner_cores"] = cores(before.learner_cpu_s, after.learner_cpu_s)
     each = [cores(x, y) for x, y in zip(before.process_cpu_s, after.process_cpu_s, strict=True)]
     alive = [c for c in each if c is not None]
     cell["actor_cores"] = each
@@ -936,7 +940,7 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "other_cores": max((c.get("other_cores") or 0.0 for c in cells), default=None),
         }
         for name in ("steps_in_window", "server_act_forward_mean_ms", "server_cores",
-                     "actor_cores_each", "gpu_busy_pct"):  # fmt: skip
+                     "learner_cores", "actor_cores_each", "gpu_busy_pct"):  # fmt: skip
             row[name] = median_of(cells, name)
         rows.append(row)
     add_scaling(rows)

@@ -308,6 +308,11 @@ class ServerConfig(_Section):
     # the shared memory all front-end processes together may map (MiB: their Act and rollout
     # slots), checked before a front end's slots are made
     handoff_max_mb: int = _f(8192, ge=1)
+    # gRPC front-end processes in front of the learner process, all on the one public port
+    # (the kernel spreads connections over them): each terminates gRPC, authenticates,
+    # validates and assembles its streams' rollouts, handing Acts and rollouts to the learner in
+    # shared memory; one that dies is replaced. 0: gRPC in the learner's own process
+    front_ends: int = _f(0, ge=0, le=64)
     shutdown_grace_s: float = _f(30.0, ge=0)  # SIGTERM: seconds in-flight RPCs get to finish
     log_level: str = _f("INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))  # log threshold
 

@@ -16,13 +16,19 @@ logger = logging.getLogger("trident")
 
 
 class JsonLines(logging.Formatter):
-    """`{"ts", "level", "event", **fields}` with fields from `extra={"fields": {...}}`."""
+    """`{"ts", "level", "event", **context, **fields}` with fields from
+    `extra={"fields": {...}}`; `context` names the process on every line (a front end's)."""
+
+    def __init__(self, context: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.context = context or {}
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
             "ts": round(record.created, 6),
             "level": record.levelname,
             "event": record.getMessage(),
+            **self.context,
         }
         line.update(getattr(record, "fields", {}))
         if record.exc_info:
@@ -30,10 +36,11 @@ class JsonLines(logging.Formatter):
         return json.dumps(line, default=str)
 
 
-def configure(level: str) -> None:
-    """Send `trident` events at `level` and above to stderr as JSON lines."""
+def configure(level: str, **context: Any) -> None:
+    """Send `trident` events at `level` and above to stderr as JSON lines, each with the
+    `context` fields."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonLines())
+    handler.setFormatter(JsonLines(context))
     logger.handlers[:] = [handler]
     logger.setLevel(level)
     logger.propagate = False

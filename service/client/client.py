@@ -145,11 +145,15 @@ class TridentClient:
         retries: int = 3,
         max_message_mb: int = 64,
         interceptors: Sequence[grpc.UnaryUnaryClientInterceptor] = (),
+        options: Sequence[tuple[str, Any]] = (),
     ) -> None:
+        """`options`: more channel arguments (e.g. ("grpc.use_local_subchannel_pool", 1) for
+        a connection of the client's own, not shared with other channels to the target)."""
         limit = max_message_mb * 1024 * 1024
         options = [
             ("grpc.max_send_message_length", limit),
             ("grpc.max_receive_message_length", limit),
+            *options,
         ]
         self.target = with_default_port(target)
         if credentials is None:

@@ -14,7 +14,7 @@ learner reads the same slots through views of one layout and answers in them. Mo
 No gRPC and no trainer here: the learner's calls come in as callables.
 """
 
-from service.handoff.frontend import ActSlot, Handoff, RolloutSlot
+from service.handoff.frontend import ActSlot, Handoff, RolloutFuture, RolloutSlot
 from service.handoff.layout import Layout, RolloutShape, act_layout
 from service.handoff.learner import Delivery, FrontEndInfo, Hub
 from service.handoff.limits import HandoffLimits, SlotSizes
@@ -27,6 +27,7 @@ __all__ = [
     "HandoffLimits",
     "Hub",
     "Layout",
+    "RolloutFuture",
     "RolloutShape",
     "RolloutSlot",
     "SlotSizes",

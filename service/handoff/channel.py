@@ -11,10 +11,22 @@ repeats. The bodies:
     ACT       front end -> learner  ACT_BODY: rows, mode, epsilon; obs in the Act slot
     ACTED     learner -> front end  ACTED_BODY: the policy version; outputs in the Act slot
     ROLLOUT   front end -> learner  ROLLOUT_BODY + RolloutShape.PACKED + the key's actor id
+                                    (ROLLOUT_BODY's length, utf-8) + the client (utf-8, the rest)
+    QUEUED    learner -> front end  the ROLLOUT with this request id has a place in the Step
+                                    queue (a stream's rollout waits for room there first); its
+                                    STEPPED or FAILED comes later
     STEPPED   learner -> front end  the Step's result (JSON: a few numbers, not arrays)
     FAILED    learner -> front end  the error (JSON: its class in service.errors, message)
     CALL      front end -> learner  a control call (JSON: name, arguments)
     ANSWER    learner -> front end  its answer (JSON)
+    SEAT      front end -> learner  SEAT_BODY: an Interact stream's seat opens (its columns),
+                                    waits, resumes or closes; no answer (the channel keeps order,
+                                    so a stream's ROLLOUTs always find its seat open)
+    ABANDON   front end -> learner  the caller of the ROLLOUT with this request id left: the
+                                    learner drops it unless its Step has started; no answer
+    ASK       learner -> front end  a request of the learner's own (its request id numbers it):
+                                    the front end answers with a CALL (e.g. its metrics for a
+                                    scrape)
 
 A reply with the flag RELEASED frees the slot it names: the learner reads it no more.
 """
@@ -48,6 +60,19 @@ class Kind(IntEnum):
     FAILED = 7
     CALL = 8
     ANSWER = 9
+    SEAT = 10
+    ABANDON = 11
+    ASK = 12
+    QUEUED = 13
+
+
+class SeatOp(IntEnum):
+    """What a SEAT message says of a stream's seat (`learner_api.StreamSeat`)."""
+
+    OPEN = 1  # with the stream's columns
+    WAIT = 2  # the stream sends nothing until RESUME
+    RESUME = 3
+    CLOSE = 4
 
 
 HEAD = struct.Struct("<BBHQ")  # kind, flags, slot, request id
@@ -58,8 +83,11 @@ HELLO_BODY = struct.Struct("<IIIIIQ")  # protocol, obs_dim, act_slots, act_rows,
 WELCOME_BODY = struct.Struct("<I")  # the front end's id at the learner
 ACT_BODY = struct.Struct("<IBf")  # rows, mode (index in ActMode), epsilon
 ACTED_BODY = struct.Struct("<q")  # policy version
-ROLLOUT_BODY = struct.Struct("<qQQ")  # policy version (-1: none), stream id, key sequence
+ROLLOUT_BODY = struct.Struct("<qQQH")  # policy version (-1: none), stream id, key sequence,
+# the actor id's length in bytes
+SEAT_BODY = struct.Struct("<QBI")  # stream id, SeatOp, columns (OPEN's; else 0)
 MAX_MESSAGE = 1 << 16  # bytes: a message's most (a JSON result, an actor id)
+MAX_CLIENT = 512  # bytes of a ROLLOUT's client name carried (a peer address; longer is cut)
 MAX_FDS = 2
 
 

@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -65,6 +66,16 @@ class _Pool:
         self.wake.notify()
 
 
+class RolloutFuture(Future[StepResult]):
+    """A rollout's answer from the learner: `request` names it to `Handoff.abandon`, `queued`
+    is set once the learner has queued it (QUEUED, before the answer)."""
+
+    def __init__(self, request: int = 0) -> None:
+        super().__init__()
+        self.request = request
+        self.queued = threading.Event()
+
+
 class RolloutSlot:
     """A rollout slot lent to write one rollout of `shape` in place: `arrays` are the fixed
     fields' views (obs, actions, behavior_log_probs, rewards, terminated, truncated and the
@@ -84,7 +95,8 @@ class RolloutSlot:
         final_obs_index: np.ndarray | None = None,
         key: tuple[str, int] | None = None,
         stream: int = 0,
-    ) -> Future[StepResult]:
+        client: str = "",
+    ) -> RolloutFuture:
         """Write the M final observations behind the fixed fields and hand the rollout to the
         learner (OverLimit, the slot kept, where they do not fit it)."""
         M = 0 if final_obs is None else final_obs.shape[0]
@@ -94,7 +106,7 @@ class RolloutSlot:
             np.copyto(views["final_obs"], final_obs, casting="same_kind")
             np.copyto(views["final_obs_index"], final_obs_index, casting="unsafe")
         self.lent = False
-        return self.handoff.send_rollout(self.index, shape, policy_version, key, stream)
+        return self.handoff.send_rollout(self.index, shape, policy_version, key, stream, client)
 
     def cancel(self) -> None:
         """Give the slot back unsent (a stream that ended mid-rollout)."""
@@ -140,6 +152,7 @@ class Handoff:
         self._ids = itertools.count(1)
         self._error: Exception | None = None
         self._closing = False
+        self._on_ask: Callable[[int], None] = lambda number: None
         body = ch.HELLO_BODY.pack(ch.PROTOCOL, sizes.obs_dim, sizes.act_slots, sizes.act_rows,
                                   sizes.rollout_slots, sizes.rollout_bytes)  # fmt: skip
         sock.settimeout(timeout_s)
@@ -246,8 +259,10 @@ class Handoff:
         key: tuple[str, int] | None = None,
         stream: int = 0,
         timeout_s: float | None = None,
-    ) -> Future[StepResult]:
-        """Copy a whole (validated) rollout into a free slot and hand it to the learner."""
+        client: str = "",
+    ) -> RolloutFuture:
+        """Copy a whole (validated) rollout into a free slot and hand it to the learner;
+        `client` names whose it is, for the learner's turns (a request's peer)."""
         shape = RolloutShape.of(rollout)
         check_rollout(shape, self.sizes)
         slot = self._pools[Kind.ROLLOUT].take(self, timeout_s)
@@ -256,7 +271,7 @@ class Handoff:
         except BaseException:
             self.give_back(Kind.ROLLOUT, slot)
             raise
-        return self.send_rollout(slot, shape, rollout.policy_version, key, stream)
+        return self.send_rollout(slot, shape, rollout.policy_version, key, stream, client)
 
     def act_obs(self, slot: int) -> np.ndarray:
         return self._act_views[slot]["obs"]
@@ -267,23 +282,41 @@ class Handoff:
         )
 
     def send_rollout(self, slot: int, shape: RolloutShape, policy_version: int | None,
-                     key: tuple[str, int] | None, stream: int) -> Future[StepResult]:  # fmt: skip
+                     key: tuple[str, int] | None, stream: int, client: str = ""
+                     ) -> RolloutFuture:  # fmt: skip
         """Hand the rollout written in `slot` to the learner."""
         actor, sequence = key if key is not None else ("", 0)
-        body = ch.ROLLOUT_BODY.pack(-1 if policy_version is None else policy_version, stream,
-                                    sequence) + shape.pack() + actor.encode()  # fmt: skip
-        future: Future[StepResult] = Future()
-        request = self._track(future, Kind.ROLLOUT, slot, 0)
+        actor_bytes = actor.encode()
+        body = (ch.ROLLOUT_BODY.pack(-1 if policy_version is None else policy_version, stream,
+                                     sequence, len(actor_bytes))
+                + shape.pack() + actor_bytes + client.encode()[: ch.MAX_CLIENT])  # fmt: skip
+        future = RolloutFuture()
+        future.request = request = self._track(future, Kind.ROLLOUT, slot, 0)
         self._send(Kind.ROLLOUT, request, slot, ch.KEYED if key is not None else 0, body)
         return future
+
+    def abandon(self, request: int) -> None:
+        """The caller of rollout `request` left: the learner drops it unless its Step started
+        (the answer still comes, an Abandoned error, and frees the slot)."""
+        self._send(Kind.ABANDON, request)
+
+    # ------------------------------------------------------------------------------ seats
+    def seat(self, stream: int, op: ch.SeatOp, columns: int = 0) -> None:
+        """Tell the learner of stream `stream`'s seat (SEAT; no answer)."""
+        self.check_up()
+        self._send(Kind.SEAT, 0, body=ch.SEAT_BODY.pack(stream, op, columns))
 
     # ------------------------------------------------------------------------------- CALL
     def call(self, name: str, args: Any = None, timeout_s: float | None = None) -> Any:
         """A control call the learner's hub answers (small JSON arguments and answer)."""
+        return self.call_soon(name, args).result(timeout_s)
+
+    def call_soon(self, name: str, args: Any = None) -> Future[Any]:
+        """`call`'s answer as a Future, without waiting for it."""
         future: Future[Any] = Future()
         request = self._track(future, Kind.CALL, -1, 0)
         self._send(Kind.CALL, request, body=ch.to_json({"name": name, "args": args}))
-        return future.result(timeout_s)
+        return future
 
     # -------------------------------------------------------------------------- internals
     def give_back(self, kind: Kind, slot: int) -> None:
@@ -307,8 +340,22 @@ class Handoff:
         except OSError as error:
             self._down(f"sending failed ({error})")
 
+    def on_ask(self, answer: Callable[[int], None]) -> None:
+        """Have `answer(number)` called, on the reader thread, for each ASK of the learner's
+        (it must return at once, e.g. with a `call_soon`)."""
+        self._on_ask = answer
+
     def _read(self) -> None:
         while (message := self._channel.receive()) is not None:
+            if message.kind is Kind.ASK:
+                self._on_ask(message.request)
+                continue
+            if message.kind is Kind.QUEUED:  # not the answer: the entry stays pending
+                with self._lock:
+                    queued = self._pending.get(message.request)
+                if queued is not None and isinstance(queued[0], RolloutFuture):
+                    queued[0].queued.set()
+                continue
             with self._lock:
                 entry = self._pending.pop(message.request, None)
             if entry is None:

@@ -6,7 +6,9 @@ before it makes any shared memory, then sends the segments. An ACT hands the lea
 the observations as a view into the Act slot, and the outputs are written into the same slot;
 a ROLLOUT hands the learner's `step` a `Delivery` whose rollout is views into its slot. The
 slot is released with the answer, once the Future the learner returned is done: the learner
-must not read a Delivery's arrays after that.
+must not read a Delivery's arrays after that. A SEAT message (an Interact stream's seat opens,
+waits, resumes, closes) goes to the learner's `seat`; an ABANDON turns the named rollout's
+`alive()` False (its caller left), as its front end's death turns all of its rollouts'.
 
 A front end that dies (EOF on its channel, SIGKILL included) is marked gone at once, so its
 queued rollouts read `alive() == False` (the Step queue's caller_waiting) and are dropped; its
@@ -15,6 +17,7 @@ segments are unmapped once nothing of its work is in the learner's hands.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -47,6 +50,7 @@ SEND_TIMEOUT_S = 5.0  # a front end that reads no replies for this long is treat
 ActFn = Callable[[np.ndarray, ActMode, float], "Future[ActResult]"]
 StepFn = Callable[["Delivery"], "Future[StepResult]"]
 CallFn = Callable[[int, str, Any], Any]  # (front end, name, JSON arguments) -> JSON answer
+SeatFn = Callable[[int, int, ch.SeatOp, int], None]  # (front end, stream, op, columns)
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,9 @@ class Delivery:
     stream: int  # the front end's id for the stream it came on (0: a request's)
     actor: str | None  # the idempotency key's actor id (None: an unkeyed Step)
     sequence: int
-    alive: Callable[[], bool]
+    alive: Callable[[], bool]  # False once its front end is gone or its caller left
+    client: str = ""  # whose it is, as its front end names it (a request's peer)
+    queued: Callable[[], None] = lambda: None  # tell the front end it has a place in the queue
 
 
 @dataclass
@@ -71,7 +77,13 @@ class _FrontEnd:
     rollouts: Segment | None = None
     act_views: list[dict[str, np.ndarray]] = field(default_factory=list)
     busy: set[tuple[Kind, int]] = field(default_factory=set)  # slots the learner reads
+    in_hand: set[int] = field(default_factory=set)  # its ROLLOUTs' request ids, until answered
+    abandoned: set[int] = field(default_factory=set)  # those of in_hand whose caller left
     alive: bool = True
+
+    def waiting(self, request: int) -> bool:
+        """Whether rollout `request`'s caller still waits for it."""
+        return self.alive and request not in self.abandoned
 
     @property
     def mapped(self) -> int:
@@ -99,10 +111,15 @@ class Hub:
         call: CallFn | None = None,
         gone: Callable[[int], None] = lambda front_end: None,
         name: str = "trident-handoff",
+        seat: SeatFn | None = None,
+        inline: frozenset[str] = frozenset(),
     ) -> None:
         """`gone(front_end)` is called once a front end's channel closed (its work may still
-        be in the learner's hands)."""
+        be in the learner's hands); `seat` takes SEAT messages, and must return at once. The
+        calls named in `inline` are answered on the reader thread (they must return at once:
+        a count taken or given back), the rest on the call threads."""
         self.limits, self._act, self._step, self._call, self._gone = limits, act, step, call, gone
+        self._seat, self._inline = seat, inline
         self.name = name
         self._lock = threading.Lock()
         self._front_ends: dict[int, _FrontEnd] = {}
@@ -159,6 +176,19 @@ class Hub:
         with self._lock:
             return [FrontEndInfo(fe.id, fe.pid, fe.alive, len(fe.busy), fe.mapped)
                     for fe in self._front_ends.values()]  # fmt: skip
+
+    def ask(self, number: int) -> list[int]:
+        """Send ASK `number` to every front end that is up; the ids of those asked."""
+        with self._lock:
+            up = [fe for fe in self._front_ends.values() if fe.alive and fe.sizes is not None]
+        asked = []
+        for fe in up:
+            try:
+                fe.channel.send(Kind.ASK, number)
+            except OSError:  # gone: its EOF is read, or will be
+                continue
+            asked.append(fe.id)
+        return asked
 
     @property
     def mapped_bytes(self) -> int:
@@ -238,8 +268,15 @@ class Hub:
             self._rollout(fe, message)
         elif message.kind is Kind.CALL:
             self._call_request(fe, message)
+        elif message.kind is Kind.SEAT:
+            self._seat_message(fe, message)
+        elif message.kind is Kind.ABANDON:
+            with self._lock:
+                if message.request in fe.in_hand:
+                    fe.abandoned.add(message.request)
         else:
-            raise InvalidInput("handoff", "HELLO, ACT, ROLLOUT or CALL", message.kind.name)
+            raise InvalidInput("handoff", "HELLO, ACT, ROLLOUT, CALL, SEAT or ABANDON",
+                               message.kind.name)  # fmt: skip
 
     # ------------------------------------------------------------------------------ HELLO
     def _hello(self, fe: _FrontEnd, message: Message) -> None:
@@ -320,30 +357,52 @@ class Hub:
     # ---------------------------------------------------------------------------- ROLLOUT
     def _rollout(self, fe: _FrontEnd, message: Message) -> None:
         assert fe.sizes is not None and fe.rollouts is not None
-        version, stream, sequence = ch.ROLLOUT_BODY.unpack_from(message.body)
-        tail = ch.ROLLOUT_BODY.size + RolloutShape.PACKED.size
-        shape = RolloutShape.unpack(message.body[ch.ROLLOUT_BODY.size : tail])
-        actor = message.body[tail:].decode() if message.flags & ch.KEYED else None
+        version, stream, sequence, actor_len = ch.ROLLOUT_BODY.unpack_from(message.body)
+        at = ch.ROLLOUT_BODY.size + RolloutShape.PACKED.size
+        shape = RolloutShape.unpack(message.body[ch.ROLLOUT_BODY.size : at])
+        actor = message.body[at : at + actor_len].decode() if message.flags & ch.KEYED else None
+        client = message.body[at + actor_len :].decode(errors="replace")
         layout = check_rollout(shape, fe.sizes)
         self._take(fe, Kind.ROLLOUT, message.slot, fe.sizes.rollout_slots)
         views = layout.views(fe.rollouts.buffer, message.slot * fe.sizes.rollout_bytes,
                              read_only=tuple(field.name for field in layout.fields))  # fmt: skip
+        request = message.request
+        with self._lock:
+            fe.in_hand.add(request)
         delivery = Delivery(fe.id, read_rollout(views, None if version < 0 else version),
-                            stream, actor, sequence, lambda: fe.alive)  # fmt: skip
+                            stream, actor, sequence, lambda: fe.waiting(request), client,
+                            lambda: self._queued(fe, request))  # fmt: skip
         try:
             future = self._step(delivery)
         except BaseException:
-            self._settle(fe, Kind.ROLLOUT, message.slot)
+            self._settle(fe, Kind.ROLLOUT, message.slot, request)
             raise
         future.add_done_callback(lambda done: self._stepped(fe, message, done))
 
     def _stepped(self, fe: _FrontEnd, message: Message, done: Future[StepResult]) -> None:
         error = done.exception()
-        self._settle(fe, Kind.ROLLOUT, message.slot)  # before the reply, as in _acted
+        self._settle(fe, Kind.ROLLOUT, message.slot, message.request)  # before the reply
         if error is not None:
             self._fail(fe, message, error, release=True)
         else:
             self._reply(fe, Kind.STEPPED, message, ch.result_body(done.result()))
+
+    def _queued(self, fe: _FrontEnd, request: int) -> None:
+        """QUEUED for rollout `request` (from any thread; a gone front end is told nothing)."""
+        if fe.alive:
+            with contextlib.suppress(OSError):  # gone: its EOF is read, or will be
+                fe.channel.send(Kind.QUEUED, request)
+
+    # ------------------------------------------------------------------------------- SEAT
+    def _seat_message(self, fe: _FrontEnd, message: Message) -> None:
+        if self._seat is None:
+            raise InvalidInput("handoff", "no SEAT (this hub takes none)", "a SEAT")
+        stream, op, columns = ch.SEAT_BODY.unpack(message.body)
+        try:
+            self._seat(fe.id, stream, ch.SeatOp(op), columns)
+        except Exception as error:  # no answer goes back: a front end's bug, said in the log
+            logs.event(logging.ERROR, "handoff: a SEAT message was refused", front_end=fe.id,
+                       stream=stream, op=op, why=str(error))  # fmt: skip
 
     # ------------------------------------------------------------------------------- CALL
     def _call_request(self, fe: _FrontEnd, message: Message) -> None:
@@ -359,7 +418,10 @@ class Hub:
                 return
             self._reply(fe, Kind.ANSWER, message, ch.to_json(answer), release=False)
 
-        self._calls.submit(run)
+        if call["name"] in self._inline:
+            run()
+        else:
+            self._calls.submit(run)
 
     # ------------------------------------------------------------------------ the replies
     def _reply(self, fe: _FrontEnd, kind: Kind, message: Message, body: bytes,
@@ -380,10 +442,13 @@ class Hub:
               release: bool) -> None:  # fmt: skip
         self._reply(fe, Kind.FAILED, message, ch.error_body(error), release)
 
-    def _settle(self, fe: _FrontEnd, kind: Kind, slot: int) -> None:
-        """The learner reads the slot no more; a gone front end is reclaimed with its last."""
+    def _settle(self, fe: _FrontEnd, kind: Kind, slot: int, request: int = 0) -> None:
+        """The learner reads the slot (of ROLLOUT `request`) no more; a gone front end is
+        reclaimed with its last."""
         with self._lock:
             fe.busy.discard((kind, slot))
+            fe.in_hand.discard(request)
+            fe.abandoned.discard(request)
             reclaim = not fe.alive and not fe.busy and fe.id in self._front_ends
             if reclaim:
                 del self._front_ends[fe.id]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 
 import numpy as np
@@ -37,6 +38,11 @@ class Acting:
     def act(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> ActResult:
         """Actions for `obs` (checked by the caller), batched with the Acts of other callers."""
         return self._batcher.act(obs, mode, epsilon)
+
+    def submit(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> Future[ActResult]:
+        """`act`'s answer as a Future, returned at once (a reader of front ends' requests must
+        not block); `obs` is read until it is done."""
+        return self._batcher.submit(obs, mode, epsilon)
 
     @property
     def queue_depth(self) -> int:

@@ -224,11 +224,18 @@ class AdmissionInterceptor(grpc.ServerInterceptor):
         limited: Callable[[str, str], None],
         ended: Callable[[str, str], None],
         clock: Clock = time.monotonic,
+        bounds: Callable[[str, int], Bound] | None = None,
     ) -> None:
-        self.streams = Bound("server.max_streams", server.max_streams, limited, clock)
-        self.calls = Bound("server.max_concurrent_rpcs", server.max_concurrent_rpcs, limited,
-                           clock)  # fmt: skip
-        self.control = Bound("server.max_control_rpcs", server.max_control_rpcs, limited, clock)
+        """`bounds(setting, value)` makes each bound (a front-end process's count the whole
+        server's calls); by default, a Bound of this process's calls."""
+
+        def local(setting: str, value: int) -> Bound:
+            return Bound(setting, value, limited, clock)
+
+        make = bounds or local
+        self.streams = make("server.max_streams", server.max_streams)
+        self.calls = make("server.max_concurrent_rpcs", server.max_concurrent_rpcs)
+        self.control = make("server.max_control_rpcs", server.max_control_rpcs)
         self.waits = ClientWaits(server.stream_idle_s, server.request_receive_s, ended, clock)
 
     def bound_of(self, method: str) -> Bound | None:

@@ -106,6 +106,10 @@ class Engine:
     def act(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> ActResult:
         return self.acting.act(obs, mode, epsilon)
 
+    def submit_act(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> Future[ActResult]:
+        """`act` returning at once with a Future (`Acting.submit`), for the handoff's reader."""
+        return self.acting.submit(obs, mode, epsilon)
+
     @property
     def act_queue_depth(self) -> int:
         """Act requests waiting to join a batch: a load signal beside the Step queue's depth."""

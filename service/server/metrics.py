@@ -150,6 +150,12 @@ class Metrics:
             "constant rate); with global_step, where the schedule stands.",
             **ns,
         )
+        self.front_end_restarts = Counter(
+            "front_end_restarts",
+            "Front-end processes (server.front_ends) that died while the server ran and were "
+            "replaced.",
+            **ns,
+        )
         self.step_queue_depth = Gauge(
             "step_queue_depth", "Rollouts and Step requests waiting for the learner.", **ns
         )

@@ -67,16 +67,22 @@ def serve_beside(
     )
 
 
-def test_busy_ports_are_one_line_each(server: ServerProcess, tmp_path: Path) -> None:
-    """No gRPC core log line before Trident's own, exit 2."""
-    grpc_port = serve_beside(server, tmp_path, "--port", str(server.port))
+@pytest.mark.parametrize("front_ends", [0, 2])
+def test_busy_ports_are_one_line_each(
+    server: ServerProcess, tmp_path: Path, front_ends: int
+) -> None:
+    """No gRPC core log line before Trident's own, exit 2; with front-end processes too, where
+    the learner reserves the port for them first."""
+    split = ("--set", f"server.front_ends={front_ends}")
+    grpc_port = serve_beside(server, tmp_path, *split, "--port", str(server.port))
     assert grpc_port.returncode == 2
     assert grpc_port.stderr == (
         f"trident: error: server.host:server.port = 127.0.0.1:{server.port} (--host, --port): "
         "Address already in use; expected a free address to bind (stop what holds the port, or "
         "pick another --port; 0 picks a free one)\n"
     )
-    metrics_port = serve_beside(server, tmp_path, "--metrics-port", str(server.metrics_port))
+    metrics_port = serve_beside(server, tmp_path, *split, "--metrics-port",
+                                str(server.metrics_port))  # fmt: skip
     assert metrics_port.returncode == 2
     assert metrics_port.stderr == (
         f"trident: error: server.metrics_port = {server.metrics_port} on 127.0.0.1 "

@@ -22,6 +22,7 @@ import pytest
 from service.errors import InvalidInput, OverLimit, QueueFull, Unavailable
 from service.handoff import Handoff, HandoffLimits, Hub, RolloutShape, SlotSizes
 from service.handoff import layout as wire
+from service.handoff.channel import SeatOp
 from service.testing import handoff as harness
 from service.testing.models import random_rollout
 from service.types import ActMode
@@ -293,3 +294,44 @@ def test_a_learner_that_never_answers_the_hello_is_reported(tmp_path: Path) -> N
             Handoff.connect(path, sizes(4), timeout_s=0.2)
     with pytest.raises(Unavailable, match="no learner at"):
         Handoff.connect(path, sizes(4))
+
+
+def test_seats_abandons_and_clients_reach_the_learner(rng: np.random.Generator) -> None:
+    """SEAT messages reach the learner's `seat` in the order sent, before the stream's
+    ROLLOUTs; a rollout's client and key arrive with it; QUEUED reaches the rollout's Future
+    before its answer; an ABANDON turns that rollout's `alive()` False (its caller left), no
+    other's, and its answer still frees the slot."""
+    seats: list[tuple[int, int, SeatOp, int]] = []
+    learner = harness.EchoLearner(hold=True)
+    server = Hub(LIMITS, learner.act, learner.step, seat=lambda *m: seats.append(m),
+                 name=f"trident-test-seat-{os.getpid()}")  # fmt: skip
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server.adopt(ours)
+    D = int(rng.integers(1, 30))
+    handoff = Handoff(theirs, sizes(D))
+    handoff.seat(3, SeatOp.OPEN, 12)
+    handoff.seat(3, SeatOp.WAIT)
+    kept = handoff.submit_rollout(random_rollout(rng, D=D), ("actor-é", 9), stream=3,
+                                  client="ipv4:127.0.0.1:5")  # fmt: skip
+    left = handoff.submit_rollout(random_rollout(rng, D=D), client="x" * 2000)
+    wait_until(lambda: len(learner.deliveries) == 2, 30, "both rollouts in the learner's hands")
+    first, second = learner.deliveries
+    assert (first.stream, first.actor, first.sequence) == (3, "actor-é", 9)
+    assert first.client == "ipv4:127.0.0.1:5" and second.client == "x" * 512  # cut: MAX_CLIENT
+    (front_end,) = [info.id for info in server.front_ends()]
+    assert seats == [(front_end, 3, SeatOp.OPEN, 12), (front_end, 3, SeatOp.WAIT, 0)]
+    assert not kept.queued.is_set()
+    first.queued()  # the learner queued it: the front end hears so before its answer
+    wait_until(kept.queued.is_set, 30, "QUEUED")
+    assert not kept.done() and not left.queued.is_set()
+    handoff.abandon(left.request)
+    wait_until(lambda: not second.alive(), 30, "the abandoned rollout's caller gone")
+    assert first.alive()
+    handoff.seat(3, SeatOp.CLOSE)
+    assert learner.release() == 2
+    assert kept.result(30).warnings[1:] == ["actor-é", "9", "3"]
+    left.result(30)  # the echo learner answers whatever it holds
+    wait_until(lambda: handoff.slots_free()["rollout"] == LIMITS.rollout_slots, 30, "slots back")
+    wait_until(lambda: len(seats) == 3, 30, "the CLOSE")
+    handoff.close()
+    server.close()

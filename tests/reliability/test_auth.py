@@ -348,11 +348,18 @@ def test_plaintext_client_against_tls_server_fails(
 
 
 @pytest.mark.usefixtures("core_logs")
+@pytest.mark.parametrize("front_ends", [0, 2])
 def test_mtls_refuses_unknown_ca_and_missing_client_cert(
-    pki: Pki, tmp_path: Path, rng: np.random.Generator, capsys: pytest.CaptureFixture[str]
+    pki: Pki,
+    tmp_path: Path,
+    rng: np.random.Generator,
+    capsys: pytest.CaptureFixture[str],
+    front_ends: int,
 ) -> None:
+    """Also with front-end processes (server.front_ends = 2), each terminating TLS."""
     tls = TlsFiles(pki.server.cert, pki.server.key, client_ca=pki.ca.cert)
-    with running_server(tmp_path, "server.auth_mode=mtls", tls=tls) as server:
+    with running_server(tmp_path, "server.auth_mode=mtls", f"server.front_ends={front_ends}",
+                        tls=tls) as server:  # fmt: skip
         with tls_client(server, pki.ca, pki.client) as client:
             assert status_error(client) is None
             obs = rng.standard_normal((3, 6)).astype(np.float32)

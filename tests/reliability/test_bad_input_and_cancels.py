@@ -30,9 +30,13 @@ UNDECODABLE = b"\x0a\x05ab"
 WAIT_S = 30.0
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with running_server(tmp_path_factory.mktemp("bad-days")) as started:
+@pytest.fixture(scope="module", params=[0, 2], ids=["one-process", "front-ends"])
+def server(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[ServerProcess]:
+    """In one process, and with the calls in front-end processes (server.front_ends = 2)."""
+    with running_server(tmp_path_factory.mktemp("bad-days"),
+                        f"server.front_ends={request.param}") as started:  # fmt: skip
         yield started
 
 

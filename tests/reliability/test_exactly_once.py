@@ -73,14 +73,18 @@ def final_state(server: ServerProcess) -> tuple[float, int, str]:
     return value(scrape(server), "trident_steps_total"), status.global_step, status.param_digest
 
 
+@pytest.mark.parametrize("front_ends", [0, 2])
 def test_dropped_requests_and_replies_apply_each_rollout_once(
-    tmp_path: Path, rng: np.random.Generator, seed: int
+    tmp_path: Path, rng: np.random.Generator, seed: int, front_ends: int
 ) -> None:
+    """The lossy run also through front-end processes (server.front_ends = 2): it ends where
+    the clean run in one process ends."""
     rollouts = [random_rollout(rng) for _ in range(STEPS)]
     states, replies = [], []
     drops = DropSteps(p=0.3, seed=seed)
-    for name, interceptor in (("clean", None), ("lossy", drops)):
-        with running_server(tmp_path / name, f"train.seed={seed}") as server:
+    for name, interceptor, split in (("clean", None, 0), ("lossy", drops, front_ends)):
+        with running_server(tmp_path / name, f"train.seed={seed}",
+                            f"server.front_ends={split}") as server:  # fmt: skip
             replies.append(run(server, rollouts, interceptor))
             states.append(final_state(server))
     print(f"\n[exactly-once] {STEPS} Steps, dropped {drops.dropped} (seed {seed})")
@@ -117,11 +121,15 @@ def test_a_key_sent_again_is_answered_not_applied(
         assert value(samples, "trident_steps_replayed_total") == 1
 
 
-def test_copies_in_flight_together_apply_once(tmp_path: Path, rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("front_ends", [0, 2])
+def test_copies_in_flight_together_apply_once(
+    tmp_path: Path, rng: np.random.Generator, front_ends: int
+) -> None:
     """Eight copies of one keyed Step sent at once beside a slow unkeyed Step: one is queued,
-    the rest join it or find it applied; all get the same answer."""
+    the rest join it or find it applied; all get the same answer (also through a front-end
+    process, where the copies are joined in the learner process)."""
     slow, rollout = random_rollout(rng, T=16, N=16), random_rollout(rng, T=16, N=16)
-    with running_server(tmp_path, "ppo.epochs=48") as server:
+    with running_server(tmp_path, "ppo.epochs=48", f"server.front_ends={front_ends}") as server:
         replies: list[Any] = []
         with TridentClient(server.target) as client:
             blocker = threading.Thread(target=client.step, args=(slow,))

@@ -104,10 +104,13 @@ def test_health_and_status_answer_through_a_storm_of_300_abusive_streams(
               f"open {most_open:g}; refused server.max_streams {refused:g}")  # fmt: skip
 
 
+@pytest.mark.parametrize("front_ends", [0, 2])
 def test_a_stream_past_max_streams_is_refused_naming_it(
-    tmp_path: Path, rng: np.random.Generator
+    tmp_path: Path, rng: np.random.Generator, front_ends: int
 ) -> None:
-    with running_server(tmp_path, "server.max_streams=2") as server, \
+    """Also with front-end processes: the bound and the page are the whole server's."""
+    settings = ("server.max_streams=2", f"server.front_ends={front_ends}")
+    with running_server(tmp_path, *settings) as server, \
             TridentClient(server.target) as client:  # fmt: skip
         held = [start_stream(client, f"held-{i}", rng) for i in range(2)]
         wait_until(lambda: open_streams(server) == 2, 10, "two streams open")

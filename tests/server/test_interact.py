@@ -47,10 +47,16 @@ class ScriptedEnv:
         )
 
 
-def test_one_synchronous_group_trains_what_act_then_step_would(tmp_path: Path, seed: int) -> None:
+@pytest.mark.parametrize("front_ends", [0, 2])
+def test_one_synchronous_group_trains_what_act_then_step_would(
+    tmp_path: Path, seed: int, front_ends: int
+) -> None:
+    """Also with the stream in a front-end process of its own (server.front_ends = 2) and the
+    twin's Steps in one process: the handoff changes nothing of what is trained."""
     rollouts = 3
     with (
-        running_server(tmp_path / "a") as streamed, running_server(tmp_path / "b") as unary,
+        running_server(tmp_path / "a", f"server.front_ends={front_ends}") as streamed,
+        running_server(tmp_path / "b") as unary,
         TridentClient(streamed.target) as one, TridentClient(unary.target) as other,
     ):  # fmt: skip
         env = ScriptedEnv(seed)

@@ -1,6 +1,6 @@
 """The seam a front end calls (service/server/learner_api.py) is answered whole by the learner
-process's engine: every member of the Protocols, with the same parameters and defaults, so
-that the servicer works over any implementation of it (the engine here, a proxy elsewhere)."""
+process's engine and by a front-end process's proxy: every member of the Protocols, with the
+same parameters and defaults, so that the servicer works over either."""
 
 from __future__ import annotations
 
@@ -11,8 +11,14 @@ import pytest
 from service.server import learner as learner_room
 from service.server.engine import Engine
 from service.server.learner_api import LearnerApi, StreamSeat
+from service.server.learner_proxy import LearnerProxy, SeatProxy
 
-SEAMS = [(LearnerApi, Engine), (StreamSeat, learner_room.StreamSeat)]
+SEAMS = [
+    (LearnerApi, Engine),
+    (StreamSeat, learner_room.StreamSeat),
+    (LearnerApi, LearnerProxy),  # a front-end process's, over the handoff
+    (StreamSeat, SeatProxy),
+]
 
 
 def members(protocol: type) -> list[str]:

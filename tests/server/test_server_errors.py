@@ -408,18 +408,22 @@ def test_stale_rollout_is_failed_precondition(
     assert state_of(trained.client) == (digest, step, replay_size)
 
 
+@pytest.mark.parametrize("front_ends", [0, 2])
 def test_inference_only_server_acts_like_its_checkpoint(
-    trained: Connected, tmp_path: Path, rng: np.random.Generator
+    trained: Connected, tmp_path: Path, rng: np.random.Generator, front_ends: int
 ) -> None:
+    """Also with front-end processes, which take the checkpoint's model from the learner."""
+    name = f"for-inference-{front_ends}"  # the trained server is the module's
     trained.client.step(good_rollout(rng))
-    info = trained.client.checkpoint("for-inference")
+    info = trained.client.checkpoint(name)
     obs = rng.standard_normal((64, 6)).astype(np.float32)
     expected = trained.client.act(obs, ActMode.GREEDY_PI)
     with (
         running_server(
             tmp_path,
+            f"server.front_ends={front_ends}",
             checkpoint_dir=trained.server.checkpoint_dir,
-            extra_args=("--inference-only", "--restore", "for-inference"),
+            extra_args=("--inference-only", "--restore", name),
         ) as inference,
         TridentClient(inference.target) as client,
     ):
@@ -434,7 +438,7 @@ def test_inference_only_server_acts_like_its_checkpoint(
         for method, request in (
             (stub.Step, step_request(good_rollout(rng))),
             (stub.Checkpoint, pb.CheckpointRequest(name="from-inference")),
-            (stub.Restore, pb.RestoreRequest(name="for-inference")),
+            (stub.Restore, pb.RestoreRequest(name=name)),
             (stub.UpdateHyperparams, pb.UpdateHyperparamsRequest(values={"optim.lr": 1e-3})),
         ):
             error = rejected(method, request)
@@ -453,13 +457,17 @@ def test_inference_only_server_acts_like_its_checkpoint(
     assert not (trained.server.checkpoint_dir / "from-inference").exists()
 
 
-def test_step_whose_caller_left_is_never_applied(tmp_path: Path, rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("front_ends", [0, 2])
+def test_step_whose_caller_left_is_never_applied(
+    tmp_path: Path, rng: np.random.Generator, front_ends: int
+) -> None:
+    """Also through a front-end process, which tells the learner its caller left (ABANDON)."""
     # A wide model and a large rollout make a Step take seconds on any machine: two of them
     # keep the trainer busy while a third Step's 0.2 s deadline passes in the queue (of two
     # Steps' worth, so that it is queued, not refused).
     with (
         running_server(tmp_path, "model.hidden_dim=256", "ppo.epochs=20",
-                       "server.step_queue_size=2") as server,
+                       "server.step_queue_size=2", f"server.front_ends={front_ends}") as server,
         TridentClient(server.target) as client,
     ):
         step = client.status().global_step

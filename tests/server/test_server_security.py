@@ -24,9 +24,13 @@ TOKEN = "secret"
 
 
 # ------------------------------------------------------------------------------ token
-@pytest.fixture(scope="module")
-def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with running_server(tmp_path_factory.mktemp("token"), token=TOKEN) as server:
+@pytest.fixture(scope="module", params=[0, 2], ids=["one-process", "front-ends"])
+def token_server(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[ServerProcess]:
+    """In one process, and with the token checked in front-end processes."""
+    with running_server(tmp_path_factory.mktemp("token"), f"server.front_ends={request.param}",
+                        token=TOKEN) as server:  # fmt: skip
         yield server
 
 
