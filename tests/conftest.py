@@ -30,8 +30,10 @@ if TYPE_CHECKING:
 
 Found = TypeVar("Found")
 
-# Test-server settings that do not touch the math: a short drain, so shutdown is quick.
-SERVING = ("server.shutdown_grace_s=5",)
+# Test-server settings that do not touch the math: a short drain, so shutdown is quick; gRPC in
+# the server's own process whatever the machine's cores (a test that runs front-end processes
+# asks for them, tests/server/test_front_ends.py and the parametrized ones).
+SERVING = ("server.shutdown_grace_s=5", "server.front_ends=0")
 
 
 def fresh_seed(bits: int = 32) -> int:

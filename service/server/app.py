@@ -20,9 +20,10 @@ from service.backend import resolve_name
 from service.backend.blas import single_blas_thread
 from service.backend.host_memory import limit_malloc_arenas, retain_freed_memory
 from service.backend.rendezvous import Topology
-from service.config import Config, ConfigError, ServerConfig
+from service.config import Config, ConfigError, ServerConfig, with_overrides
 from service.server import split
 from service.server.engine import Engine
+from service.server.front_ends import front_end_count
 from service.server.grpc_server import bind, bind_unix, build, server_credentials, set_serving
 from service.server.learner_process import build_engine, checked_start, serve_metrics
 from service.server.metrics import Metrics
@@ -150,7 +151,9 @@ def _serve_until_signalled(
     resume: bool,
     topology: Topology | None,
 ) -> int:
-    if config.server.front_ends:
+    front_ends = front_end_count(config.server.front_ends)
+    if front_ends:
+        config = with_overrides(config, [f"server.front_ends={front_ends}"])
         return _serve_split(config, stopping, inference_only, restore, resume, topology)
     running = start(config, inference_only, restore, resume, topology)
     _wait(stopping)

@@ -32,6 +32,10 @@ from typing import Any
 from service import logs
 from service.config import ConfigError
 
+# server.front_ends = -1: this many front ends on a host with at least AUTO_MIN_CORES cores
+# available to the server, none on a smaller one (one process serves a small host as fast).
+AUTO_FRONT_ENDS = 4
+AUTO_MIN_CORES = 8
 RESTART_WINDOW_S = 60.0
 MAX_RESTARTS = 5  # deaths within RESTART_WINDOW_S past which the server stops
 WATCH_S = 0.1  # how often the processes are looked at
@@ -82,6 +86,16 @@ def _die_with_parent() -> None:
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
+
+
+def front_end_count(setting: int, cores: int | None = None) -> int:
+    """How many front-end processes server.front_ends = `setting` asks for on a host with
+    `cores` cores available to this process (None: this one's)."""
+    if setting >= 0:
+        return setting
+    if cores is None:
+        cores = len(os.sched_getaffinity(0))
+    return AUTO_FRONT_ENDS if cores >= AUTO_MIN_CORES else 0
 
 class FrontEnds:
     """`count` front-end processes, each started by `command(index)` with `settings` on its

@@ -22,6 +22,8 @@ from conftest import SERVING, SMALL, random_rollout, running_server, wait_until
 
 from service.checkpoint import latest_checkpoint
 from service.client.client import TridentClient
+from service.config import load_config
+from service.server.front_ends import AUTO_FRONT_ENDS, AUTO_MIN_CORES, front_end_count
 from service.step_ledger import StepKey
 from service.testing.serverproc import ServerProcess, clean_env, scrape, serve_command, value
 from tests.reliability.test_actor_restarts import (
@@ -302,3 +304,16 @@ def test_a_killed_learner_takes_its_front_ends_with_it(tmp_path: Path) -> None:
         wait_until(lambda: not any(alive(pid) for pid in pids), 30, "the front ends gone")
         with running_server(tmp_path / "next", extra_args=("--port", str(server.port))) as again:
             assert again.port == server.port
+
+
+def test_the_default_front_ends_follow_the_cores_available() -> None:
+    """server.front_ends = -1 (the default): front-end processes on a host with cores to run
+    them, the server's own process on a small one; a number set is kept as it is."""
+    assert load_config(env={}).server.front_ends == -1
+    assert front_end_count(-1, cores=2) == 0
+    assert front_end_count(-1, cores=AUTO_MIN_CORES - 1) == 0
+    assert front_end_count(-1, cores=AUTO_MIN_CORES) == AUTO_FRONT_ENDS
+    assert front_end_count(-1, cores=128) == AUTO_FRONT_ENDS
+    assert [front_end_count(n, cores=2) for n in (0, 1, 3)] == [0, 1, 3]
+    expected = AUTO_FRONT_ENDS if len(os.sched_getaffinity(0)) >= AUTO_MIN_CORES else 0
+    assert front_end_count(-1) == expected
