@@ -337,6 +337,23 @@ def ppo_surrogate_fwd_bwd(
     return stats, grad
 
 
+def kickstart_fwd_bwd(
+    logits: Array, feature: Array, actions: tuple[int, int, int], weight: float
+) -> tuple[Array, Array]:
+    """Kickstarting's cross-entropy with a teacher for policy logits [B, A]: the teacher takes
+    actions[0], [1] or [2] where `feature` [B] is < 0, 0 (or NaN) or > 0;
+    loss = weight · mean(-log π(a_teacher)), grad_logits = weight / B · (π - onehot(a_teacher)).
+    Returns (loss, grad_logits [B, A])."""
+    batch, width = logits.shape
+    below, zero, above = actions
+    teacher = np.where(feature > 0, above, np.where(feature < 0, below, zero))
+    onehot = np.arange(width)[None, :] == teacher[:, None]
+    log_p = log_softmax(logits)
+    loss = -weight * np.mean(np.sum(np.where(onehot, log_p, 0), axis=-1))
+    grad = (weight / batch) * (np.exp(log_p) - onehot)
+    return loss, grad.astype(logits.dtype, copy=False)
+
+
 def normalize_advantages(advantages: Array) -> Array:
     """(Â - mean) / (std + 1e-8), population std: a batch of one normalises to 0, not NaN."""
     centered = advantages - np.mean(advantages)
