@@ -174,9 +174,9 @@ class KickstartConfig(_Section):
     # the observation column the teacher reads; -1: LobSim's inventory column, which the LobSim
     # job sets (a server with coef > 0 must name one)
     feature: int = _f(-1, ge=-1)
-    action_below: int = _f(5, ge=0)  # the teacher's action where the feature is < 0
-    action_zero: int = _f(2, ge=0)  # the teacher's action where the feature is 0
-    action_above: int = _f(6, ge=0)  # the teacher's action where the feature is > 0
+    action_below: int = _f(5, ge=-1)  # the teacher's action where the feature is < 0; -1: none
+    action_zero: int = _f(2, ge=-1)  # the teacher's action where the feature is 0; -1: none
+    action_above: int = _f(6, ge=-1)  # the teacher's action where the feature is > 0; -1: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -489,7 +489,8 @@ def with_checkpoint_dir(cfg: Config, default: str | os.PathLike[str]) -> Config:
 
 def _check_kickstart(kick: KickstartConfig, model: ModelConfig) -> None:
     """A kickstart that is on decays over some Steps, reads a column of the observation and
-    names actions of the model (feature -1 is left to the LobSim job, `kickstart_feature`)."""
+    names actions of the model (-1: no teacher there); feature -1 is left to the LobSim job,
+    which fills in its inventory column (a trainer refuses it, `State`)."""
     if not kick.coef:
         return
     if kick.decay_steps < 1:

@@ -102,9 +102,10 @@ class PpoOps(KernelOps):
         weight = _scalar("weight", weight)
         below, zero, above = (int(a) for a in actions)
         teacher = cupy.where(feature > 0, above, cupy.where(feature < 0, below, zero))
+        taught = (teacher >= 0)[:, None]  # -1: the teacher says nothing on the row
         onehot = cupy.arange(self.dims.A)[None, :] == teacher[:, None]
         log_p = self.log_softmax(logits)
         w = weight.astype(logits.dtype)
         loss = -(w[0] * cupy.mean(cupy.sum(cupy.where(onehot, log_p, 0), axis=-1)))
-        grad = (w / B) * (cupy.exp(log_p) - onehot)
+        grad = cupy.where(taught, (w / B) * (cupy.exp(log_p) - onehot), 0)
         return loss, grad.astype(logits.dtype, copy=False)
