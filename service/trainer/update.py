@@ -354,10 +354,13 @@ class Updates:
         )
         losses["pi"] = pi_stats["loss"]
         kick = self.state.config.kickstart
-        if kick.coef:  # the teacher's cross-entropy, on the policy head alone
+        # The teacher's cross-entropy, on the policy head alone; on NumPy (a host number) not
+        # computed once its weight is 0, where it would add zeros.
+        weight = hp[KICKSTART]
+        if kick.coef and (not isinstance(weight, float) or weight > 0):
             teacher = (kick.action_below, kick.action_zero, kick.action_above)
             kick_loss, kick_grad = ops.kickstart_fwd_bwd(
-                outputs["pi"], batch.obs[:, kick.feature], teacher, hp[KICKSTART]
+                outputs["pi"], batch.obs[:, kick.feature], teacher, weight
             )
             losses["pi"] = losses["pi"] + kick_loss
             grad_logits = grad_logits + kick_grad
