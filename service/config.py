@@ -162,6 +162,24 @@ class PPOConfig(_Section):
 
 
 @dataclass(frozen=True, slots=True)
+class KickstartConfig(_Section):
+    """Kickstarting (Schmitt et al. 2018): a cross-entropy pulling the policy head towards a
+    teacher's action on the rollout's observations, weighted by coef at Step 0 and falling
+    linearly to 0 over decay_steps Steps. The teacher reads the sign of one observation
+    feature; the defaults are LobSim's inventory-skew rule (short: QUOTE(0,2), flat:
+    QUOTE(0,0), long: QUOTE(2,0), on the inventory column)."""
+
+    coef: float = _f(0.0, ge=0)  # the loss's weight at Step 0 (dimensionless); 0: off
+    decay_steps: int = _f(0, ge=0)  # Steps over which the weight falls linearly to 0 (>= 1 on)
+    # the observation column the teacher reads; -1: LobSim's inventory column, which the LobSim
+    # job sets (a server with coef > 0 must name one)
+    feature: int = _f(-1, ge=-1)
+    action_below: int = _f(5, ge=-1)  # the teacher's action where the feature is < 0; -1: none
+    action_zero: int = _f(2, ge=-1)  # the teacher's action where the feature is 0; -1: none
+    action_above: int = _f(6, ge=-1)  # the teacher's action where the feature is > 0; -1: none
+
+
+@dataclass(frozen=True, slots=True)
 class C51Config(_Section):
     """Distributional Q head (C51) hyper-parameters."""
 
@@ -384,6 +402,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    kickstart: KickstartConfig = field(default_factory=KickstartConfig)
     c51: C51Config = field(default_factory=C51Config)
     optim: OptimConfig = field(default_factory=OptimConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
@@ -423,6 +442,7 @@ class Config:
             raise ConfigError("server.tls_client_ca (mTLS) requires server.tls_cert and "
                               "server.tls_key")
         _check_auth_mode(server)
+        _check_kickstart(self.kickstart, self.model)
         if self.model.dtype == "float64" and self.train.backend != "numpy":
             raise ConfigError(f"model.dtype = 'float64' requires train.backend = 'numpy' "
                               f"(float64 is for the numpy backend only); got train.backend = "
@@ -472,6 +492,34 @@ def _toml_value(value: str | int | float | bool) -> str:
 def with_checkpoint_dir(cfg: Config, default: str | os.PathLike[str]) -> Config:
     """`cfg` with checkpoint.dir set to the command's `default` where it is left empty."""
     return cfg if cfg.checkpoint.dir else with_overrides(cfg, [f"checkpoint.dir={default}"])
+
+
+def _check_kickstart(kick: KickstartConfig, model: ModelConfig) -> None:
+    """A kickstart that is on decays over some Steps, reads a column of the observation and
+    names actions of the model (-1: no teacher there); feature -1 is left to the LobSim job,
+    which fills in its inventory column (a trainer refuses it, `State`)."""
+    if not kick.coef:
+        return
+    if kick.decay_steps < 1:
+        raise ConfigError(f"kickstart.decay_steps = {kick.decay_steps!r} must be >= 1 where "
+                          f"kickstart.coef = {kick.coef!r} > 0 (the Steps over which the "
+                          "teacher's weight falls to 0)")  # fmt: skip
+    if kick.feature >= model.obs_dim:
+        raise ConfigError(f"kickstart.feature = {kick.feature!r} must be < model.obs_dim = "
+                          f"{model.obs_dim!r} (a column of the observation)")  # fmt: skip
+    for key in ("action_below", "action_zero", "action_above"):
+        action = getattr(kick, key)
+        if action >= model.num_actions:
+            raise ConfigError(f"kickstart.{key} = {action!r} must be < model.num_actions = "
+                              f"{model.num_actions!r}")  # fmt: skip
+
+
+def kickstart_weight(kick: KickstartConfig, global_step: int) -> float:
+    """The kickstart loss's weight on the Step after `global_step` applied ones:
+    coef · max(0, 1 - global_step / decay_steps) (0 where off)."""
+    if not kick.coef:
+        return 0.0
+    return kick.coef * max(0.0, 1.0 - global_step / kick.decay_steps)
 
 
 def _check_auth_mode(server: ServerConfig) -> None:

@@ -337,6 +337,26 @@ def ppo_surrogate_fwd_bwd(
     return stats, grad
 
 
+def kickstart_fwd_bwd(
+    logits: Array, feature: Array, actions: tuple[int, int, int], weight: float
+) -> tuple[Array, Array]:
+    """Kickstarting's cross-entropy with a teacher for policy logits [B, A]: the teacher takes
+    actions[0], [1] or [2] where `feature` [B] is < 0, 0 (or NaN) or > 0, and says nothing
+    (no pull on that row) where that action is -1;
+    loss = weight · Σ_taught(-log π(a_teacher)) / B,
+    grad_logits = weight / B · (π - onehot(a_teacher)) on the taught rows, 0 elsewhere.
+    Returns (loss, grad_logits [B, A])."""
+    batch, width = logits.shape
+    below, zero, above = actions
+    teacher = np.where(feature > 0, above, np.where(feature < 0, below, zero))
+    taught = (teacher >= 0)[:, None]
+    onehot = np.arange(width)[None, :] == teacher[:, None]
+    log_p = log_softmax(logits)
+    loss = -weight * np.mean(np.sum(np.where(onehot, log_p, 0), axis=-1))
+    grad = np.where(taught, (weight / batch) * (np.exp(log_p) - onehot), 0)
+    return loss, grad.astype(logits.dtype, copy=False)
+
+
 def normalize_advantages(advantages: Array) -> Array:
     """(Â - mean) / (std + 1e-8), population std: a batch of one normalises to 0, not NaN."""
     centered = advantages - np.mean(advantages)

@@ -67,6 +67,9 @@ class OpSet(Protocol[A]):
         ent_coef: float,
     ) -> tuple[dict[str, A], A]: ...  # fmt: skip
     def normalize_advantages(self, advantages: A) -> A: ...
+    def kickstart_fwd_bwd(
+        self, logits: A, feature: A, actions: tuple[int, int, int], weight: float
+    ) -> tuple[A, A]: ...
 
     # v_head_fwd_bwd.cu
     def value_fwd_bwd(

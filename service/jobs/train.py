@@ -50,7 +50,7 @@ from service.jobs.loop import (
 from service.jobs.progress import Episodes
 from service.jobs.run_folder import RunFolder, commit_trained
 from service.jobs.scalars import ScalarLog
-from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, LobSim, observation_dim
+from service.lobsim.env import LABEL_DIM, NUM_ACTIONS, LobSim, feature_column, observation_dim
 from service.signals import Stopped, raise_on_stop, stop_signals
 from service.trainer.sizing import sized_backend
 from service.trainer.trainer import Trainer
@@ -60,15 +60,16 @@ HELD_OUT = 1_000_003  # evaluation seed = train.seed + this: markets training ne
 
 
 def lobsim_model(config: Config) -> Config:
-    """`config` with the model's input and output sizes set to LobSim's."""
-    return with_overrides(
-        config,
-        [
-            f"model.obs_dim={observation_dim(config.lobsim)}",
-            f"model.num_actions={NUM_ACTIONS}",
-            f"model.aux_dim={LABEL_DIM}",
-        ],
-    )
+    """`config` with the model's input and output sizes set to LobSim's, and a kickstart
+    teacher's feature left at -1 set to LobSim's inventory column."""
+    sizes = [
+        f"model.obs_dim={observation_dim(config.lobsim)}",
+        f"model.num_actions={NUM_ACTIONS}",
+        f"model.aux_dim={LABEL_DIM}",
+    ]
+    if config.kickstart.feature == -1:
+        sizes.append(f"kickstart.feature={feature_column(config.lobsim, 'inventory')}")
+    return with_overrides(config, sizes)
 
 
 def run_train_lobsim(

@@ -166,6 +166,7 @@ class Learner:
         """The Step on device arrays; fills `result`, returns `report` read back."""
         state = self.state
         xp, config = state.xp, state.config
+        state.hp.at_step(state.global_step)  # the kickstart weight of this Step
         c51, gamma = config.c51, config.train.gamma
         A = config.model.num_actions
         actions = xp.clip(rollout.actions, 0, A - 1).astype(np.int32)  # safe to index with

@@ -32,6 +32,11 @@ class State:
     """Every array that defines a trainer, on its backend, and the config they follow."""
 
     def __init__(self, config: Config, backend: Backend, sharding: Sharding | None = None) -> None:
+        if config.kickstart.coef and config.kickstart.feature < 0:
+            raise ConfigError(f"kickstart.feature = {config.kickstart.feature!r}: expected the "
+                              "observation column the teacher reads (>= 0) where "
+                              f"kickstart.coef = {config.kickstart.coef!r} > 0; -1 is LobSim's "
+                              "inventory column, which only the LobSim job fills in")  # fmt: skip
         self.config = config
         self.backend = backend
         self.sharding = sharding or Sharding.of(config.train.data_shards)

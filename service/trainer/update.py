@@ -23,7 +23,7 @@ import numpy as np
 
 from service.backend.executor import Executor
 from service.trainer import model
-from service.trainer.hyper import ZERO
+from service.trainer.hyper import KICKSTART, ZERO
 from service.trainer.state import State
 from service.types import Transitions
 
@@ -353,6 +353,17 @@ class Updates:
             hp["ppo.ent_coef"],
         )
         losses["pi"] = pi_stats["loss"]
+        kick = self.state.config.kickstart
+        # The teacher's cross-entropy, on the policy head alone; on NumPy (a host number) not
+        # computed once its weight is 0, where it would add zeros.
+        weight = hp[KICKSTART]
+        if kick.coef and (not isinstance(weight, float) or weight > 0):
+            teacher = (kick.action_below, kick.action_zero, kick.action_above)
+            kick_loss, kick_grad = ops.kickstart_fwd_bwd(
+                outputs["pi"], batch.obs[:, kick.feature], teacher, weight
+            )
+            losses["pi"] = losses["pi"] + kick_loss
+            grad_logits = grad_logits + kick_grad
         losses.update(other_losses)
         grad_outputs = [grad_logits, *other_grads]
         self.executor.join(others_ready)

@@ -338,6 +338,46 @@ def test_ppo_surrogate_fwd_bwd(
     assert_rel(grad, lt.grad, "grad_logits")
 
 
+@pytest.mark.parametrize("B", (1, 7, 64))
+def test_kickstart_fwd_bwd(rng: np.random.Generator, B: int) -> None:
+    """weight · mean(-log π(a_teacher)) and its gradient, the teacher's action picked by the
+    feature's sign (0 for a NaN), against autograd of the cross-entropy."""
+    logits = rng.normal(scale=2.0, size=(B, A))
+    feature = rng.choice([-2.5, -0.25, 0.0, 0.25, 1.0, np.nan], size=B)
+    teacher_actions, weight = (5, 2, 6), float(rng.uniform(0.1, 3.0))
+    want_actions = np.where(feature > 0, 6, np.where(feature < 0, 5, 2))
+    lt = t64(logits, True)
+    loss_t = weight * F.cross_entropy(lt, torch.from_numpy(want_actions))
+    loss_t.backward()
+    loss, grad = ops.kickstart_fwd_bwd(logits, feature, teacher_actions, weight)
+    assert_rel(loss, loss_t, "loss")
+    assert_rel(grad, lt.grad, "grad_logits")
+    zero_loss, zero_grad = ops.kickstart_fwd_bwd(logits, feature, teacher_actions, 0.0)
+    assert float(zero_loss) == 0.0 and not zero_grad.any()  # a decayed weight: no pull
+
+
+@pytest.mark.parametrize("silent", (0, 1, 2))
+def test_kickstart_without_a_teacher_on_some_rows(rng: np.random.Generator, silent: int) -> None:
+    """An action -1 (the teacher says nothing for that sign): those rows add nothing to the
+    loss and get no gradient; the mean still counts every row."""
+    B = 24
+    logits, feature = rng.normal(size=(B, A)), rng.choice([-1.0, 0.0, 1.0], size=B)
+    teacher_actions = [5, 2, 6]
+    teacher_actions[silent] = -1
+    sign = np.sign(feature).astype(int) + 1  # 0, 1, 2: below, zero, above
+    taught = sign != silent
+    want_actions = np.array(teacher_actions)[sign]
+    lt = t64(logits, True)
+    per_row = F.cross_entropy(lt, torch.from_numpy(np.where(taught, want_actions, 0)),
+                              reduction="none")  # fmt: skip
+    loss_t = 1.5 * (per_row * t64(taught)).sum() / B
+    loss_t.backward()
+    loss, grad = ops.kickstart_fwd_bwd(logits, feature, tuple(teacher_actions), 1.5)
+    assert_rel(loss, loss_t, "loss")
+    assert_rel(grad, lt.grad, "grad_logits")
+    assert not grad[~taught].any()
+
+
 def test_normalize_advantages(rng: np.random.Generator) -> None:
     for B in (7, 61):
         adv = rng.normal(loc=rng.normal(), scale=rng.uniform(0.5, 3.0), size=B)

@@ -325,6 +325,21 @@ def test_ppo_surrogate_fwd_bwd(ops: CudaOps, rng: np.random.Generator, B: int) -
 
 
 @pytest.mark.parametrize("B", SIZES)
+def test_kickstart_fwd_bwd(ops: CudaOps, rng: np.random.Generator, B: int) -> None:
+    """The teacher's cross-entropy against its twin, on a strided feature column (the update
+    hands it obs[:, column]), with a silent teacher on one sign and a device weight."""
+    logits = normal(rng, B, ops.dims.A, scale=2.0)
+    obs = rng.choice(np.array([-1.0, 0.0, 0.5], np.float32), size=(B, 3))
+    weight = np.array([0.7])
+    for teacher in ((5, 2, 6), (5, -1, 6)):
+        loss, grad = ops.kickstart_fwd_bwd(dev(logits), dev(obs)[:, 1], teacher, dev(weight))
+        want_loss, want_grad = npo.kickstart_fwd_bwd(logits, obs[:, 1], teacher, 0.7)
+        assert_close(grad, want_grad)
+        assert loss.shape == ()
+        assert_close(loss.reshape(1), np.array([want_loss], np.float32))
+
+
+@pytest.mark.parametrize("B", SIZES)
 def test_normalize_advantages(ops: CudaOps, rng: np.random.Generator, B: int) -> None:
     advantages = normal(rng, B, scale=3.0) + np.float32(1.5)
     got = ops.normalize_advantages(dev(advantages))

@@ -21,7 +21,7 @@ PPO_STATS = ("loss", "pg_loss", "entropy", "approx_kl", "clip_fraction")  # the 
 
 
 class PpoOps(KernelOps):
-    """log_softmax, ppo_surrogate_fwd_bwd and normalize_advantages."""
+    """log_softmax, ppo_surrogate_fwd_bwd, normalize_advantages and kickstart_fwd_bwd."""
 
     def log_softmax(self, logits: Array) -> Array:
         """log softmax over the last axis (A) of logits [..., A]."""
@@ -89,3 +89,23 @@ class PpoOps(KernelOps):
         self._reduce(file, "normalize_advantages_stats", (advantages, stats, np.int32(B)))
         self._launch(file, "normalize_advantages_apply", B, (advantages, stats, out, np.int32(B)))
         return out
+
+    def kickstart_fwd_bwd(
+        self, logits: Array, feature: Array, actions: tuple[int, int, int], weight: Scalar
+    ) -> tuple[Array, Array]:
+        """Kickstarting's cross-entropy with a sign-of-a-feature teacher for logits [B, A]
+        (numpy_ops.kickstart_fwd_bwd's formula): log_softmax's kernel, then CuPy's elementwise
+        ops and one reduction over the rows (a fixed order, no atomics). Returns (loss: a 0-d
+        device array, grad_logits [B, A])."""
+        logits, B = _batch("logits", logits, (self.dims.A,))
+        feature = _array("feature", cupy.ascontiguousarray(feature), shape=(B,))
+        weight = _scalar("weight", weight)
+        below, zero, above = (int(a) for a in actions)
+        teacher = cupy.where(feature > 0, above, cupy.where(feature < 0, below, zero))
+        taught = (teacher >= 0)[:, None]  # -1: the teacher says nothing on the row
+        onehot = cupy.arange(self.dims.A)[None, :] == teacher[:, None]
+        log_p = self.log_softmax(logits)
+        w = weight.astype(logits.dtype)
+        loss = -(w[0] * cupy.mean(cupy.sum(cupy.where(onehot, log_p, 0), axis=-1)))
+        grad = cupy.where(taught, (w / B) * (cupy.exp(log_p) - onehot), 0)
+        return loss, grad.astype(logits.dtype, copy=False)
