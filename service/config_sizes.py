@@ -21,11 +21,11 @@ JOB_STEPS: dict[str, int] = {"numpy": 100, "cuda": 200}
 # lower rate than a server's or a Gymnasium job's defaults. The CUDA job is the backend's
 # defaults as they are. The NumPy job also kickstarts its policy with LobSim's inventory-skew
 # rule on flat inventories alone (QUOTE(0,0) where the inventory is 0; no teacher where it is
-# long or short), at a weight of 1 that falls by a tenth over the job: the agent learns what to
-# do with an inventory, not whether to quote when flat. docs/benchmarks/learning.md has the
-# sweeps over seeds these come from.
+# long or short), at a weight of 1 that falls by about a tenth over the job's 550 Steps: the
+# agent learns what to do with an inventory, not whether to quote when flat.
+# docs/benchmarks/learning.md has the sweeps over seeds these come from.
 LOBSIM_JOB: dict[str, dict[str, float]] = {
-    "numpy": {"train.steps": 500, "train.num_envs": 128, "train.rollout_len": 64,
+    "numpy": {"train.steps": 550, "train.num_envs": 128, "train.rollout_len": 64,
               "optim.lr": 2e-3, "ppo.gae_lambda": 0.98,
               "kickstart.coef": 1.0, "kickstart.decay_steps": 5000,
               "kickstart.action_below": -1, "kickstart.action_above": -1},
