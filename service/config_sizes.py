@@ -22,11 +22,12 @@ JOB_STEPS: dict[str, int] = {"numpy": 100, "cuda": 200}
 # defaults as they are. The NumPy job also kickstarts its policy with LobSim's inventory-skew
 # rule on flat inventories alone (QUOTE(0,0) where the inventory is 0; no teacher where it is
 # long or short), at a weight of 1 that falls by about a tenth over the job's 550 Steps: the
-# agent learns what to do with an inventory, not whether to quote when flat.
-# docs/benchmarks/learning.md has the sweeps over seeds these come from.
+# agent learns what to do with an inventory, not whether to quote when flat; a lower entropy
+# bonus then keeps the policy nearer its greedy play. docs/benchmarks/learning.md has the sweeps
+# over seeds these come from.
 LOBSIM_JOB: dict[str, dict[str, float]] = {
     "numpy": {"train.steps": 550, "train.num_envs": 128, "train.rollout_len": 64,
-              "optim.lr": 2e-3, "ppo.gae_lambda": 0.98,
+              "optim.lr": 2e-3, "ppo.gae_lambda": 0.98, "ppo.ent_coef": 0.003,
               "kickstart.coef": 1.0, "kickstart.decay_steps": 5000,
               "kickstart.action_below": -1, "kickstart.action_above": -1},
     "cuda": {},
