@@ -18,7 +18,8 @@ from service.config_sizes import (
     sized_for,
 )
 
-SECTIONS = ["model", "train", "ppo", "c51", "optim", "replay", "checkpoint", "server", "lobsim"]
+SECTIONS = ["model", "train", "ppo", "kickstart", "c51", "optim", "replay", "checkpoint", "server",
+            "lobsim"]
 
 
 def write_toml(tmp_path: Path, text: str) -> Path:
@@ -443,7 +444,10 @@ def test_the_lobsim_jobs_settings_lie_under_every_layer_a_user_sets() -> None:
     defaults = Config()
     mine_sets = ["train.steps=7", "train.num_envs=16", "optim.lr=0.0125",
                  f"train.rollout_len={defaults.train.rollout_len}",
-                 f"ppo.gae_lambda={defaults.ppo.gae_lambda}"]  # fmt: skip
+                 f"ppo.gae_lambda={defaults.ppo.gae_lambda}",
+                 f"ppo.ent_coef={defaults.ppo.ent_coef}",
+                 *(f"kickstart.{key}={getattr(defaults.kickstart, key)}"
+                   for key in ("coef", "decay_steps", "action_below", "action_above"))]  # fmt: skip
     mine = load_config(env={}, overrides=mine_sets, base=lobsim_job_settings("numpy"))
     assert mine == load_config(env={}, overrides=mine_sets)
     job_base = lobsim_job_settings("numpy")
