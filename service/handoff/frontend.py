@@ -128,8 +128,12 @@ class ActSlot:
             ) -> ActResult:  # fmt: skip
         """The learner's answer (outputs copied out of the slot). TimeoutError past
         `timeout_s`: the slot stays in the learner's hands until it answers."""
+        return self.send(mode, epsilon).result(timeout_s)
+
+    def send(self, mode: ActMode, epsilon: float = 0.0) -> Future[ActResult]:
+        """Hand the observations to the learner; its answer comes in the Future."""
         self.lent = False
-        return self.handoff.send_act(self.index, self.rows, mode, epsilon).result(timeout_s)
+        return self.handoff.send_act(self.index, self.rows, mode, epsilon)
 
     def cancel(self) -> None:
         """Give the slot back unsent (a request that failed its checks)."""
@@ -222,7 +226,13 @@ class Handoff:
     # -------------------------------------------------------------------------------- Act
     def act(self, obs: np.ndarray, mode: ActMode, epsilon: float = 0.0,
             timeout_s: float | None = None) -> ActResult:  # fmt: skip
-        """The learner's batched Act for `obs` [rows, D], copied into a slot (`act_slot`)."""
+        """The learner's batched Act for `obs` [rows, D] (`submit_act`), waited for."""
+        return self.submit_act(obs, mode, epsilon, timeout_s).result(timeout_s)
+
+    def submit_act(self, obs: np.ndarray, mode: ActMode, epsilon: float = 0.0,
+                   timeout_s: float | None = None) -> Future[ActResult]:  # fmt: skip
+        """`obs` [rows, D] copied into an Act slot (`act_slot`, waiting up to `timeout_s` for
+        one) and handed to the learner; its answer comes in the Future."""
         if obs.ndim != 2 or obs.shape[1] != self.sizes.obs_dim:
             raise InvalidInput("obs", f"[rows, {self.sizes.obs_dim}]", list(obs.shape))
         slot = self.act_slot(obs.shape[0], timeout_s)
@@ -231,7 +241,7 @@ class Handoff:
         except BaseException:
             slot.cancel()
             raise
-        return slot.run(mode, epsilon, timeout_s)
+        return slot.send(mode, epsilon)
 
     def act_slot(self, rows: int, timeout_s: float | None = None) -> ActSlot:
         """A free Act slot lent for `rows` observations, to write in place (a request's decode),

@@ -1,5 +1,6 @@
 """Acting that never waits for learning: Act requests answered by one batched forward
-(`ActBatcher`) on the published snapshot of the policy.
+(`ActBatcher`, which launches a batch while the one before it is on the device) on the
+published snapshot of the policy.
 
 The snapshot (`Trainer.snapshot`: its own copy of the parameters, its own executor) is read
 under this room's lock. The Learner publishes each Step's parameters to it under the same lock
@@ -17,7 +18,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from service.server.act_batcher import ActBatcher
+from service.server.act_batcher import ActBatcher, Finish
 from service.server.metrics import Metrics
 from service.trainer.trainer import Trainer
 from service.types import ActMode, ActResult
@@ -32,16 +33,13 @@ class Acting:
         self._policy = trainer.snapshot()
         server = trainer.config.server
         self._policy.warm_up(server.act_max_batch)  # Acts of any size meet no capture
-        self._batcher = ActBatcher(self._act_batch, server.act_max_batch,
+        self._batcher = ActBatcher(self._launch_batch, server.act_max_batch,
                                    server.act_max_wait_ms / 1e3)  # fmt: skip
 
-    def act(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> ActResult:
-        """Actions for `obs` (checked by the caller), batched with the Acts of other callers."""
-        return self._batcher.act(obs, mode, epsilon)
-
     def submit(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> Future[ActResult]:
-        """`act`'s answer as a Future, returned at once (a reader of front ends' requests must
-        not block); `obs` is read until it is done."""
+        """Actions for `obs` (checked by the caller), batched with the Acts of other callers,
+        as a Future returned at once (a reader of front ends' requests must not block); `obs`
+        is read until it is done."""
         return self._batcher.submit(obs, mode, epsilon)
 
     @property
@@ -66,11 +64,17 @@ class Acting:
         """Answer the Acts pending, then stop the batcher."""
         self._batcher.close()
 
-    def _act_batch(self, parts: list[np.ndarray], mode: ActMode, epsilon: float) -> ActResult:
-        """One forward for the batched requests' observations (checked by the servicer)."""
+    def _launch_batch(self, parts: list[np.ndarray], mode: ActMode, epsilon: float) -> Finish:
+        """Launch one forward for the batched requests' observations (checked by the
+        servicer); what it returns waits for the outputs. The lock covers the launch alone:
+        a publish after it is ordered behind the forward on the device (`PolicySnapshot`)."""
         with self._lock:  # the timer starts once a publish in progress has let go
             started = self.clock()
-            result = self._policy.act_rows(parts, mode, epsilon)
-            seconds = self.clock() - started
-        self.metrics.observe_act(result.actions.shape[0], seconds)
-        return result
+            pending = self._policy.launch_rows(parts, mode, epsilon)
+
+        def finish() -> ActResult:
+            result = pending.wait()
+            self.metrics.observe_act(result.actions.shape[0], self.clock() - started)
+            return result
+
+        return finish

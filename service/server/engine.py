@@ -103,11 +103,7 @@ class Engine:
     def open_seat(self, columns: int) -> StreamSeat:
         return self.learner.open_seat(columns)
 
-    def act(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> ActResult:
-        return self.acting.act(obs, mode, epsilon)
-
     def submit_act(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> Future[ActResult]:
-        """`act` returning at once with a Future (`Acting.submit`), for the handoff's reader."""
         return self.acting.submit(obs, mode, epsilon)
 
     @property

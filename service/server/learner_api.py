@@ -80,9 +80,10 @@ class LearnerApi(Protocol):
         """A place for an Interact stream of `columns` environments."""
         ...
 
-    def act(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> ActResult:
-        """Actions for validated observations `obs` [n, obs_dim], from the published policy;
-        Unavailable once draining."""
+    def submit_act(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> Future[ActResult]:
+        """Actions for validated observations `obs` [n, obs_dim], from the published policy,
+        in a future returned once the request is queued (the caller can do other work
+        meanwhile; `obs` is read until it is done); Unavailable once draining."""
         ...
 
     def checkpoint(self, name: str | None) -> CheckpointInfo:

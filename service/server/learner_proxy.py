@@ -28,14 +28,14 @@ import numpy as np
 from service.api.trident.v1 import trainer_pb2 as pb
 from service.config import Config
 from service.errors import Abandoned, InferenceOnly, QueueFull
-from service.handoff import Handoff
+from service.handoff import Handoff, RolloutFuture
 from service.handoff.channel import SeatOp
 from service.server import learner_calls as calls
 from service.step_ledger import StepKey
 from service.types import ActMode, ActResult, CheckpointInfo, Rollout, StepResult
 
 WATCH_PERIOD_S = 0.05  # how often callers of queued requests are looked at (the Step queue's)
-SLOT_POLL_S = 0.1  # a stream waiting for a free rollout slot looks at its caller this often
+SLOT_POLL_S = 0.1  # a rollout waiting for a free slot looks at its caller this often
 
 
 class SeatProxy:
@@ -53,15 +53,7 @@ class SeatProxy:
         in the Step queue, as in one process. Abandoned when the caller leaves while it waits
         for a slot; one that leaves while the learner waits for room is abandoned there, when
         the stream's seat closes."""
-        while True:
-            try:
-                future = self.proxy.handoff.submit_rollout(
-                    rollout, (key.actor, key.sequence), self.stream, SLOT_POLL_S
-                )
-                break
-            except QueueFull:
-                if not caller_waiting():
-                    raise Abandoned("caller left while its rollout waited for a slot") from None
+        future = self.proxy.submit_rollout(rollout, caller_waiting, key, self.stream)
         while not (future.queued.wait(SLOT_POLL_S) or future.done()) and caller_waiting():
             pass
         return future
@@ -116,13 +108,11 @@ class LearnerProxy:
         key: StepKey | None = None,
         client: Hashable = None,
     ) -> Future[StepResult]:
-        """The rollout into a free slot, or QueueFull at once where every slot is in the
-        learner's hands (a full queue's answer in one process)."""
+        """The rollout handed to the learner (`submit_rollout`), whose queue answers as in one
+        process; its caller leaving later abandons it there (the watcher)."""
         self.require_training("Step")
-        future = self.handoff.submit_rollout(
-            rollout, None if key is None else (key.actor, key.sequence), 0, 0.0,
-            "" if client is None else str(client),
-        )  # fmt: skip
+        future = self.submit_rollout(rollout, caller_waiting, key, 0,
+                                     "" if client is None else str(client))  # fmt: skip
         request = future.request
         with self._lock:
             self._watched[request] = (future, caller_waiting)
@@ -132,8 +122,8 @@ class LearnerProxy:
     def open_seat(self, columns: int) -> SeatProxy:
         return SeatProxy(self, next(self._streams), columns)
 
-    def act(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> ActResult:
-        return self.handoff.act(obs, mode, epsilon)  # copied once, into an Act slot
+    def submit_act(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> Future[ActResult]:
+        return self.handoff.submit_act(obs, mode, epsilon)  # copied once, into an Act slot
 
     def checkpoint(self, name: str | None) -> CheckpointInfo:
         self.require_training("Checkpoint")
@@ -167,6 +157,27 @@ class LearnerProxy:
         return calls.info_from_json(self.handoff.call(calls.DRAIN, {"grace_s": grace}))
 
     # ------------------------------------------------------------------------ internals
+    def submit_rollout(
+        self,
+        rollout: Rollout,
+        caller_waiting: Callable[[], bool],
+        key: StepKey | None,
+        stream: int,
+        client: str = "",
+    ) -> RolloutFuture:
+        """The rollout into a free rollout slot and on to the learner, waiting for a slot
+        while every one is in the learner's hands (they come free as Steps answer); Abandoned
+        where the caller leaves first."""
+        while True:
+            try:
+                return self.handoff.submit_rollout(
+                    rollout, None if key is None else (key.actor, key.sequence), stream,
+                    SLOT_POLL_S, client,
+                )  # fmt: skip
+            except QueueFull:
+                if not caller_waiting():
+                    raise Abandoned("caller left while its rollout waited for a slot") from None
+
     def _refresh(self) -> None:
         """The learner's settings again: a Restore or an update may have changed them."""
         self._config = self._with_server(self.handoff.call(calls.CONFIG)["config"])

@@ -348,7 +348,8 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         self, requests: Iterator[pb.InteractRequest], context: grpc.ServicerContext
     ) -> Iterator[pb.InteractResponse]:
         """Per request: the group's outcome into its rollout, a completed rollout to the Step
-        queue, the group's actions back (sampled from the published policy)."""
+        queue while the group's actions are sampled from the published policy (after its Step,
+        on a synchronous stream), the actions back."""
         request = next(requests, None)
         if request is None:
             return
@@ -369,11 +370,16 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
                 step = group_step(request, config)
                 completed = unroller.observe(request.group, step)
                 returns.add(request.group, step)
-                for k, rollout in completed:
-                    steps.submit(k, rollout)
-                    if synchronous:
+                if synchronous:  # the actions wait for the Steps of the rollouts completed
+                    for k, rollout in completed:
+                        steps.submit(k, rollout)
                         steps.finish()
-                acted = learner.act(step.obs, ActMode.SAMPLE, 0.0)  # UNAVAILABLE on a drain
+                # UNAVAILABLE on a drain. The Act runs while a completed rollout is handed over.
+                acting = learner.submit_act(step.obs, ActMode.SAMPLE, 0.0)
+                if not synchronous:
+                    for k, rollout in completed:
+                        steps.submit(k, rollout)
+                acted = acting.result()
                 unroller.acted(request.group, acted.actions, acted.log_probs,
                                acted.policy_version)  # fmt: skip
                 response = pb.InteractResponse(
@@ -399,7 +405,7 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
     @_rpc("Act")
     def Act(self, request: pb.ActRequest, context: grpc.ServicerContext) -> pb.ActResponse:
         obs, mode, epsilon = act_inputs(request, self.learner.config)
-        result = self.learner.act(obs, mode, epsilon)
+        result = self.learner.submit_act(obs, mode, epsilon).result()
         return pb.ActResponse(
             actions=encode(result.actions.astype("<i4")),
             log_probs=encode(result.log_probs.astype("<f4")),

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from service.config import Config
 from service.server.engine import Engine
 from service.server.metrics import Metrics
-from service.trainer.snapshot import PolicySnapshot
+from service.trainer.snapshot import PendingAct, PolicySnapshot
 from service.trainer.trainer import Trainer
 from service.types import ActMode, ActResult, Rollout, StepResult
 
@@ -39,9 +39,9 @@ class TimedSnapshot(PolicySnapshot):
 
     clock: Clock
 
-    def act_rows(self, parts: list[np.ndarray], mode: ActMode, epsilon: float) -> ActResult:
+    def launch_rows(self, parts: list[np.ndarray], mode: ActMode, epsilon: float) -> PendingAct:
         self.clock.now += FORWARD_S
-        return super().act_rows(parts, mode, epsilon)
+        return super().launch_rows(parts, mode, epsilon)
 
 
 class HeldTrainer(Trainer):
@@ -85,7 +85,7 @@ def test_acts_are_answered_while_a_step_holds_the_trainer(
     answers: dict[int, ActResult] = {}
 
     def act(i: int) -> None:
-        answers[i] = engine.act(obs[i], ActMode.SAMPLE, 0.0)
+        answers[i] = engine.submit_act(obs[i], ActMode.SAMPLE, 0.0).result(WAIT_S)
 
     actors = [threading.Thread(target=act, args=(i,)) for i in range(2)]
     actors[0].start()
@@ -102,7 +102,7 @@ def test_acts_are_answered_while_a_step_holds_the_trainer(
     assert step.result(WAIT_S).global_step == 1
     twin.step(rollout)
     both = obs.reshape(2 * ROWS, -1)  # a full batch: answered without waiting for more
-    after = engine.act(both, ActMode.SAMPLE, 0.0)
+    after = engine.submit_act(both, ActMode.SAMPLE, 0.0).result(WAIT_S)
     live = twin.act(both)
     assert after.policy_version == live.policy_version == 1
     np.testing.assert_array_equal(after.actions, live.actions)

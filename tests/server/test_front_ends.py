@@ -225,6 +225,34 @@ def test_admission_bounds_the_whole_server_not_each_process(
             start_stream(other, "after", rng).cancel()
 
 
+def test_a_step_past_the_front_ends_rollout_slots_waits_for_one(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    """One front end with one rollout slot, held by a slow Step: Steps of two other clients
+    on it wait for the slot (as the queue's room is waited for in one process) and are
+    applied, none refused; a caller that gives up while it waits is abandoned, not applied."""
+    slow, rollouts = random_rollout(rng, T=16, N=16), [random_rollout(rng) for _ in range(2)]
+    settings = ("server.front_ends=1", "server.handoff_rollout_slots=1", "ppo.epochs=1000")
+    with running_server(tmp_path, *settings) as server, TridentClient(server.target) as client:
+        blocker = threading.Thread(target=client.step, args=(slow,))
+        blocker.start()
+        wait_until(lambda: value(scrape(server), "trident_rollouts_total") == 1, 30,
+                   "the slow Step handed over")  # fmt: skip
+        with pytest.raises(grpc.RpcError) as gave_up:  # waits for the slot past its deadline
+            client.step(rollouts[0], key=StepKey("impatient", 0), timeout_s=0.2)
+        assert gave_up.value.code() == Code.DEADLINE_EXCEEDED
+        replies: list = []
+        waiting = [threading.Thread(target=lambda i=i: replies.append(
+            client.step(rollouts[i], key=StepKey(f"waits-{i}", 0)))) for i in range(2)]  # fmt: skip
+        for thread in waiting:
+            thread.start()
+        for thread in [blocker, *waiting]:
+            thread.join(120)
+        assert len(replies) == 2 and not any(reply.replayed for reply in replies)
+        assert client.status().global_step == 3  # the impatient caller's Step was not applied
+    assert not server.events("refused")
+
+
 def test_a_second_split_server_on_the_port_is_refused(tmp_path: Path) -> None:
     """Front ends bind with SO_REUSEPORT, which would let another server's front ends of this
     user share the port unnoticed: the learner finds the port answered and stops first."""

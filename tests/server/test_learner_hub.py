@@ -56,7 +56,8 @@ def test_calls_answer_as_the_engine_does(
         proxy.submit_step(random_rollout(rng), lambda: True, StepKey("a", 0)).result(30)
     with pytest.raises(StalePolicy, match="policy_version"):
         proxy.submit_step(random_rollout(rng, policy_version=7), lambda: True).result(30)
-    acted = proxy.act(rng.standard_normal((4, 6)).astype(np.float32), ActMode.SAMPLE, 0.0)
+    acted = proxy.submit_act(rng.standard_normal((4, 6)).astype(np.float32), ActMode.SAMPLE,
+                             0.0).result(30)  # fmt: skip
     assert acted.actions.shape == (4,) and acted.policy_version == 1
     info = proxy.checkpoint("one")
     assert (info.name, info.global_step) == ("one", 1)
