@@ -50,11 +50,6 @@ class Executor(Protocol):
         `join`s it waits for that work (how a copy between two trainers' lanes is ordered)."""
         ...
 
-    def wait(self, token: object) -> None:
-        """Wait on the host for the work of the `mark` that gave `token` (not for what was
-        queued after it)."""
-        ...
-
     def padded_rows(self, rows: int) -> int:
         """The rows a call of `rows` rows should be padded to: a capturing executor keeps one
         graph per shape, so it rounds row counts up to a few sizes."""
@@ -105,9 +100,6 @@ class NumpyExecutor:
 
     def mark(self) -> object:
         return None
-
-    def wait(self, token: object) -> None:
-        pass
 
     def padded_rows(self, rows: int) -> int:
         return rows

@@ -1,14 +1,7 @@
-"""Central inference (SEED RL's idea): concurrent Act calls are answered by one batched forward.
-
-Two threads, so the host work of one batch overlaps the device work of another: the launcher
-takes a batch and launches its forward (staged, uploaded, queued on the device), the finisher
-waits for each launched batch's outputs in launch order and answers its callers. At most
-`PIPELINE_DEPTH` batches are launched and not yet answered.
-"""
+"""Central inference (SEED RL's idea): concurrent Act calls are answered by one batched forward."""
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -20,14 +13,8 @@ import numpy as np
 from service.errors import Unavailable
 from service.types import ActMode, ActResult
 
-# Batches launched and not yet answered: one on the device while the next is staged behind it.
-PIPELINE_DEPTH = 2
-
-# A launched forward's outputs on the host (waits for the device).
-Finish = Callable[[], ActResult]
-# One forward over the stacked rows of the requests' observations, in order: launch it and
-# return at once with what waits for its outputs.
-LaunchBatch = Callable[[list[np.ndarray], ActMode, float], Finish]
+# One forward over the stacked rows of the requests' observations, in order.
+RunBatch = Callable[[list[np.ndarray], ActMode, float], ActResult]
 
 
 # eq=False: requests compare by identity. A generated __eq__ would compare `obs` arrays, and
@@ -43,27 +30,20 @@ class _Request:
 class ActBatcher:
     """Coalesces requests of the same (mode, ε) into batches of at most `max_batch` rows.
 
-    The launcher takes the oldest request, waits up to `max_wait_s` for more of its kind (or
-    until the batch is full), launches one forward; the finisher hands each caller its rows. A
-    request larger than `max_batch` runs alone.
+    The worker takes the oldest request, waits up to `max_wait_s` for more of its kind (or until
+    the batch is full), runs one forward and hands each caller its rows. A request larger than
+    `max_batch` runs alone.
     """
 
-    def __init__(self, launch: LaunchBatch, max_batch: int, max_wait_s: float) -> None:
-        self._launch = launch
+    def __init__(self, run: RunBatch, max_batch: int, max_wait_s: float) -> None:
+        self._run_batch = run
         self._max_batch = max_batch
         self._max_wait_s = max_wait_s
         self._pending: list[_Request] = []
         self._wake = threading.Condition()
         self._closed = False
-        self._room = threading.Semaphore(PIPELINE_DEPTH)  # launched batches not yet answered
-        self._launched: queue.SimpleQueue[tuple[list[_Request], Finish] | None] = (
-            queue.SimpleQueue())  # fmt: skip
-        self._launcher = threading.Thread(target=self._launch_loop, name="trident-act",
-                                          daemon=True)  # fmt: skip
-        self._finisher = threading.Thread(target=self._finish_loop, name="trident-act-finish",
-                                          daemon=True)  # fmt: skip
-        self._launcher.start()
-        self._finisher.start()
+        self._worker = threading.Thread(target=self._loop, name="trident-act", daemon=True)
+        self._worker.start()
 
     def act(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> ActResult:
         return self.submit(obs, mode, epsilon).result()
@@ -73,24 +53,23 @@ class ActBatcher:
         that must not block (a thread reading several front ends' requests) need not."""
         request = _Request(obs, (mode, epsilon))
         with self._wake:
-            if self._closed:  # the launcher is gone: nothing would answer
+            if self._closed:  # the worker is gone: nothing would answer
                 raise Unavailable("the server is draining and acts no more")
             self._pending.append(request)
             self._wake.notify()
         return request.future
 
     def pending(self) -> int:
-        """Requests waiting to join a batch (not those in the batches launched)."""
+        """Requests waiting to join a batch (not those in the batch being run)."""
         with self._wake:
             return len(self._pending)
 
     def close(self) -> None:
-        """Answer what is pending, then stop both threads."""
+        """Answer what is pending, then stop the worker."""
         with self._wake:
             self._closed = True
             self._wake.notify()
-        self._launcher.join()
-        self._finisher.join()
+        self._worker.join()
 
     def _rows_of_kind(self, key: tuple[ActMode, float]) -> int:
         return sum(r.obs.shape[0] for r in self._pending if r.key == key)
@@ -116,34 +95,15 @@ class ActBatcher:
                     self._pending.remove(request)
             return batch
 
-    def _launch_loop(self) -> None:
-        while True:
-            self._room.acquire()  # before taking a batch: requests gather while none is free
-            batch = self._take_batch()
-            if batch is None:
-                break
+    def _loop(self) -> None:
+        while (batch := self._take_batch()) is not None:
             mode, epsilon = batch[0].key
             try:
-                finish = self._launch([r.obs for r in batch], mode, epsilon)
-            except Exception as error:
-                self._room.release()
-                for request in batch:
-                    request.future.set_exception(error)
-                continue
-            self._launched.put((batch, finish))
-        self._launched.put(None)
-
-    def _finish_loop(self) -> None:
-        while (launched := self._launched.get()) is not None:
-            batch, finish = launched
-            try:
-                result = finish()
+                result = self._run_batch([r.obs for r in batch], mode, epsilon)
             except Exception as error:
                 for request in batch:
                     request.future.set_exception(error)
                 continue
-            finally:
-                self._room.release()
             start = 0
             for request in batch:
                 rows = slice(start, start + request.obs.shape[0])

@@ -1,6 +1,5 @@
 """Acting that never waits for learning: Act requests answered by one batched forward
-(`ActBatcher`, which launches a batch while the one before it is on the device) on the
-published snapshot of the policy.
+(`ActBatcher`) on the published snapshot of the policy.
 
 The snapshot (`Trainer.snapshot`: its own copy of the parameters, its own executor) is read
 under this room's lock. The Learner publishes each Step's parameters to it under the same lock
@@ -18,7 +17,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from service.server.act_batcher import ActBatcher, Finish
+from service.server.act_batcher import ActBatcher
 from service.server.metrics import Metrics
 from service.trainer.trainer import Trainer
 from service.types import ActMode, ActResult
@@ -33,7 +32,7 @@ class Acting:
         self._policy = trainer.snapshot()
         server = trainer.config.server
         self._policy.warm_up(server.act_max_batch)  # Acts of any size meet no capture
-        self._batcher = ActBatcher(self._launch_batch, server.act_max_batch,
+        self._batcher = ActBatcher(self._act_batch, server.act_max_batch,
                                    server.act_max_wait_ms / 1e3)  # fmt: skip
 
     def submit(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> Future[ActResult]:
@@ -64,17 +63,11 @@ class Acting:
         """Answer the Acts pending, then stop the batcher."""
         self._batcher.close()
 
-    def _launch_batch(self, parts: list[np.ndarray], mode: ActMode, epsilon: float) -> Finish:
-        """Launch one forward for the batched requests' observations (checked by the
-        servicer); what it returns waits for the outputs. The lock covers the launch alone:
-        a publish after it is ordered behind the forward on the device (`PolicySnapshot`)."""
+    def _act_batch(self, parts: list[np.ndarray], mode: ActMode, epsilon: float) -> ActResult:
+        """One forward for the batched requests' observations (checked by the servicer)."""
         with self._lock:  # the timer starts once a publish in progress has let go
             started = self.clock()
-            pending = self._policy.launch_rows(parts, mode, epsilon)
-
-        def finish() -> ActResult:
-            result = pending.wait()
-            self.metrics.observe_act(result.actions.shape[0], self.clock() - started)
-            return result
-
-        return finish
+            result = self._policy.act_rows(parts, mode, epsilon)
+            seconds = self.clock() - started
+        self.metrics.observe_act(result.actions.shape[0], seconds)
+        return result

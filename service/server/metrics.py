@@ -75,9 +75,7 @@ class Metrics:
         )
         self.act_duration = Histogram(
             "act_duration",
-            "Wall time of one batched Act forward on the published policy, from its launch to "
-            "its outputs on the host (behind the batch launched before it, while that one is "
-            "on the device).",
+            "Wall time of one batched Act forward on the published policy.",
             unit="seconds",
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
             **ns,

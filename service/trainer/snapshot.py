@@ -16,8 +16,6 @@ the live trainer's bytes.
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,7 +43,7 @@ class PolicySnapshot(Policy):
             self.value_norm.stats[...] = live_norm.stats
             self.sequence = xp.zeros(1, dtype=np.int64)
         self._version = state.global_step
-        self._free: deque[_HostRows] = deque()  # staging memory no pending Act uses
+        self._host: _HostRows | None = None
 
     @property
     def version(self) -> int:
@@ -73,20 +71,15 @@ class PolicySnapshot(Policy):
         return self.act_rows([obs], mode, epsilon)
 
     def act_rows(self, parts: list[np.ndarray], mode: ActMode, epsilon: float) -> ActResult:
-        """`launch_rows`, waited for."""
-        return self.launch_rows(parts, mode, epsilon).wait()
-
-    def launch_rows(self, parts: list[np.ndarray], mode: ActMode, epsilon: float) -> PendingAct:
-        """Queue the actions for the rows of `parts` stacked (float [n, D] arrays whose values
-        the caller has checked: the server's request validation) and return at once: one
-        forward padded to the executor's row sizes (padding rows are zeros, cut off again:
-        every row's draws depend on its own index alone). The rows are written once, into host
-        memory the device copies by DMA, uploaded in one copy, and the three outputs come back
-        into the same kind of memory; `PendingAct.wait` waits for them. Several may be pending
-        at once (each has staging memory of its own); the caller serialises the launches."""
+        """Actions for the rows of `parts` stacked (float [n, D] arrays whose values the
+        caller has checked: the server's request validation), as one forward padded to the
+        executor's row sizes (padding rows are zeros, cut off again: every row's draws depend
+        on its own index alone). The rows are written once, into host memory the device copies
+        by DMA, uploaded in one copy, and the three outputs come back into the same kind of
+        memory with one wait for the device."""
         rows = sum(part.shape[0] for part in parts)
         padded = self.executor.padded_rows(rows)
-        host = self._staging(padded)
+        host = self._host_rows(padded)
         start = 0
         for part in parts:
             host.obs[start : start + part.shape[0]] = part
@@ -97,8 +90,9 @@ class PolicySnapshot(Policy):
             outputs = self._outputs(backend.to_device(host.obs[:padded]), mode, epsilon)
             for output, out in zip(outputs, host.outputs(padded), strict=True):
                 backend.copy_to_host(output, out)
-            done = self.executor.mark()
-        return PendingAct(self.executor, done, host, rows, padded, self.version, self._free.append)
+            self.executor.synchronize()
+        actions, log_probs, values = (out[:rows].copy() for out in host.outputs(padded))
+        return ActResult(actions, log_probs, values, self.version)
 
     def warm_up(self, max_rows: int, mode: ActMode = ActMode.SAMPLE) -> None:
         """Act in `mode` once on every padded row count up to `max_rows` rows and once more
@@ -113,48 +107,17 @@ class PolicySnapshot(Policy):
                 self.act_rows([zeros], mode, 0.0)
         counter[...] = before
 
-    def _staging(self, rows: int) -> _HostRows:
-        """Host buffers of at least `rows` rows no pending Act uses (`_release` gives them
-        back): the most recently released, grown where too small."""
-        try:
-            host = self._free.pop()
-        except IndexError:
-            host = None
-        if host is None or host.capacity < rows:
+    def _host_rows(self, rows: int) -> _HostRows:
+        """The staging buffers, grown to hold `rows` rows."""
+        if self._host is None or self._host.capacity < rows:
             empty, D = self.state.backend.host_empty, self.state.config.model.obs_dim
-            host = _HostRows(
+            self._host = _HostRows(
                 obs=empty((rows, D), self.state.dtype),
                 actions=empty((rows,), np.int32),
                 log_probs=empty((rows,), self.state.dtype),
                 values=empty((rows,), self.state.dtype),
             )
-        return host
-
-
-class PendingAct:
-    """A launched Act: `wait` returns its outputs once the device has written them."""
-
-    def __init__(
-        self,
-        executor: Executor,
-        done: object,
-        host: _HostRows,
-        rows: int,
-        padded: int,
-        version: int,
-        release: Callable[[_HostRows], None],
-    ) -> None:
-        self._executor, self._done, self._host = executor, done, host
-        self._rows, self._padded, self._version = rows, padded, version
-        self._release = release
-
-    def wait(self) -> ActResult:
-        """The outputs, copied out of the staging memory, which `release` then takes back."""
-        self._executor.wait(self._done)
-        actions, log_probs, values = (out[: self._rows].copy()
-                                      for out in self._host.outputs(self._padded))  # fmt: skip
-        self._release(self._host)
-        return ActResult(actions, log_probs, values, self._version)
+        return self._host
 
 
 @dataclass

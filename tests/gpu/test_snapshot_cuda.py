@@ -98,30 +98,3 @@ def test_the_snapshot_acts_on_the_devices_most_urgent_streams() -> None:
     snapshot = served.snapshot()
     assert served.executor.stream.priority == 0
     assert snapshot.executor.stream.priority < 0  # lower is more urgent; Hopper has a range
-
-
-def test_launches_pending_together_answer_what_acts_one_at_a_time_do(
-    rng: np.random.Generator,
-) -> None:
-    """Acts launched while earlier ones are still on the device (the server's act pipeline),
-    a publish between them, answer byte for byte what the same Acts waited for one at a time
-    answer: each has its own staging memory, and the device keeps their order."""
-    piped, serial = trainer("cuda"), trainer("cuda")
-    piped_snapshot, serial_snapshot = piped.snapshot(), serial.snapshot()
-    rollout = random_rollout(rng)
-    sizes = [40, 64, 200, 64, 1000, 3]  # two of one padded size pending at once
-    inputs = [rng.standard_normal((rows, 6)).astype(np.float32) for rows in sizes]
-    pending, want = [], []
-    for i, obs in enumerate(inputs):
-        if i == 3:  # a Step published between launches: the later ones read it
-            for twin, snapshot in ((piped, piped_snapshot), (serial, serial_snapshot)):
-                twin.step(rollout)
-                snapshot.publish()
-        pending.append(piped_snapshot.launch_rows([obs[:5], obs[5:]], ActMode.SAMPLE, 0.0))
-        want.append(serial_snapshot.act(obs, ActMode.SAMPLE))
-    for launched, expected in zip(pending, want, strict=True):
-        got = launched.wait()
-        assert got.policy_version == expected.policy_version
-        np.testing.assert_array_equal(got.actions, expected.actions)
-        assert got.log_probs.tobytes() == expected.log_probs.tobytes()
-        assert got.values.tobytes() == expected.values.tobytes()

@@ -7,20 +7,20 @@ import threading
 import numpy as np
 from conftest import wait_until
 
-from service.server.act_batcher import ActBatcher, Finish
+from service.server.act_batcher import ActBatcher
 from service.types import ActMode, ActResult
 
 
 def test_mixed_kinds_in_the_queue_are_all_answered() -> None:
     running, release = threading.Event(), threading.Event()
 
-    def launch(parts: list[np.ndarray], mode: ActMode, epsilon: float) -> Finish:
+    def run(parts: list[np.ndarray], mode: ActMode, epsilon: float) -> ActResult:
         running.set()
-        release.wait(10)  # the first batch holds the launcher while the others queue up
+        release.wait(10)  # the first batch holds the worker while the others queue up
         n = sum(obs.shape[0] for obs in parts)
-        return lambda: ActResult(np.zeros(n, np.int32), np.zeros(n), np.zeros(n), 0)
+        return ActResult(np.zeros(n, np.int32), np.zeros(n), np.zeros(n), 0)
 
-    batcher = ActBatcher(launch, max_batch=64, max_wait_s=0.0)
+    batcher = ActBatcher(run, max_batch=64, max_wait_s=0.0)
     answered: list[int] = []
 
     def act(mode: ActMode, epsilon: float) -> None:

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from service.config import Config
 from service.server.engine import Engine
 from service.server.metrics import Metrics
-from service.trainer.snapshot import PendingAct, PolicySnapshot
+from service.trainer.snapshot import PolicySnapshot
 from service.trainer.trainer import Trainer
 from service.types import ActMode, ActResult, Rollout, StepResult
 
@@ -39,9 +39,9 @@ class TimedSnapshot(PolicySnapshot):
 
     clock: Clock
 
-    def launch_rows(self, parts: list[np.ndarray], mode: ActMode, epsilon: float) -> PendingAct:
+    def act_rows(self, parts: list[np.ndarray], mode: ActMode, epsilon: float) -> ActResult:
         self.clock.now += FORWARD_S
-        return super().launch_rows(parts, mode, epsilon)
+        return super().act_rows(parts, mode, epsilon)
 
 
 class HeldTrainer(Trainer):

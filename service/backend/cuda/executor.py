@@ -66,10 +66,6 @@ class CudaExecutor:
     def mark(self) -> object:
         return self.stream.record()
 
-    def wait(self, token: object) -> None:
-        assert isinstance(token, cupy.cuda.Event)
-        token.synchronize()
-
     def padded_rows(self, rows: int) -> int:
         if self._calls is None:
             return rows
