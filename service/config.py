@@ -330,8 +330,9 @@ class ServerConfig(_Section):
     # (the kernel spreads connections over them): each terminates gRPC, authenticates,
     # validates and assembles its streams' rollouts, handing Acts and rollouts to the learner in
     # shared memory; one that dies is replaced. 0: gRPC in the learner's own process; -1: per
-    # machine, 4 on a host of 8 cores or more, else 0 (docs/benchmarks/served.md has the
-    # measurements this comes from)
+    # machine, three in four cores on a host of 8 cores or more (no more than handoff_max_mb
+    # holds the slots of), else 0 (docs/benchmarks/served.md has the measurements this comes
+    # from)
     front_ends: int = _f(-1, ge=-1, le=64)
     shutdown_grace_s: float = _f(30.0, ge=0)  # SIGTERM: seconds in-flight RPCs get to finish
     log_level: str = _f("INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))  # log threshold

@@ -21,6 +21,7 @@ from service.backend.blas import single_blas_thread
 from service.backend.host_memory import limit_malloc_arenas, retain_freed_memory
 from service.backend.rendezvous import Topology
 from service.config import Config, ConfigError, ServerConfig, with_overrides
+from service.handoff import HandoffLimits
 from service.server import split
 from service.server.engine import Engine
 from service.server.front_ends import front_end_count
@@ -151,7 +152,9 @@ def _serve_until_signalled(
     resume: bool,
     topology: Topology | None,
 ) -> int:
-    front_ends = front_end_count(config.server.front_ends)
+    limits = HandoffLimits.from_config(config.server)
+    fit = limits.max_bytes // limits.sizes(config.model.obs_dim).total_bytes
+    front_ends = front_end_count(config.server.front_ends, fit)
     if front_ends:
         config = with_overrides(config, [f"server.front_ends={front_ends}"])
         return _serve_split(config, stopping, inference_only, restore, resume, topology)

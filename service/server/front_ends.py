@@ -32,9 +32,12 @@ from typing import Any
 from service import logs
 from service.config import ConfigError
 
-# server.front_ends = -1: this many front ends on a host with at least AUTO_MIN_CORES cores
-# available to the server, none on a smaller one (one process serves a small host as fast).
-AUTO_FRONT_ENDS = 4
+# server.front_ends = -1: on a host with at least AUTO_MIN_CORES cores available to the server,
+# AUTO_CORE_SHARE of them as front ends; none on a smaller one (one process serves a small host
+# as fast). Many front ends, as the kernel hashes each connection to one of them: with few, one
+# often holds twice its share of streams, and every stream waits at the Step queue for its
+# slower ones (docs/benchmarks/served.md).
+AUTO_CORE_SHARE = 0.75
 AUTO_MIN_CORES = 8
 RESTART_WINDOW_S = 60.0
 MAX_RESTARTS = 5  # deaths within RESTART_WINDOW_S past which the server stops
@@ -88,14 +91,16 @@ def _die_with_parent() -> None:
 
 
 
-def front_end_count(setting: int, cores: int | None = None) -> int:
+def front_end_count(setting: int, fit: int, cores: int | None = None) -> int:
     """How many front-end processes server.front_ends = `setting` asks for on a host with
-    `cores` cores available to this process (None: this one's)."""
+    `cores` cores available to this process (None: this one's), where the shared memory of at
+    most `fit` front ends' slots is allowed (server.handoff_max_mb): the default takes no
+    more."""
     if setting >= 0:
         return setting
     if cores is None:
         cores = len(os.sched_getaffinity(0))
-    return AUTO_FRONT_ENDS if cores >= AUTO_MIN_CORES else 0
+    return min(int(cores * AUTO_CORE_SHARE), fit) if cores >= AUTO_MIN_CORES else 0
 
 class FrontEnds:
     """`count` front-end processes, each started by `command(index)` with `settings` on its

@@ -23,7 +23,7 @@ from conftest import SERVING, SMALL, random_rollout, running_server, wait_until
 from service.checkpoint import latest_checkpoint
 from service.client.client import TridentClient
 from service.config import load_config
-from service.server.front_ends import AUTO_FRONT_ENDS, AUTO_MIN_CORES, front_end_count
+from service.server.front_ends import AUTO_CORE_SHARE, AUTO_MIN_CORES, front_end_count
 from service.step_ledger import StepKey
 from service.testing.serverproc import ServerProcess, clean_env, scrape, serve_command, value
 from tests.reliability.test_actor_restarts import (
@@ -336,12 +336,15 @@ def test_a_killed_learner_takes_its_front_ends_with_it(tmp_path: Path) -> None:
 
 def test_the_default_front_ends_follow_the_cores_available() -> None:
     """server.front_ends = -1 (the default): front-end processes on a host with cores to run
-    them, the server's own process on a small one; a number set is kept as it is."""
+    them (three in four cores, no more than server.handoff_max_mb holds the slots of), the
+    server's own process on a small one; a number set is kept as it is."""
     assert load_config(env={}).server.front_ends == -1
-    assert front_end_count(-1, cores=2) == 0
-    assert front_end_count(-1, cores=AUTO_MIN_CORES - 1) == 0
-    assert front_end_count(-1, cores=AUTO_MIN_CORES) == AUTO_FRONT_ENDS
-    assert front_end_count(-1, cores=128) == AUTO_FRONT_ENDS
-    assert [front_end_count(n, cores=2) for n in (0, 1, 3)] == [0, 1, 3]
-    expected = AUTO_FRONT_ENDS if len(os.sched_getaffinity(0)) >= AUTO_MIN_CORES else 0
-    assert front_end_count(-1) == expected
+    assert front_end_count(-1, fit=64, cores=2) == 0
+    assert front_end_count(-1, fit=64, cores=AUTO_MIN_CORES - 1) == 0
+    assert front_end_count(-1, fit=64, cores=AUTO_MIN_CORES) == 6
+    assert front_end_count(-1, fit=64, cores=16) == 12
+    assert front_end_count(-1, fit=10, cores=128) == 10  # the shared memory bounds it
+    assert [front_end_count(n, fit=0, cores=2) for n in (0, 1, 3)] == [0, 1, 3]
+    cores = len(os.sched_getaffinity(0))
+    expected = min(int(cores * AUTO_CORE_SHARE), 64) if cores >= AUTO_MIN_CORES else 0
+    assert front_end_count(-1, fit=64) == expected
