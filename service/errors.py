@@ -63,6 +63,11 @@ class Unavailable(TridentError):
 class InferenceOnly(TridentError):
     """The server holds no optimizer state: it answers Act, not training calls."""
 
+    @classmethod
+    def refusing(cls, what: str) -> InferenceOnly:
+        """The refusal of call `what`."""
+        return cls(f"{what}: this server is inference-only and answers Act alone")
+
 
 class ForgottenStepKey(TridentError):
     """A Step's idempotency key is older than the server remembers: it cannot tell whether

@@ -26,7 +26,12 @@ from service.server import split
 from service.server.engine import Engine
 from service.server.front_ends import front_end_count
 from service.server.grpc_server import bind, bind_unix, build, server_credentials, set_serving
-from service.server.learner_process import build_engine, checked_start, serve_metrics
+from service.server.learner_process import (
+    build_engine,
+    checked_start,
+    log_serving,
+    serve_metrics,
+)
 from service.server.metrics import Metrics
 from service.server.ranks import Ranks, serve_host_rank
 from service.server.servicer import TrainerServicer
@@ -74,19 +79,8 @@ def start(
     running = Running(
         server, health_servicer, servicer, engine, port, http_server.server_port, ranks
     )
-    logs.event(
-        logging.INFO,
-        "serving",
-        host=server_cfg.host,
-        port=port,
-        unix_socket=server_cfg.unix_socket or None,
-        metrics_port=running.metrics_port,
-        backend=engine.trainer.backend.name,
-        tls=credentials is not None,
-        auth=server_cfg.client_auth(),
-        inference_only=inference_only,
-        checkpoint_dir=config.checkpoint.dir,
-    )
+    log_serving(config, engine, port, running.metrics_port, credentials is not None,
+                inference_only)  # fmt: skip
     return running
 
 

@@ -87,7 +87,7 @@ class Engine:
     def require_training(self, what: str) -> None:
         """InferenceOnly naming `what` on an Act-only server."""
         if self.inference_only:
-            raise InferenceOnly(f"{what}: this server is inference-only and answers Act alone")
+            raise InferenceOnly.refusing(what)
 
     def submit_step(
         self,

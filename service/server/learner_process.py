@@ -1,13 +1,16 @@
 """What the learner process builds whether gRPC runs in it (`server.app`) or in front-end
-processes of its own (`server.split`): the start's checks, the metrics' HTTP server and the
-engine (with its ranks)."""
+processes of its own (`server.split`): the start's checks, the metrics' HTTP server, the
+engine (with its ranks) and the "serving" line."""
 
 from __future__ import annotations
 
+import logging
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from service import logs
 from service.backend.rendezvous import Topology
 from service.config import (
     SERVE_CHECKPOINT_DIR,
@@ -63,3 +66,14 @@ def build_engine(
     engine = Engine(trainer if ranks is None else RankedTrainer(trainer, ranks), metrics)
     engine.start(restore, resume)
     return engine, ranks
+
+
+def log_serving(config: Config, engine: Engine, port: int, metrics_port: int, tls: bool,
+                inference_only: bool, **more: Any) -> None:  # fmt: skip
+    """The "serving" log line (what tests and operators wait for), with `more` fields."""
+    server = config.server
+    logs.event(logging.INFO, "serving", host=server.host, port=port,
+               unix_socket=server.unix_socket or None, metrics_port=metrics_port,
+               backend=engine.trainer.backend.name, tls=tls, auth=server.client_auth(),
+               inference_only=inference_only, checkpoint_dir=config.checkpoint.dir,
+               **more)  # fmt: skip

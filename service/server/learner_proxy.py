@@ -99,7 +99,7 @@ class LearnerProxy:
 
     def require_training(self, what: str) -> None:
         if self._inference_only:
-            raise InferenceOnly(f"{what}: this server is inference-only and answers Act alone")
+            raise InferenceOnly.refusing(what)
 
     def submit_step(
         self,

@@ -40,7 +40,12 @@ from service.server.engine import Engine
 from service.server.front_ends import FrontEnds, private_dir, reserve_port
 from service.server.grpc_server import server_credentials
 from service.server.learner_hub import LearnerHub
-from service.server.learner_process import build_engine, checked_start, serve_metrics
+from service.server.learner_process import (
+    build_engine,
+    checked_start,
+    log_serving,
+    serve_metrics,
+)
 from service.server.metrics import Metrics
 from service.server.ranks import Ranks
 from service.server.server_metrics import ServerWide
@@ -132,20 +137,8 @@ def start(
         front_ends.wait(EXIT_SLACK_S)
         _close(split)
         raise
-    logs.event(
-        logging.INFO,
-        "serving",
-        host=server_cfg.host,
-        port=port,
-        unix_socket=server_cfg.unix_socket or None,
-        metrics_port=split.metrics_port,
-        backend=engine.trainer.backend.name,
-        tls=bool(server_cfg.tls_cert),
-        auth=server_cfg.client_auth(),
-        inference_only=inference_only,
-        checkpoint_dir=config.checkpoint.dir,
-        front_ends=pids,
-    )
+    log_serving(config, engine, port, split.metrics_port, bool(server_cfg.tls_cert),
+                inference_only, front_ends=pids)  # fmt: skip
     return split
 
 
