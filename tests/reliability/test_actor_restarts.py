@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import free_port, running_server, wait_until
@@ -25,6 +26,7 @@ from conftest import free_port, running_server, wait_until
 from service.checkpoint import latest_checkpoint
 from service.client.client import TridentClient
 from service.testing.serverproc import ServerProcess, clean_env
+from service.types import CheckpointInfo
 
 pytestmark = pytest.mark.slow
 
@@ -112,26 +114,11 @@ def test_four_actors_ride_through_three_server_stops(tmp_path: Path) -> None:
         returncode = server.terminate()
     assert returncode == 0, server.stderr()[-3000:]
 
-    counts = {}
-    for actor, (out, err) in zip(actors, outputs, strict=True):
-        assert actor.returncode == 0 and not err.strip(), (actor.returncode, err[-3000:])
-        actor_id = re.search(r"\| actor id (\S+)", out).group(1)  # type: ignore[union-attr]
-        done = out.strip().splitlines()[-1]
-        figures = {**DONE.match(done).groupdict(), **STALE.search(done).groupdict()}  # type: ignore[union-attr]
-        counts[actor_id] = {key: int(value) for key, value in figures.items()}
-        check_outage_lines(out.splitlines(), counts[actor_id]["reconnects"],
-                           counts[actor_id]["resent"])  # fmt: skip
-
+    counts = actor_counts(actors, outputs)
     # The drain's final checkpoint, or (when the last periodic one holds every Step) none: the
     # newest checkpoint holds the last state either way.
-    final = latest_checkpoint(tmp_path / "checkpoints")
-    assert final is not None and final.global_step == reached, (final, reached)
-    ledger = json.loads((final.path / "ledger.json").read_text())
-    applied = Counter(entry["actor"] for entry in ledger["applied"])
-    assert not ledger["forgotten"]  # the window held every key: the ledger is the whole story
-    for actor_id, figures in counts.items():
-        dropped = figures["dropped"] + figures["ahead"]
-        assert applied[actor_id] == figures["rollouts"] - dropped, (actor_id, figures)
+    final, ledger, applied = applied_once(tmp_path / "checkpoints", reached, counts)
+    for figures in counts.values():
         # The final checkpoint holds every applied Step; the actor saw those the periodic
         # ones held, and its count adds up.
         assert figures["durable"] + figures["not_yet"] == figures["answered"], figures
@@ -145,6 +132,37 @@ def test_four_actors_ride_through_three_server_stops(tmp_path: Path) -> None:
           f"{sum(f['replayed'] for f in counts.values())} answered from the ledger, "
           f"{sum(f['reconnects'] for f in counts.values())} reconnects")  # fmt: skip
     assert sum(f["reconnects"] for f in counts.values()) >= len(KILL_AT)
+
+
+def actor_counts(actors: list[subprocess.Popen[str]], outputs: list[tuple[str, str]]
+                 ) -> dict[str, dict[str, int]]:  # fmt: skip
+    """Each `trident actor`'s figures from its done line, by actor id, once it exited 0 with
+    nothing on stderr and its outage lines add up."""
+    counts = {}
+    for actor, (out, err) in zip(actors, outputs, strict=True):
+        assert actor.returncode == 0 and not err.strip(), (actor.returncode, err[-3000:])
+        actor_id = re.search(r"\| actor id (\S+)", out).group(1)  # type: ignore[union-attr]
+        done = out.strip().splitlines()[-1]
+        figures = {**DONE.match(done).groupdict(), **STALE.search(done).groupdict()}  # type: ignore[union-attr]
+        counts[actor_id] = {key: int(value) for key, value in figures.items()}
+        check_outage_lines(out.splitlines(), counts[actor_id]["reconnects"],
+                           counts[actor_id]["resent"])  # fmt: skip
+    return counts
+
+
+def applied_once(checkpoints: Path, reached: int, counts: dict[str, dict[str, int]]
+                 ) -> tuple[CheckpointInfo, dict[str, Any], Counter[str]]:  # fmt: skip
+    """The newest checkpoint (at step `reached`), its ledger and the Steps it applied per actor:
+    each actor's rollouts less those dropped for lag, none forgotten."""
+    final = latest_checkpoint(checkpoints)
+    assert final is not None and final.global_step == reached, (final, reached)
+    ledger = json.loads((final.path / "ledger.json").read_text())
+    applied = Counter(entry["actor"] for entry in ledger["applied"])
+    assert not ledger["forgotten"]  # the window held every key: the ledger is the whole story
+    for actor_id, figures in counts.items():
+        dropped = figures["dropped"] + figures["ahead"]
+        assert applied[actor_id] == figures["rollouts"] - dropped, (actor_id, figures)
+    return final, ledger, applied
 
 
 def test_an_actor_stops_when_the_server_comes_back_with_another_model(tmp_path: Path) -> None:

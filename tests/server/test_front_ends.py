@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import threading
-from collections import Counter
 from pathlib import Path
 
 import grpc
@@ -20,7 +18,6 @@ import numpy as np
 import pytest
 from conftest import SERVING, SMALL, random_rollout, running_server, wait_until
 
-from service.checkpoint import latest_checkpoint
 from service.client.client import TridentClient
 from service.config import load_config
 from service.server.front_ends import AUTO_CORE_SHARE, AUTO_MIN_CORES, front_end_count
@@ -28,10 +25,9 @@ from service.step_ledger import StepKey
 from service.testing.serverproc import ServerProcess, clean_env, scrape, serve_command, value
 from tests.reliability.test_actor_restarts import (
     CARTPOLE,
-    DONE,
     NUM_ENVS,
-    STALE,
-    check_outage_lines,
+    actor_counts,
+    applied_once,
     global_step,
 )
 from tests.reliability.test_actor_restarts import T as ROLLOUT_LEN
@@ -301,24 +297,9 @@ def test_actors_ride_through_front_end_kills_and_each_rollout_is_applied_once(
         returncode = server.terminate()
     assert returncode == 0, server.stderr()[-3000:]
     assert len(server.events("front end died")) == 2
-    counts = {}
-    for proc, (out, err) in zip(procs, outputs, strict=True):
-        assert proc.returncode == 0 and not err.strip(), (proc.returncode, err[-3000:])
-        actor_id = re.search(r"\| actor id (\S+)", out).group(1)  # type: ignore[union-attr]
-        done = out.strip().splitlines()[-1]
-        figures = {**DONE.match(done).groupdict(), **STALE.search(done).groupdict()}  # type: ignore[union-attr]
-        counts[actor_id] = {key: int(value) for key, value in figures.items()}
-        check_outage_lines(out.splitlines(), counts[actor_id]["reconnects"],
-                           counts[actor_id]["resent"])  # fmt: skip
-        assert counts[actor_id]["reconnects"] >= 1, out
-    final = latest_checkpoint(server.checkpoint_dir)
-    assert final is not None and final.global_step == reached
-    ledger = json.loads((final.path / "ledger.json").read_text())
-    applied = Counter(entry["actor"] for entry in ledger["applied"])
-    assert not ledger["forgotten"]
-    for actor_id, figures in counts.items():
-        dropped = figures["dropped"] + figures["ahead"]
-        assert applied[actor_id] == figures["rollouts"] - dropped, (actor_id, figures)
+    counts = actor_counts(procs, outputs)
+    assert all(figures["reconnects"] >= 1 for figures in counts.values()), counts
+    _, _, applied = applied_once(server.checkpoint_dir, reached, counts)
     assert replay_size == sum(applied.values()) * ROLLOUT_LEN * NUM_ENVS  # each key's once
 
 
