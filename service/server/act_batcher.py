@@ -45,9 +45,6 @@ class ActBatcher:
         self._worker = threading.Thread(target=self._loop, name="trident-act", daemon=True)
         self._worker.start()
 
-    def act(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> ActResult:
-        return self.submit(obs, mode, epsilon).result()
-
     def submit(self, obs: np.ndarray, mode: ActMode, epsilon: float) -> Future[ActResult]:
         """Queue `obs` and return at once: its rows' answer comes in the Future, so a caller
         that must not block (a thread reading several front ends' requests) need not."""

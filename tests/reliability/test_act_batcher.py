@@ -25,7 +25,8 @@ def test_mixed_kinds_in_the_queue_are_all_answered() -> None:
 
     def act(mode: ActMode, epsilon: float) -> None:
         # A fresh obs array per call: equal arrays that are not the same object are the case.
-        answered.append(batcher.act(np.zeros((2, 6), np.float32), mode, epsilon).actions.size)
+        future = batcher.submit(np.zeros((2, 6), np.float32), mode, epsilon)
+        answered.append(future.result().actions.size)
 
     def start(mode: ActMode, epsilon: float) -> None:
         threading.Thread(target=act, args=(mode, epsilon), daemon=True).start()
